@@ -1,0 +1,37 @@
+# Set-up and entry points. `make demo` and `make test` create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast audit bench venv clean
+
+venv: $(STAMP)
+
+# torch is installed on its own first: on machines that carry a CPU wheel of torch 2.13 this
+# takes it from disk; elsewhere pip resolves torch>=2.8 as usual.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.8"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m rlx_triton.demo
+
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m rlx_triton audit --arch sm_80 --arch sm_90
+
+test-fast: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -x -p no:cacheprovider tests -m "not slow"
+
+audit: $(STAMP)
+	$(PY) -m rlx_triton audit --arch sm_80 --arch sm_90
+
+bench: $(STAMP)
+	$(PY) bench/run.py --quick
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

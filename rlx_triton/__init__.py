@@ -1,0 +1,41 @@
+"""rlx_triton: Triton (CUDA) and Metal (MPS) kernels for attention decode and speaker diarization.
+
+Every public op asks the router which backend runs it: a Triton kernel, a Metal shader, or the
+torch library op as the always-correct fallback. Names resolve lazily so that `import rlx_triton`
+stays cheap and works without triton or a GPU.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute)
+_EXPORTS = {
+    "scaled_dot_product_attention": ("rlx_triton.ops.sdpa_decode", "scaled_dot_product_attention"),
+    "sdpa_decode": ("rlx_triton.ops.sdpa_decode", "sdpa_decode"),
+    "patch_sdpa": ("rlx_triton.ops.sdpa_decode", "patch_sdpa"),
+    "fbank": ("rlx_triton.ops.fbank", "fbank"),
+    "explain": ("rlx_triton.router.route", "explain"),
+    "use_backend": ("rlx_triton.router.settings", "use_backend"),
+    "MissingKernel": ("rlx_triton.router.route", "MissingKernel"),
+    "Route": ("rlx_triton.router.route", "Route"),
+}
+_SUBMODULES = {"nn", "integrations", "planner", "router", "ops", "backends"}
+
+__all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"rlx_triton.{name}")
+    if name in _EXPORTS:
+        module, attr = _EXPORTS[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rlx_triton' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

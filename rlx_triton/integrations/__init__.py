@@ -1,0 +1,1 @@
+"""Integrations with model libraries: transformers attention backend, pyannote.audio model optimizer."""

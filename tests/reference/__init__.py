@@ -1,0 +1,1 @@
+"""float64 references, one module per kernel family, shared by the backend and op tests."""
