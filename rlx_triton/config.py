@@ -1,0 +1,92 @@
+"""Settings from the environment, read once in this one module and passed to the planner and router.
+
+RLX_TRITON_BACKEND          auto | triton | metal | torch        (default auto)
+RLX_TRITON_STRICT           1 raises MissingKernel instead of falling back to torch
+RLX_TRITON_PROFILE          ultra_low_latency | balanced | high_fidelity | deterministic (default balanced)
+RLX_TRITON_TUNE             1 benchmarks candidates on a cold bucket (default 1 on CUDA, never in the interpreter)
+RLX_TRITON_TUNE_CACHE       path of the winner table (default $XDG_CACHE_HOME/rlx_triton/tune-v1.tsv)
+RLX_TRITON_TUNE_CACHE_LOAD, RLX_TRITON_TUNE_CACHE_PERSIST   0/1 (default 1)
+RLX_TRITON_TUNE_CACHE_MAX_ENTRIES                          positive int (default 256)
+RLX_TRITON_TUNE_CACHE_EVICTION                             keep-low | keep-high | lru (default keep-low)
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+BACKEND_NAMES = ("auto", "triton", "metal", "torch")
+PROFILE_NAMES = ("ultra_low_latency", "balanced", "high_fidelity", "deterministic")
+EVICTION_NAMES = ("keep-low", "keep-high", "lru")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str = "auto"
+    strict: bool = False
+    profile: str = "balanced"
+    tune: Optional[bool] = None  # None: decided per device (on for CUDA, off in the interpreter)
+    tune_cache_path: str = ""
+    tune_cache_load: bool = True
+    tune_cache_persist: bool = True
+    tune_cache_max_entries: int = 256
+    tune_cache_eviction: str = "keep-low"
+    interpret: bool = False  # TRITON_INTERPRET=1: triton kernels run on CPU tensors
+
+
+def _flag(env: Mapping[str, str], name: str, default: Optional[bool]) -> Optional[bool]:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple) -> str:
+    value = env.get(name, default).strip().lower().replace("_", "-") if name.endswith("EVICTION") \
+        else env.get(name, default).strip().lower()
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {env.get(name)!r}")
+    return value
+
+
+def default_tune_cache_path(env: Mapping[str, str]) -> str:
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rlx_triton", "tune-v1.tsv")
+
+
+def settings_from(env: Mapping[str, str]) -> Settings:
+    """Parses settings from a mapping (tests pass their own); bad values raise ValueError naming the variable."""
+    raw_max = env.get("RLX_TRITON_TUNE_CACHE_MAX_ENTRIES", "256")
+    try:
+        max_entries = int(raw_max)
+    except ValueError:
+        max_entries = 0
+    if max_entries < 1:
+        raise ValueError(f"RLX_TRITON_TUNE_CACHE_MAX_ENTRIES must be a positive integer, got {raw_max!r}")
+    return Settings(
+        backend=_choice(env, "RLX_TRITON_BACKEND", "auto", BACKEND_NAMES),
+        strict=bool(_flag(env, "RLX_TRITON_STRICT", False)),
+        profile=_choice(env, "RLX_TRITON_PROFILE", "balanced", PROFILE_NAMES),
+        tune=_flag(env, "RLX_TRITON_TUNE", None),
+        tune_cache_path=env.get("RLX_TRITON_TUNE_CACHE") or default_tune_cache_path(env),
+        tune_cache_load=bool(_flag(env, "RLX_TRITON_TUNE_CACHE_LOAD", True)),
+        tune_cache_persist=bool(_flag(env, "RLX_TRITON_TUNE_CACHE_PERSIST", True)),
+        tune_cache_max_entries=max_entries,
+        tune_cache_eviction=_choice(env, "RLX_TRITON_TUNE_CACHE_EVICTION", "keep-low", EVICTION_NAMES),
+        interpret=bool(_flag(env, "TRITON_INTERPRET", False)),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process-wide settings, read from os.environ on first use."""
+    return settings_from(os.environ)
