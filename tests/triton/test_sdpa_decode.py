@@ -1,0 +1,161 @@
+"""The split-K decode kernels against the float64 reference, in the Triton interpreter (tiny shapes)."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlx_triton.backends.triton import sdpa_decode as tk
+from tests.reference.sdpa_decode import attention_reference
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
+
+
+def candidate(split_k=2, tile_n=16, tile_m=1, use_f16_kv=True, partial_reduce=True, tg_size=128):
+    """Any object with the SdpaDecodeCandidate attribute names drives the launcher."""
+    return SimpleNamespace(split_k=split_k, tg_size=tg_size, tile_m=tile_m, tile_n=tile_n, tile_k=64,
+                           pad_q=1, pad_kv=1, use_f16_kv=use_f16_kv, partial_reduce=partial_reduce)
+
+
+def make_qkv(batch, num_heads, num_kv_heads, seq_q, seq_kv, head_dim, head_dim_v=None, dtype=torch.float32):
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    q = torch.randn(batch, num_heads, seq_q, head_dim).to(dtype)
+    k = torch.randn(batch, num_kv_heads, seq_kv, head_dim).to(dtype)
+    v = torch.randn(batch, num_kv_heads, seq_kv, head_dim_v).to(dtype)
+    return q, k, v
+
+
+def assert_matches(out, lse, ref_out, ref_lse, dtype, seq_kv):
+    """Relative tolerance per dtype; atol grows with log2 of the reduced (KV) length."""
+    tol = TOL[dtype]
+    atol = tol * max(1.0, math.log2(seq_kv + 1))
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref_out, rtol=tol, atol=atol)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    torch.testing.assert_close(lse.double().nan_to_num(0, 0, 0), ref_lse.nan_to_num(0, 0, 0), rtol=1e-5, atol=1e-5)
+
+
+def run_and_check(q, k, v, cand=None, **kw):
+    out, lse = tk.sdpa_decode(q, k, v, candidate=cand or candidate(), **kw)
+    ref_out, ref_lse = attention_reference(q, k, v, **kw)
+    assert_matches(out, lse, ref_out, ref_lse, q.dtype, k.shape[2])
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim,seq_kv", [(7, 1), (16, 7), (80, 80), (13, 333)])
+def test_matches_reference_for_odd_head_dims_and_kv_lengths(dtype, head_dim, seq_kv):
+    q, k, v = make_qkv(2, 2, 1, 1, seq_kv, head_dim, dtype=dtype)
+    run_and_check(q, k, v)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 2), (6, 1), (3, 3)], ids=["gqa", "mqa", "mha"])
+def test_query_heads_of_one_kv_head_share_its_keys(num_heads, num_kv_heads):
+    q, k, v = make_qkv(1, num_heads, num_kv_heads, 3, 21, 16, dtype=torch.float16)
+    run_and_check(q, k, v)
+
+
+def test_sixteen_query_tokens_with_a_group_beyond_one_row_tile():
+    # 8 query heads per KV head x 16 tokens = 128 packed rows: two row tiles of 64
+    q, k, v = make_qkv(1, 8, 1, 16, 19, 16)
+    run_and_check(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_value_head_dim_may_differ_from_key_head_dim(dtype):
+    q, k, v = make_qkv(1, 2, 2, 2, 23, 12, head_dim_v=40, dtype=dtype)
+    out, _ = run_and_check(q, k, v)
+    assert out.shape == (1, 2, 2, 40)
+
+
+def test_head_dim_256():
+    q, k, v = make_qkv(1, 2, 1, 1, 9, 256, head_dim_v=200, dtype=torch.bfloat16)
+    run_and_check(q, k, v)
+
+
+@pytest.mark.parametrize("mask_shape", [(17,), (3, 17), (2, 1, 1, 17), (1, 4, 3, 17)],
+                         ids=["keys", "tokens-keys", "batch", "heads"])
+def test_bool_mask_broadcasts_without_materialisation(mask_shape):
+    q, k, v = make_qkv(2, 4, 2, 3, 17, 16)
+    mask = torch.rand(mask_shape) > 0.4
+    run_and_check(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_float_mask_is_added_to_the_scores(dtype):
+    q, k, v = make_qkv(2, 4, 2, 2, 33, 16, dtype=dtype)
+    mask = torch.randn(2, 1, 2, 33).to(dtype)
+    mask[0, 0, 0, :5] = float("-inf")
+    run_and_check(q, k, v, attn_mask=mask)
+
+
+def test_causal_top_left_matches_torch_alignment():
+    q, k, v = make_qkv(1, 2, 1, 4, 9, 16)
+    run_and_check(q, k, v, causal="top_left")
+
+
+def test_causal_bottom_right_within_each_valid_length():
+    q, k, v = make_qkv(3, 2, 1, 4, 40, 16)
+    lengths = torch.tensor([40, 9, 3], dtype=torch.int32)  # length 3 < 4 tokens: the first token sees nothing
+    out, lse = run_and_check(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    assert torch.isinf(lse[2, :, 0]).all() and (out[2, :, 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_ragged_cache_lengths_leave_splits_empty(dtype):
+    # 4 splits of tile 16 over S_max 80: length 1 has one live split, length 80 has all four
+    q, k, v = make_qkv(3, 4, 2, 1, 80, 16, dtype=dtype)
+    lengths = torch.tensor([1, 37, 80], dtype=torch.int64)
+    run_and_check(q, k, v, cand=candidate(split_k=4), cache_seqlens=lengths)
+
+
+def test_keys_past_the_valid_length_are_never_read():
+    q, k, v = make_qkv(2, 2, 1, 1, 48, 16)
+    lengths = torch.tensor([5, 30], dtype=torch.int32)
+    k[0, :, 5:] = float("nan")
+    v[0, :, 5:] = float("nan")
+    out, _ = tk.sdpa_decode(q, k, v, cache_seqlens=lengths, candidate=candidate(split_k=4))
+    assert torch.isfinite(out).all()
+
+
+def test_fully_masked_rows_give_zero_output_and_negative_infinite_lse():
+    q, k, v = make_qkv(1, 2, 2, 2, 20, 16)
+    mask = torch.ones(1, 2, 2, 20, dtype=torch.bool)
+    mask[0, 1, 0] = False
+    out, lse = run_and_check(q, k, v, attn_mask=mask)
+    assert (out[0, 1, 0] == 0).all() and lse[0, 1, 0] == float("-inf")
+
+
+def test_strided_views_are_read_in_place():
+    batch, heads, seq_q, s_max, dim = 2, 4, 2, 50, 16
+    q = torch.randn(batch, seq_q, heads, dim).transpose(1, 2)  # (B, H, Lq, D) view of a (B, Lq, H, D) buffer
+    cache = torch.randn(batch, 2, s_max, 2 * dim)
+    k, v = cache[:, :, :31, :dim], cache[:, :, :31, dim:]  # slices of one fused KV buffer
+    assert not q.is_contiguous() and not k.is_contiguous()
+    run_and_check(q, k, v)
+
+
+def test_value_with_a_strided_last_dim_is_copied_first():
+    q, k, _ = make_qkv(1, 2, 1, 1, 12, 16)
+    v = torch.randn(1, 1, 16, 12).transpose(2, 3)  # last dim stride 12
+    run_and_check(q, k, v)
+
+
+def test_custom_scale():
+    q, k, v = make_qkv(1, 2, 1, 1, 25, 16)
+    run_and_check(q, k, v, scale=0.37)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_single_pass_candidate_writes_the_output_directly(dtype):
+    q, k, v = make_qkv(2, 4, 2, 2, 45, 24, dtype=dtype)
+    run_and_check(q, k, v, cand=candidate(split_k=1, partial_reduce=False, tile_n=32),
+                  attn_mask=torch.rand(2, 1, 2, 45) > 0.2)
+
+
+def test_fp32_operands_candidate_on_half_inputs():
+    q, k, v = make_qkv(1, 4, 1, 1, 30, 16, dtype=torch.float16)
+    run_and_check(q, k, v, cand=candidate(use_f16_kv=False))
