@@ -1,0 +1,264 @@
+"""Triton segdense: pyannote's segmentation head in one kernel.
+
+For a block of BLOCK_R rows (frames of all chunks), `_segdense_kernel` runs
+    a = x;  for each linear layer l: a = leaky_relu(a @ W_l^T + b_l)      (slope 0.01)
+    logits = a @ W_c^T + b_c;  out = activation(logits)
+where activation is log-softmax over classes (powerset / mono-label), sigmoid (multi-label) or
+none. Intermediate activations of a row block go through a per-kernel scratch buffer (L2
+resident, written and read by the same program, ordered by a barrier), so any number of linear
+layers and any widths fit one launch. Accumulation is fp32, dots at the candidate's precision;
+with fused_activation=False the kernel writes logits and `_segdense_activation_kernel` applies the
+activation in a second pass.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from rlx_triton.router.approvals import Approval
+from rlx_triton.router.coverage import Coverage
+
+ACTIVATIONS = ("none", "sigmoid", "log_softmax")
+MAX_CLASSES = 256
+MAX_FEATURES = 4096
+
+
+@triton.jit
+def _dense_tile(acc, a_ptr, stride_a, rows64, row_mask, w_ptr, stride_w, cols, col_mask, K,
+                PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc[BLOCK_R, BLOCK_N] += A[rows, :K] @ W[cols, :K]^T, K in BLOCK_K chunks."""
+    offs_k = tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        k_idx = k0 + offs_k
+        k_mask = k_idx < K
+        a_tile = tl.load(a_ptr + rows64[:, None] * stride_a + k_idx[None, :],
+                         mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        w_tile = tl.load(w_ptr + cols[None, :] * stride_w + k_idx[:, None],
+                         mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+        acc += tl.dot(a_tile, w_tile, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _apply_activation(logits, col_mask, ACTIVATION: tl.constexpr):
+    if ACTIVATION == 1:    # sigmoid
+        logits = 1.0 / (1.0 + tl.exp(-logits))
+    elif ACTIVATION == 2:  # log-softmax over the class axis
+        masked = tl.where(col_mask[None, :], logits, float("-inf"))
+        row_max = tl.max(masked, axis=1)
+        shifted = masked - row_max[:, None]
+        row_sum = tl.sum(tl.where(col_mask[None, :], tl.exp(shifted), 0.0), axis=1)
+        logits = shifted - tl.log(row_sum)[:, None]
+    return logits
+
+
+@triton.jit
+def _segdense_kernel(
+    x_ptr, w_ptr, b_ptr, dims_ptr, wc_ptr, bc_ptr, scratch_ptr, out_ptr,
+    R, F_IN, C, D_MAX,
+    NUM_LINEAR: tl.constexpr, ACTIVATION: tl.constexpr, FUSED_ACTIVATION: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Rows [pid*BLOCK_R, +BLOCK_R): linear stack (weights padded to D_MAX x D_MAX) + classifier."""
+    pid = tl.program_id(0)
+    offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = offs_r < R
+    rows64 = offs_r.to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+    scratch_stride = R.to(tl.int64) * D_MAX        # scratch is (2, R, D_MAX): ping-pong buffers
+
+    k_dim = F_IN
+    for layer in tl.static_range(NUM_LINEAR):
+        n_dim = tl.load(dims_ptr + layer)
+        w_layer = w_ptr + layer * D_MAX * D_MAX
+        out_buf = scratch_ptr + (layer % 2) * scratch_stride
+        for n0 in range(0, n_dim, BLOCK_N):
+            cols = n0 + offs_n
+            col_mask = cols < n_dim
+            acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+            if layer == 0:
+                acc = _dense_tile(acc, x_ptr, F_IN, rows64, row_mask, w_layer, D_MAX, cols, col_mask, k_dim,
+                                  PRECISION, BLOCK_R, BLOCK_K)
+            else:
+                in_buf = scratch_ptr + ((layer - 1) % 2) * scratch_stride
+                acc = _dense_tile(acc, in_buf, D_MAX, rows64, row_mask, w_layer, D_MAX, cols, col_mask, k_dim,
+                                  PRECISION, BLOCK_R, BLOCK_K)
+            bias = tl.load(b_ptr + layer * D_MAX + cols, mask=col_mask, other=0.0)
+            acc += bias[None, :]
+            acc = tl.where(acc >= 0, acc, 0.01 * acc)          # leaky ReLU, torch's default slope
+            tl.store(out_buf + rows64[:, None] * D_MAX + cols[None, :], acc,
+                     mask=row_mask[:, None] & col_mask[None, :])
+        # this program's threads see the whole layer output before the next layer reads it
+        tl.debug_barrier()
+        k_dim = n_dim
+
+    classes = tl.arange(0, BLOCK_C)
+    class_mask = classes < C
+    logits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    if NUM_LINEAR == 0:
+        logits = _dense_tile(logits, x_ptr, F_IN, rows64, row_mask, wc_ptr, k_dim, classes, class_mask, k_dim,
+                             PRECISION, BLOCK_R, BLOCK_K)
+    else:
+        last_buf = scratch_ptr + ((NUM_LINEAR - 1) % 2) * scratch_stride
+        logits = _dense_tile(logits, last_buf, D_MAX, rows64, row_mask, wc_ptr, k_dim, classes, class_mask, k_dim,
+                             PRECISION, BLOCK_R, BLOCK_K)
+    logits += tl.load(bc_ptr + classes, mask=class_mask, other=0.0)[None, :]
+    if FUSED_ACTIVATION:
+        logits = _apply_activation(logits, class_mask, ACTIVATION)
+    tl.store(out_ptr + rows64[:, None] * C + classes[None, :], logits,
+             mask=row_mask[:, None] & class_mask[None, :])
+
+
+@triton.jit
+def _segdense_activation_kernel(out_ptr, R, C, ACTIVATION: tl.constexpr,
+                                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Second pass for fused_activation=False: activation over each row of logits, in place."""
+    pid = tl.program_id(0)
+    offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    classes = tl.arange(0, BLOCK_C)
+    row_mask = offs_r < R
+    class_mask = classes < C
+    ptrs = out_ptr + offs_r.to(tl.int64)[:, None] * C + classes[None, :]
+    mask = row_mask[:, None] & class_mask[None, :]
+    logits = tl.load(ptrs, mask=mask, other=0.0)
+    tl.store(ptrs, _apply_activation(logits, class_mask, ACTIVATION), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# candidate -> meta-parameters
+# ---------------------------------------------------------------------------------------------
+def make_candidate(row_tile=32, tg_size=128, stages=1, precision="ieee", fused_activation=True):
+    """The planner's SegdenseCandidate when it exists, else a namespace with the same fields."""
+    fields = dict(row_tile=row_tile, tg_size=tg_size, stages=stages, precision=precision,
+                  fused_activation=fused_activation)
+    try:
+        from rlx_triton.planner.candidates.segdense import SegdenseCandidate
+        return SegdenseCandidate(**fields)
+    except ImportError:
+        return SimpleNamespace(**fields)
+
+
+def _tag(candidate) -> str:
+    tag = getattr(candidate, "tag", None)
+    if callable(tag):
+        return tag()
+    c = candidate
+    return f"segdense:r{c.row_tile}:tg{c.tg_size}:s{c.stages}:{c.precision}:{'fused' if c.fused_activation else 'split'}"
+
+
+def _all_candidates() -> list:
+    try:
+        from rlx_triton.planner.candidates import segdense as plan_segdense
+        return [v.candidate() for v in plan_segdense.SegdenseVariant]
+    except (ImportError, AttributeError):
+        return [make_candidate(), make_candidate(fused_activation=False), make_candidate(precision="tf32x3")]
+
+
+def _meta(candidate, classes: int = 16) -> dict:
+    return dict(BLOCK_R=max(16, int(candidate.row_tile)), BLOCK_N=64, BLOCK_K=32,
+                BLOCK_C=max(16, triton.next_power_of_2(classes)), PRECISION=candidate.precision,
+                FUSED_ACTIVATION=bool(candidate.fused_activation),
+                num_warps=max(1, candidate.tg_size // 32), num_stages=max(1, candidate.stages))
+
+
+# ---------------------------------------------------------------------------------------------
+# launcher
+# ---------------------------------------------------------------------------------------------
+def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
+             classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor], *,
+             activation: str, candidate) -> torch.Tensor:
+    """(..., F) -> (..., C): leaky_relu(linear) for each (weight, bias), classifier, activation."""
+    lead = x.shape[:-1]
+    f_in = x.shape[-1]
+    rows = x.reshape(-1, f_in).to(torch.float32).contiguous()
+    R = rows.shape[0]
+    C = classifier_weight.shape[0]
+    device = x.device
+    num_linear = len(weights)
+    dims = [f_in] + [w.shape[0] for w in weights]
+    d_max = max(dims)
+    w_stack = torch.zeros(max(num_linear, 1), d_max, d_max, device=device, dtype=torch.float32)
+    b_stack = torch.zeros(max(num_linear, 1), d_max, device=device, dtype=torch.float32)
+    for layer, (w, b) in enumerate(zip(weights, biases)):
+        w_stack[layer, :w.shape[0], :w.shape[1]] = w.detach().float()
+        if b is not None:
+            b_stack[layer, :w.shape[0]] = b.detach().float()
+    out_dims = torch.tensor(dims[1:] or [0], device=device, dtype=torch.int32)
+    wc = classifier_weight.detach().float().contiguous()
+    bc = (classifier_bias.detach().float().contiguous() if classifier_bias is not None
+          else torch.zeros(C, device=device, dtype=torch.float32))
+    scratch = torch.empty(2 if num_linear else 1, max(R, 1), d_max, device=device, dtype=torch.float32)
+    out = torch.empty(R, C, device=device, dtype=torch.float32)
+    act = ACTIVATIONS.index(activation)
+    meta = _meta(candidate, C)
+    if R > 0:
+        grid = (triton.cdiv(R, meta["BLOCK_R"]),)
+        _segdense_kernel[grid](rows, w_stack, b_stack, out_dims, wc, bc, scratch, out,
+                               R, f_in, C, d_max, NUM_LINEAR=num_linear, ACTIVATION=act, **meta)
+        if not candidate.fused_activation and act != 0:
+            _segdense_activation_kernel[grid](out, R, C, ACTIVATION=act, BLOCK_R=meta["BLOCK_R"],
+                                              BLOCK_C=meta["BLOCK_C"], num_warps=meta["num_warps"])
+    return out.reshape(*lead, C).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# routing data
+# ---------------------------------------------------------------------------------------------
+COVERAGE = Coverage(
+    ops=frozenset({"segdense"}),
+    devices=frozenset({"cuda", "cpu"}),
+    dtypes=frozenset({"float32"}),
+    ranges={"classes": (1, MAX_CLASSES), "in_features": (1, MAX_FEATURES), "hidden": (0, MAX_FEATURES),
+            "layers": (0, 8), "rows": (0, 1 << 31)},
+    features={
+        "activation": frozenset(ACTIVATIONS),
+        "negative_slope": frozenset({0.01}),
+        "requires_grad": frozenset({False}),
+    },
+)
+
+_WHERE = "interpreter, tests/triton/test_segdense.py (vs float64)"
+
+
+def _approvals() -> dict:
+    table = {}
+    for cand in _all_candidates():
+        bound = 1e-5 if cand.precision == "ieee" else (2e-5 if cand.precision == "tf32x3" else 1e-3)
+        table[_tag(cand)] = Approval(max_rel_err=bound, reference="float64", where=_WHERE)
+    return table
+
+
+APPROVALS = _approvals()
+RECIPES = {}
+SPEED_EVIDENCE = {}
+
+
+def _audit_kernels() -> list:
+    try:
+        from rlx_triton.backends.triton.audit import AuditSpec
+    except ImportError:
+        return []
+    cands = tuple(_all_candidates())
+    try:
+        from rlx_triton.planner.candidates.segdense import DEFAULT_VARIANT
+        default = DEFAULT_VARIANT.candidate()
+    except (ImportError, AttributeError):
+        default = cands[0]
+    return [AuditSpec(
+        name="segdense_head", family="segdense", kernel=_segdense_kernel,
+        signature={"x_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "dims_ptr": "*i32",
+                   "wc_ptr": "*fp32", "bc_ptr": "*fp32", "scratch_ptr": "*fp32", "out_ptr": "*fp32",
+                   "R": "i32", "F_IN": "i32", "C": "i32", "D_MAX": "i32",
+                   "NUM_LINEAR": "constexpr", "ACTIVATION": "constexpr", "FUSED_ACTIVATION": "constexpr",
+                   "PRECISION": "constexpr", "BLOCK_R": "constexpr", "BLOCK_N": "constexpr",
+                   "BLOCK_K": "constexpr", "BLOCK_C": "constexpr"},
+        meta=lambda cand, dt: dict(NUM_LINEAR=2, ACTIVATION=2, **_meta(cand, 7)),
+        candidates=cands, default=default, dtypes=("fp32",), expects_mma=True)]
+
+
+AUDIT_KERNELS = _audit_kernels()
