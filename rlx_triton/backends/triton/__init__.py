@@ -1,0 +1,34 @@
+"""The Triton backend: @triton.jit kernels, one module per family, plus the autotune bridge and audit.
+
+It runs on CUDA devices, and on CPU tensors when TRITON_INTERPRET=1 was set before triton was
+imported (the interpreter CI and the tests use). Family modules import triton, so they are loaded
+only once the probe below says the backend runs on the device at hand.
+"""
+import importlib.util
+
+from rlx_triton.router.registry import BackendSpec, register_backend
+
+FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
+# the 2-D convolutions of the conv family live in their own module
+OP_MODULES = (("conv2d", "conv2d"), ("stats_pool", "conv2d"))
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def probe(facts) -> "str | None":
+    from rlx_triton.config import settings
+
+    if not triton_installed():
+        return "triton is not installed"
+    if facts.kind == "cuda":
+        return None
+    if facts.kind == "cpu":
+        if settings().interpret:
+            return None
+        return "CPU tensors run triton kernels only under TRITON_INTERPRET=1"
+    return f"triton does not run on {facts.kind} devices"
+
+
+register_backend(BackendSpec(name="triton", precedence=0, package=__name__, families=FAMILIES, op_modules=OP_MODULES, probe=probe))

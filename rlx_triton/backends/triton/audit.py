@@ -1,0 +1,218 @@
+"""Ahead-of-time compile audit: every candidate of every Triton kernel, built for sm_80 and sm_90 with no GPU.
+
+Each family module lists its kernels in `AUDIT_KERNELS` (AuditSpec: the @triton.jit function, its
+signature with a "{dt}" placeholder, the constexprs and launch options per candidate). The audit
+compiles each (kernel, candidate, dtype, arch) with `triton.compile(ASTSource(...), target=GPUTarget(...))`
+and the ptxas shipped in the triton wheel, then reads the cubin with the wheel's cuobjdump:
+registers, stack and local memory per thread (spills; LOCAL:0 can still hide STACK), shared memory
+from the kernel's metadata, and whether tensor-core (MMA) instructions appear in the SASS.
+
+A variant is not ok when it fails to compile or needs more shared memory than one block may have
+on that architecture. `run_audit` reports failures; the CLI exits non-zero on any failure and on
+any spill in a family's default candidate.
+
+Kernels compile in worker processes started without TRITON_INTERPRET: under the interpreter
+@triton.jit returns interpreted functions that the compiler cannot lower.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import importlib
+import multiprocessing
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+# Largest dynamic shared memory one block may use (opt-in maximum), bytes.
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+ARCHS = {"sm_80": 80, "sm_90": 90}
+_MMA = re.compile(r"\b(HMMA|IMMA|HGMMA|QGMMA|IGMMA|BMMA|DMMA)\b")
+_RES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+
+
+@dataclass(frozen=True)
+class AuditSpec:
+    name: str
+    family: str
+    kernel: Any  # the @triton.jit function
+    signature: Dict[str, str]  # arg -> "*{dt}", "*fp32", "i32", "fp32", "constexpr", ...
+    meta: Callable[[Any, str], Dict[str, Any]]  # (candidate, dtype) -> constexprs + num_warps/num_stages
+    candidates: Tuple[Any, ...]
+    default: Any
+    dtypes: Tuple[str, ...] = ("fp32",)
+    expects_mma: Union[bool, Callable[[Any, str], bool]] = False
+
+    def mma_expected(self, candidate, dtype: str) -> bool:
+        return self.expects_mma(candidate, dtype) if callable(self.expects_mma) else bool(self.expects_mma)
+
+
+@dataclass
+class AuditRecord:
+    family: str
+    kernel: str
+    candidate: str
+    arch: str
+    dtype: str
+    default: bool
+    ok: bool = False
+    registers: Optional[int] = None
+    spills: Optional[int] = None  # bytes per thread: STACK + LOCAL
+    shared_bytes: Optional[int] = None
+    uses_mma: Optional[bool] = None
+    mma_expected: Optional[bool] = None
+    error: str = ""
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def _jit_function(kernel):
+    from triton.runtime.jit import JITFunction
+
+    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
+
+
+def compile_spec(spec: AuditSpec, candidate, dtype: str, arch: int = 90):
+    """Compiles one variant ahead of time (no GPU); returns triton's CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    meta = dict(spec.meta(candidate, dtype))
+    options = {key: meta.pop(key) for key in ("num_warps", "num_stages", "num_ctas", "maxnreg") if key in meta}
+    signature = {name: kind.replace("{dt}", dtype) for name, kind in spec.signature.items()}
+    source = ASTSource(_jit_function(spec.kernel), signature=signature, constexprs=meta)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def inspect_cubin(cubin: bytes) -> Tuple[int, int, bool]:
+    """(registers, spill bytes per thread, uses tensor-core instructions) read with the wheel's cuobjdump."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        usage = subprocess.run([_tool("cuobjdump"), "-res-usage", handle.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", handle.name], capture_output=True, text=True,
+                              check=True).stdout
+    match = _RES.search(usage)
+    if match is None:
+        raise RuntimeError(f"cuobjdump printed no resource usage:\n{usage}")
+    registers, stack, _shared, local = (int(group) for group in match.groups())
+    return registers, stack + local, bool(_MMA.search(sass))
+
+
+def audit_variant(module_name: str, spec_name: str, candidate_index: int, dtype: str, arch: int) -> AuditRecord:
+    module = importlib.import_module(module_name)
+    spec = next(spec for spec in module.AUDIT_KERNELS if spec.name == spec_name)
+    candidate = spec.candidates[candidate_index]
+    record = AuditRecord(family=spec.family, kernel=spec.name, candidate=candidate.tag(), arch=f"sm_{arch}",
+                         dtype=dtype, default=candidate == spec.default,
+                         mma_expected=spec.mma_expected(candidate, dtype))
+    started = time.perf_counter()
+    try:
+        compiled = compile_spec(spec, candidate, dtype, arch)
+        record.shared_bytes = int(compiled.metadata.shared)
+        record.registers, record.spills, record.uses_mma = inspect_cubin(compiled.asm["cubin"])
+        record.ok = record.shared_bytes <= SHARED_LIMIT[arch]
+        if not record.ok:
+            record.error = f"needs {record.shared_bytes} B of shared memory, sm_{arch} allows {SHARED_LIMIT[arch]} B"
+    except Exception as error:  # the record says what broke; the audit goes on with the next variant
+        record.error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    record.seconds = round(time.perf_counter() - started, 3)
+    return record
+
+
+def triton_family_modules() -> List[str]:
+    """Every module of the triton backend that may declare AUDIT_KERNELS."""
+    from rlx_triton.backends import triton as backend
+
+    names = list(backend.FAMILIES) + sorted({module for _op, module in backend.OP_MODULES})
+    return [f"{backend.__name__}.{name}" for name in dict.fromkeys(names)]
+
+
+def _variants(modules: Iterable[str], archs: Sequence[int]):
+    for module_name in modules:
+        module = importlib.import_module(module_name)
+        for spec in getattr(module, "AUDIT_KERNELS", ()):
+            for index, _candidate in enumerate(spec.candidates):
+                for dtype in spec.dtypes:
+                    for arch in archs:
+                        yield module_name, spec.name, index, dtype, arch
+
+
+def _worker_init() -> None:
+    os.environ.pop("TRITON_INTERPRET", None)
+
+
+def run_audit(archs: Sequence[int] = (80, 90), modules: Optional[Sequence[str]] = None,
+              workers: Optional[int] = None, progress: Optional[Callable[[AuditRecord], None]] = None
+              ) -> List[AuditRecord]:
+    """Compiles every variant of every listed module (default: the whole triton backend)."""
+    modules = list(modules or triton_family_modules())
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        # the parent may run under the interpreter; workers start clean, so they import the real @triton.jit
+        context = multiprocessing.get_context("spawn")
+        workers = workers or max(1, os.cpu_count() or 1)
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
+            jobs = [pool.submit(audit_variant, *variant) for variant in _collect(modules, archs, pool)]
+            records = []
+            for job in concurrent.futures.as_completed(jobs):
+                record = job.result()
+                records.append(record)
+                if progress is not None:
+                    progress(record)
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+    records.sort(key=lambda r: (r.family, r.kernel, r.candidate, r.dtype, r.arch))
+    return records
+
+
+def _collect(modules, archs, pool) -> List[tuple]:
+    # enumerate variants in a worker too: the parent's modules may hold interpreted kernels
+    return pool.submit(_list_variants, modules, tuple(archs)).result()
+
+
+def _list_variants(modules, archs) -> List[tuple]:
+    return list(_variants(modules, archs))
+
+
+def failures(records: Iterable[AuditRecord]) -> List[Tuple[AuditRecord, str]]:
+    """Variants that fail the audit, with why: not ok, or a spilling default candidate."""
+    bad = []
+    for record in records:
+        if not record.ok:
+            bad.append((record, record.error or "not ok"))
+        elif record.default and record.spills:
+            bad.append((record, f"default candidate spills {record.spills} B per thread"))
+    return bad
+
+
+def format_table(records: Sequence[AuditRecord]) -> str:
+    header = f"{'kernel':28} {'candidate':44} {'arch':5} {'dtype':5} {'ok':3} {'regs':>4} {'spill':>5} " \
+             f"{'smem':>7} {'mma':4} note"
+    lines = [header, "-" * len(header)]
+    for r in records:
+        mma = "-" if r.uses_mma is None else ("yes" if r.uses_mma else "no")
+        note = r.error
+        if r.ok and r.uses_mma is not None and r.mma_expected is not None and r.uses_mma != r.mma_expected:
+            note = f"tensor cores {'expected' if r.mma_expected else 'unexpected'}"
+        lines.append(f"{r.kernel[:28]:28} {r.candidate[:44]:44} {r.arch:5} {r.dtype:5} {'yes' if r.ok else 'NO':3} "
+                     f"{r.registers if r.registers is not None else '-':>4} "
+                     f"{r.spills if r.spills is not None else '-':>5} "
+                     f"{r.shared_bytes if r.shared_bytes is not None else '-':>7} {mma:4} "
+                     f"{'(default) ' if r.default else ''}{note}")
+    return "\n".join(lines)

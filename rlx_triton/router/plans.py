@@ -1,0 +1,74 @@
+"""The planner objects the router consults: one plan per (family, profile) and the shared winner table."""
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from types import ModuleType
+from typing import Optional
+
+from rlx_triton.config import settings
+from rlx_triton.planner import KernelFamily, KernelPlanBuilder, PrecisionProfile, TunePolicy
+
+_PROFILES = {
+    "ultra_low_latency": PrecisionProfile.ULTRA_LOW_LATENCY,
+    "balanced": PrecisionProfile.BALANCED,
+    "high_fidelity": PrecisionProfile.HIGH_FIDELITY,
+    "deterministic": PrecisionProfile.DETERMINISTIC,
+}
+
+
+def profile_name(profile: PrecisionProfile) -> str:
+    for name, member in _PROFILES.items():
+        if member == profile:
+            return name
+    raise ValueError(f"unknown precision profile {profile!r}")
+
+
+def current_profile() -> PrecisionProfile:
+    return _PROFILES[settings().profile]
+
+
+@functools.lru_cache(maxsize=None)
+def plan_for(family: str, profile: Optional[PrecisionProfile] = None):
+    """The default plan of a family under a profile, with the winner-table settings of the environment."""
+    profile = profile or current_profile()
+    env = settings()
+    tune = TunePolicy.disabled() if profile == PrecisionProfile.DETERMINISTIC else TunePolicy.balanced_defaults()
+    builder = (KernelPlanBuilder(KernelFamily(family))
+               .precision_profile(profile)
+               .autotune(tune)
+               .tune_cache(env.tune_cache_load, env.tune_cache_persist, env.tune_cache_max_entries))
+    return builder.build_plan()
+
+
+def candidate_module(family: str) -> ModuleType:
+    """planner/candidates/<family>.py: the candidate type, its variants, FP32_VARIANT, DEFAULT_VARIANT."""
+    return importlib.import_module(f"rlx_triton.planner.candidates.{family}")
+
+
+def fp32_candidate(family: str):
+    return candidate_module(family).FP32_VARIANT.candidate()
+
+
+_table = None
+_table_lock = threading.Lock()
+
+
+def winner_table():
+    """The process-wide winner table (loaded lazily on first lookup by the planner's TuneCache)."""
+    global _table
+    if _table is None:
+        with _table_lock:
+            if _table is None:
+                from rlx_triton.planner.tune_cache import TuneCache
+
+                _table = TuneCache.from_settings(settings())
+    return _table
+
+
+def reset_for_tests() -> None:
+    """Forget cached plans and the winner table (tests that change settings call this)."""
+    global _table
+    plan_for.cache_clear()
+    _table = None

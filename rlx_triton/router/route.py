@@ -1,0 +1,234 @@
+"""route(request) -> Route: which backend runs one op call, with which candidate, and why.
+
+The rules follow the speakrs CUDA router:
+- backends are walked in precedence order (triton, metal); one is taken only if it runs on the
+  device and its declared coverage covers the whole request;
+- the candidate comes from the winner table, else a built-in recipe for the device class, else the
+  plan's default; accuracy approval is a separate catalogue, and an unapproved candidate is replaced
+  by the family's fp32 candidate if that one is approved, else the backend is skipped;
+- speed evidence only labels a route, it never decides one;
+- every refusal is typed and falls back to the torch library op, or raises MissingKernel in strict mode.
+
+Decisions are cached per bucketed request signature; a cached decision is re-checked against the
+exact launch fields that any ranged coverage named, so bucketing never widens a kernel's coverage.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from rlx_triton.router import registry
+from rlx_triton.router.approvals import Approval, approval_for
+from rlx_triton.router.coverage import (BACKEND_UNAVAILABLE, NOT_APPROVED, NOT_SELECTED, SHAPE_UNIMPLEMENTED,
+                                        Refusal)
+from rlx_triton.router.device import device_facts
+from rlx_triton.router.request import Request
+from rlx_triton.router.settings import BackendChoice, current_choice
+
+# Evidence labels, strongest first. "Library" marks the torch fallback, "Forced" a forced torch route.
+TUNE_FILE = "TuneFile"
+RECIPE = "Recipe"
+DEVICE_DEFAULT = "DeviceDefault"
+IMPLEMENTED = "Implemented"
+LIBRARY = "Library"
+
+
+class MissingKernel(RuntimeError):
+    """Strict mode: no kernel covers a request. Carries the family, the request and each backend's reason."""
+
+    def __init__(self, request: Request, reasons: Dict[str, Refusal]):
+        self.family = request.family
+        self.request = request
+        self.reasons = dict(reasons)
+        lines = "\n".join(f"  {name}: {reason}" for name, reason in self.reasons.items())
+        super().__init__(f"no kernel covers {request} (strict mode)\n{lines}")
+
+
+@dataclass(frozen=True)
+class Route:
+    family: str
+    op: str
+    backend: str
+    candidate: Any = None
+    candidate_tag: Optional[str] = None
+    kernel_name: Optional[str] = None
+    evidence: str = LIBRARY
+    evidence_detail: str = ""
+    approval: Optional[Approval] = None
+    speed: Optional[str] = None
+    skipped: Tuple[Tuple[str, Refusal], ...] = ()
+    request: Optional[Request] = None
+    tune_key: Any = None
+    module: Optional[ModuleType] = field(default=None, compare=False, repr=False)
+
+    @property
+    def skipped_reasons(self) -> Dict[str, Refusal]:
+        return dict(self.skipped)
+
+    def __str__(self) -> str:
+        rows = [f"route {self.family}.{self.op} -> {self.backend}"]
+        if self.request is not None:
+            rows.append(f"  request    {self.request}")
+        if self.candidate_tag:
+            rows.append(f"  candidate  {self.candidate_tag}")
+        if self.kernel_name:
+            rows.append(f"  kernel     {self.kernel_name}")
+        detail = f" ({self.evidence_detail})" if self.evidence_detail else ""
+        rows.append(f"  evidence   {self.evidence}{detail}")
+        if self.approval is not None:
+            rows.append(f"  accuracy   {self.approval.label()}")
+        if self.speed:
+            rows.append(f"  speed      {self.speed} (label only)")
+        for name, refusal in self.skipped:
+            rows.append(f"  skipped    {name}: {refusal}")
+        return "\n".join(rows)
+
+
+_cache: Dict[tuple, Route] = {}
+_cache_lock = threading.Lock()
+
+
+def clear_route_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+def _still_valid(route: Route, request: Request) -> bool:
+    """A cached route holds for an exact request if no ranged-coverage verdict flips inside the bucket."""
+    fields = request.field_map
+    for name, refusal in route.skipped:
+        if refusal.field is not None:
+            module = registry.family_module(name, request.family, request.op)
+            if module.COVERAGE.range_holds(refusal.field, fields.get(refusal.field, 0)):
+                return False
+    if route.module is not None and route.backend != registry.library_backend().name:
+        coverage = route.module.COVERAGE
+        if not all(coverage.range_holds(name, value) for name, value in request.fields):
+            return False
+    return True
+
+
+def route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
+    """The route for a request under the current backend choice (cached per bucketed signature)."""
+    choice = choice or current_choice()
+    key = (request.bucket_signature(), choice)
+    cached = _cache.get(key)
+    if cached is not None and _still_valid(cached, request):
+        return cached if cached.request == request else _with_request(cached, request)
+    decided = _decide(request, choice)
+    with _cache_lock:
+        _cache[key] = decided
+    return decided
+
+
+def _with_request(route: Route, request: Request) -> Route:
+    from dataclasses import replace
+
+    return replace(route, request=request)
+
+
+def _decide(request: Request, choice: BackendChoice) -> Route:
+    facts = device_facts(request.device)
+    library = registry.library_backend()
+    skipped: Dict[str, Refusal] = {}
+    for spec in registry.backends():
+        if spec.is_library:
+            continue
+        if choice.name not in ("auto", spec.name):
+            skipped[spec.name] = Refusal(NOT_SELECTED, f"backend {choice.name!r} was requested")
+            continue
+        unavailable = facts.unavailable_reason(spec.name)
+        if unavailable is not None:
+            skipped[spec.name] = Refusal(BACKEND_UNAVAILABLE, unavailable)
+            continue
+        if request.family not in spec.families:
+            skipped[spec.name] = Refusal(SHAPE_UNIMPLEMENTED, f"no {request.family} kernels in this backend")
+            continue
+        module = registry.family_module(spec.name, request.family, request.op)
+        refusal = module.COVERAGE.check(request.op, facts.kind, request.dtype, request.field_map,
+                                        request.feature_map)
+        if refusal is not None:
+            skipped[spec.name] = refusal
+            continue
+        chosen = _choose_candidate(spec.name, module, request, facts)
+        if isinstance(chosen, Refusal):
+            skipped[spec.name] = chosen
+            continue
+        return Route(backend=spec.name, skipped=tuple(skipped.items()), request=request, module=module,
+                     family=request.family, op=request.op, **chosen)
+
+    if choice.strict and choice.name != library.name:
+        raise MissingKernel(request, skipped)
+    module = registry.family_module(library.name, request.family, request.op)
+    if choice.name == library.name:
+        detail = f"backend {library.name!r} was requested"
+    elif skipped:
+        detail = "no kernel took the request; see skipped"
+    else:
+        detail = "no kernel backend is registered"
+    return Route(family=request.family, op=request.op, backend=library.name, evidence=LIBRARY,
+                 evidence_detail=detail, skipped=tuple(skipped.items()), request=request, module=module)
+
+
+def _choose_candidate(backend_name: str, module: ModuleType, request: Request, facts) -> Any:
+    """Winner table > recipe > plan default; then accuracy approval, with the fp32 candidate as replacement."""
+    from rlx_triton.planner import LaunchBuilder, LaunchError, tune_cache_key
+    from rlx_triton.router import plans
+
+    profile = plans.current_profile()
+    profile_name = plans.profile_name(profile)
+    plan = plans.plan_for(request.family, profile)
+    try:
+        launch = LaunchBuilder.from_plan(plan).fields(**request.field_map).build()
+    except LaunchError as error:
+        return Refusal(SHAPE_UNIMPLEMENTED, f"planner refused the launch: {error}")
+    by_tag = {c.tag(): c for c in plan.candidates}
+    tune_key = tune_cache_key(plan, launch, f"{backend_name}:{facts.fingerprint}", 0)
+
+    candidate, evidence, detail = None, None, ""
+    if plan.tune_policy.cache_load:
+        winner = plans.winner_table().lookup(tune_key)
+        if winner in by_tag:
+            candidate, evidence, detail = by_tag[winner], TUNE_FILE, "winner table"
+    if candidate is None:
+        recipe = getattr(module, "RECIPES", {}).get(facts.device_class)
+        if recipe in by_tag:
+            candidate, evidence, detail = by_tag[recipe], RECIPE, f"built-in recipe for {facts.device_class}"
+    if candidate is None:
+        candidate, evidence, detail = launch.candidate, DEVICE_DEFAULT, f"plan default ({profile_name} profile)"
+
+    approvals = getattr(module, "APPROVALS", {})
+    approval = approval_for(approvals, candidate.tag(), profile_name)
+    if approval is None:
+        fp32 = plans.fp32_candidate(request.family)
+        approval = approval_for(approvals, fp32.tag(), profile_name)
+        if approval is None or fp32.tag() not in by_tag:
+            return Refusal(NOT_APPROVED, f"candidate {candidate.tag()} has no accuracy approval for the "
+                                         f"{profile_name} profile, nor has the fp32 candidate {fp32.tag()}")
+        detail = f"{candidate.tag()} is not approved; fp32 candidate instead"
+        candidate, evidence = fp32, IMPLEMENTED
+
+    kernel_name = LaunchBuilder.from_plan(plan).fields(**request.field_map).candidate(candidate).build().kernel_name
+    speed = getattr(module, "SPEED_EVIDENCE", {}).get(candidate.tag())
+    return dict(candidate=candidate, candidate_tag=candidate.tag(), kernel_name=kernel_name, evidence=evidence,
+                evidence_detail=detail, approval=approval, speed=speed, tune_key=tune_key)
+
+
+def routed_op(build_request: Callable[..., Request]):
+    """Marks a public op with the request builder `explain` uses (the same validation the op runs)."""
+
+    def mark(op):
+        op.__rlx_request__ = build_request
+        return op
+
+    return mark
+
+
+def explain(op, *args, **kwargs) -> Route:
+    """The route `op(*args, **kwargs)` would take, without running it."""
+    build = getattr(op, "__rlx_request__", None)
+    if build is None:
+        raise TypeError(f"explain: {getattr(op, '__name__', op)!r} is not an rlx_triton op")
+    return route(build(*args, **kwargs))

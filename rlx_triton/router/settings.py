@@ -1,0 +1,46 @@
+"""Which backend the router may pick, per thread and task: `use_backend` nests through contextvars."""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from rlx_triton.config import BACKEND_NAMES, settings
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str  # auto | triton | metal | torch
+    strict: bool
+
+
+_choice: contextvars.ContextVar[Optional[BackendChoice]] = contextvars.ContextVar("rlx_triton_backend", default=None)
+
+
+def current_choice() -> BackendChoice:
+    """The innermost `use_backend` of this context, else RLX_TRITON_BACKEND / RLX_TRITON_STRICT."""
+    choice = _choice.get()
+    if choice is not None:
+        return choice
+    env = settings()
+    return BackendChoice(env.backend, env.strict)
+
+
+@contextlib.contextmanager
+def use_backend(name: str, strict: bool = False) -> Iterator[BackendChoice]:
+    """Force (`triton`, `metal`, `torch`) or free (`auto`) the backend choice inside a with-block.
+
+    A forced backend that cannot run a request falls back to the torch op quietly (``explain`` says
+    why) unless ``strict=True``, which raises ``rlx_triton.MissingKernel`` instead.
+    """
+    if not isinstance(name, str) or name not in BACKEND_NAMES:
+        raise ValueError(f"use_backend: name must be one of {', '.join(BACKEND_NAMES)}, got {name!r}")
+    if not isinstance(strict, bool):
+        raise TypeError(f"use_backend: strict must be a bool, got {type(strict).__name__}")
+    choice = BackendChoice(name, strict)
+    token = _choice.set(choice)
+    try:
+        yield choice
+    finally:
+        _choice.reset(token)
