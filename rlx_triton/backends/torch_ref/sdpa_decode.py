@@ -1,0 +1,66 @@
+"""Decode attention in plain torch: the library fallback of the sdpa_decode family.
+
+Same function and signature as the Triton launcher (`sdpa_decode`, the candidate is ignored): it
+computes scores in float32 (float64 inputs stay float64), applies masks, causal alignment and the
+per-sequence valid lengths, and returns the output with its natural-log LSE. Rows that see no key
+give 0 and LSE = -inf, as the kernel and torch's SDPA do.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from rlx_triton.router.coverage import Coverage
+
+COVERAGE = Coverage.everything()
+APPROVALS: dict = {}
+
+
+def _visible_keys(batch: int, seq_q: int, seq_kv: int, causal: str, cache_seqlens: Optional[torch.Tensor],
+                  device: torch.device) -> Optional[torch.Tensor]:
+    """(B, 1, Lq, S) bool of keys each token may see from lengths and causal alignment, or None (all)."""
+    if causal == "none" and cache_seqlens is None:
+        return None
+    key_pos = torch.arange(seq_kv, device=device)
+    tok = torch.arange(seq_q, device=device)
+    lengths = (torch.full((batch,), seq_kv, device=device) if cache_seqlens is None
+               else cache_seqlens.to(device=device, dtype=torch.int64))
+    keep = (key_pos[None, None, :] < lengths[:, None, None]).expand(batch, seq_q, seq_kv)
+    if causal == "top_left":
+        keep = keep & (key_pos[None, None, :] <= tok[None, :, None])
+    elif causal == "bottom_right":
+        keep = keep & (key_pos[None, None, :] <= (tok[None, :] + lengths[:, None] - seq_q)[:, :, None])
+    return keep[:, None]
+
+
+def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
+                scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
+                candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the Triton launcher."""
+    batch, num_heads, seq_q, head_dim = query.shape
+    num_kv_heads, seq_kv = key.shape[1], key.shape[2]
+    group = num_heads // num_kv_heads
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32
+
+    q = query.to(compute).reshape(batch, num_kv_heads, group * seq_q, head_dim)
+    scores = torch.matmul(q, key.to(compute).transpose(-1, -2)) * scale
+    scores = scores.view(batch, num_heads, seq_q, seq_kv)
+    keep = _visible_keys(batch, seq_q, seq_kv, causal, cache_seqlens, query.device)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            keep = attn_mask if keep is None else keep & attn_mask
+        else:
+            scores = scores + attn_mask.to(compute)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    visible = torch.isfinite(lse)
+    probs = torch.exp(scores - torch.where(visible, lse, torch.zeros_like(lse))[..., None])
+    probs = probs.masked_fill(~visible[..., None], 0.0)
+    probs = probs.reshape(batch, num_kv_heads, group * seq_q, seq_kv)
+    out = torch.matmul(probs, value.to(compute)).view(batch, num_heads, seq_q, value.shape[-1])
+    return out.to(query.dtype), lse.to(torch.float32)

@@ -1,0 +1,51 @@
+"""The torch fallback of decode attention against the float64 reference and torch's own SDPA."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlx_triton.backends.torch_ref import sdpa_decode as ref_backend
+from tests.reference.sdpa_decode import attention_reference
+
+
+def make_qkv(batch, num_heads, num_kv_heads, seq_q, seq_kv, head_dim, head_dim_v=None):
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    return (torch.randn(batch, num_heads, seq_q, head_dim), torch.randn(batch, num_kv_heads, seq_kv, head_dim),
+            torch.randn(batch, num_kv_heads, seq_kv, head_dim_v))
+
+
+def check(q, k, v, **kw):
+    out, lse = ref_backend.sdpa_decode(q, k, v, candidate=None, **kw)
+    ref_out, ref_lse = attention_reference(q, k, v, **kw)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    torch.testing.assert_close(lse.double().nan_to_num(0, 0, 0), ref_lse.nan_to_num(0, 0, 0), rtol=1e-5, atol=1e-5)
+    return out, lse
+
+
+def test_gqa_with_value_dim_and_scale():
+    check(*make_qkv(2, 6, 2, 3, 17, 7, head_dim_v=11), scale=0.3)
+
+
+@pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
+def test_causal_alignments_with_ragged_lengths(causal):
+    check(*make_qkv(3, 2, 1, 4, 12, 8), causal=causal, cache_seqlens=torch.tensor([12, 5, 2]))
+
+
+def test_bool_and_float_masks():
+    q, k, v = make_qkv(2, 4, 2, 2, 9, 8)
+    check(q, k, v, attn_mask=torch.rand(2, 1, 2, 9) > 0.5)
+    check(q, k, v, attn_mask=torch.randn(1, 4, 2, 9))
+
+
+def test_equals_torch_sdpa_with_top_left_causal():
+    q, k, v = make_qkv(1, 2, 2, 3, 10, 8)
+    out, _ = ref_backend.sdpa_decode(q, k, v, causal="top_left", candidate=None)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_half_inputs_return_half():
+    q, k, v = (t.half() for t in make_qkv(1, 2, 1, 1, 5, 8))
+    out, lse = ref_backend.sdpa_decode(q, k, v, candidate=None)
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32
