@@ -1,0 +1,380 @@
+"""Triton kernels of the 1-D conv family: pyannote's SincNet stage and a general Conv1d.
+
+One implicit-GEMM kernel (`_conv1d_kernel`) does every 1-D convolution here. The reduction index r
+runs over (input channel, tap) pairs, so out[p, co] = sum_r X[p, r] * W[r, co] is one `tl.dot` per
+BLOCK_K chunk, with the input tile gathered straight from the signal (no im2col buffer). Around the
+dot it fuses what SincNet needs:
+  prologue  per-(batch, input channel) affine + leaky ReLU applied to the input as it is loaded
+            (the previous block's instance norm, or the waveform instance norm), zero padding kept zero;
+  epilogue  bias -> |x| -> max-pool (kernel = stride = POOL, floor mode) -> leaky ReLU.
+The max-pool is done by running the K loop once per pool phase j (conv position q*POOL + j) and
+keeping the running max, so the un-pooled conv output (15975 x 80 per 10 s chunk) is never stored.
+
+Instance norm needs statistics over the whole pooled row, which one conv tile does not see; a
+per-(batch, channel) program (`_row_norm_kernel`) computes them (two passes over the row: mean, then
+centred variance, deterministic, no atomics) and either hands (scale, shift) to the next conv's
+prologue or, for the last block, writes leaky(x * scale + shift) itself.
+
+SincNet = 5 launches: waveform stats -> sinc conv|abs|pool -> stats -> conv|pool -> stats ->
+conv|pool -> stats+normalize+leaky. Intermediates between launches are float32.
+
+The sinc filters themselves are built with torch ops (rlx_triton.ops.conv.sinc_filters), once per
+weight version: they are 80 x 251 numbers computed once per parameter update, so a kernel would buy
+nothing, and running asteroid's exact op sequence keeps them bit-identical to pyannote's.
+
+Candidate mapping (ConvCandidate): tile_pos -> BLOCK_P output positions per program (pooled
+positions when a pool is fused), tile_co -> BLOCK_CO, tile_k -> BLOCK_K, tg_size // 32 -> num_warps,
+stages -> num_stages, precision -> tl.dot input_precision, fuse_epilogue -> abs/pool/leaky in the conv
+kernel (True) or in a separate `_epilogue_kernel` pass over the stored conv output (False).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _conv1d_kernel(
+    x_ptr, w_ptr, bias_ptr, in_scale_ptr, in_shift_ptr, out_ptr,
+    C_in, L_in, C_out, L_out,
+    stride_xb, stride_xc, stride_xl,
+    stride_ob, stride_oc, stride_ol,
+    conv_stride, padding, dilation,
+    in_slope, out_slope,
+    TAPS: tl.constexpr,
+    POOL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IN_AFFINE: tl.constexpr,
+    IN_LEAKY: tl.constexpr,
+    ABS: tl.constexpr,
+    OUT_LEAKY: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_CO: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # grid: (output position tiles, output channel tiles, batch)
+    pid_p = tl.program_id(0)
+    pid_co = tl.program_id(1)
+    pid_b = tl.program_id(2)
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)      # (pooled) output positions
+    offs_co = pid_co * BLOCK_CO + tl.arange(0, BLOCK_CO)  # output channels
+    p_mask = offs_p < L_out
+    co_mask = offs_co < C_out
+
+    R = C_in * TAPS                                       # reduction length: channels x taps
+    x_base = x_ptr + pid_b.to(tl.int64) * stride_xb
+
+    result = tl.full((BLOCK_P, BLOCK_CO), float("-inf"), dtype=tl.float32)
+    for j in tl.static_range(POOL):
+        conv_pos = offs_p * POOL + j                       # conv output position of pool phase j
+        in_start = conv_pos.to(tl.int64) * conv_stride - padding
+        acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.float32)
+        for r0 in range(0, R, BLOCK_K):
+            offs_r = r0 + tl.arange(0, BLOCK_K)
+            r_mask = offs_r < R
+            ci = offs_r // TAPS
+            tap = offs_r % TAPS
+
+            # input tile X[p, r] = x[b, ci, start(p) + tap * dilation], zero outside the signal
+            pos = in_start[:, None] + (tap * dilation)[None, :]
+            x_mask = p_mask[:, None] & r_mask[None, :] & (pos >= 0) & (pos < L_in)
+            x_ptrs = x_base + ci.to(tl.int64)[None, :] * stride_xc + pos * stride_xl
+            x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
+            if IN_AFFINE:
+                scale = tl.load(in_scale_ptr + pid_b * C_in + ci, mask=r_mask, other=0.0)
+                shift = tl.load(in_shift_ptr + pid_b * C_in + ci, mask=r_mask, other=0.0)
+                x_tile = x_tile * scale[None, :] + shift[None, :]
+                if IN_LEAKY:
+                    x_tile = tl.where(x_tile >= 0, x_tile, x_tile * in_slope)
+                x_tile = tl.where(x_mask, x_tile, 0.0)    # padding is zero after the norm too
+
+            # weight tile W[r, co] from the contiguous (C_out, C_in * TAPS) weight
+            w_ptrs = w_ptr + offs_co[None, :] * R + offs_r[:, None]
+            w_mask = r_mask[:, None] & co_mask[None, :]
+            w_tile = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
+
+            acc += tl.dot(x_tile, w_tile, input_precision=PRECISION)
+
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_co, mask=co_mask, other=0.0).to(tl.float32)
+            acc += bias[None, :]
+        if ABS:
+            acc = tl.abs(acc)
+        result = tl.maximum(result, acc)
+
+    if OUT_LEAKY:
+        result = tl.where(result >= 0, result, result * out_slope)
+
+    out_ptrs = (out_ptr + pid_b.to(tl.int64) * stride_ob
+                + offs_co.to(tl.int64)[None, :] * stride_oc
+                + offs_p.to(tl.int64)[:, None] * stride_ol)
+    out_mask = p_mask[:, None] & co_mask[None, :]
+    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _epilogue_kernel(
+    y_ptr, bias_ptr, out_ptr,
+    C, L_conv, L_out,
+    stride_yb, stride_yc, stride_yl,
+    stride_ob, stride_oc, stride_ol,
+    out_slope,
+    POOL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ABS: tl.constexpr,
+    OUT_LEAKY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # the un-fused epilogue: bias -> |x| -> max-pool -> leaky ReLU over a stored conv output.
+    # grid: (position tiles, batch * channels)
+    pid_p = tl.program_id(0)
+    row = tl.program_id(1)
+    b = row // C
+    c = row % C
+    offs = pid_p * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < L_out
+    y_base = y_ptr + b.to(tl.int64) * stride_yb + c.to(tl.int64) * stride_yc
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + c).to(tl.float32)
+    result = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
+    for j in tl.static_range(POOL):
+        pos = offs.to(tl.int64) * POOL + j
+        v = tl.load(y_base + pos * stride_yl, mask=mask, other=0.0).to(tl.float32) + bias
+        if ABS:
+            v = tl.abs(v)
+        result = tl.maximum(result, v)
+    if OUT_LEAKY:
+        result = tl.where(result >= 0, result, result * out_slope)
+    out_ptrs = out_ptr + b.to(tl.int64) * stride_ob + c.to(tl.int64) * stride_oc + offs.to(tl.int64) * stride_ol
+    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_norm_kernel(
+    x_ptr, gamma_ptr, beta_ptr, scale_ptr, shift_ptr, out_ptr,
+    n_rows, C, L,
+    stride_xb, stride_xc, stride_xl,
+    stride_ob, stride_oc, stride_ol,
+    eps, slope,
+    HAS_AFFINE: tl.constexpr,
+    APPLY: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    # instance norm of BLOCK_R (batch, channel) rows: mean, then biased variance of the centred
+    # row (two passes, deterministic). Writes scale = gamma / sqrt(var + eps) and
+    # shift = beta - mean * scale for each row r = b * C + c; with APPLY it also writes
+    # out = leaky_relu(x * scale + shift).
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = rows < n_rows
+    b = rows // C
+    c = rows % C
+    x_rows = x_ptr + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc   # (BLOCK_R,) pointers
+    offs0 = tl.arange(0, BLOCK_L)
+
+    total = tl.zeros((BLOCK_R, BLOCK_L), dtype=tl.float32)
+    for l0 in range(0, L, BLOCK_L):
+        offs = l0 + offs0
+        mask = row_mask[:, None] & (offs < L)[None, :]
+        ptrs = x_rows[:, None] + offs.to(tl.int64)[None, :] * stride_xl
+        total += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(total, axis=1) / L
+
+    sq = tl.zeros((BLOCK_R, BLOCK_L), dtype=tl.float32)
+    for l0 in range(0, L, BLOCK_L):
+        offs = l0 + offs0
+        mask = row_mask[:, None] & (offs < L)[None, :]
+        ptrs = x_rows[:, None] + offs.to(tl.int64)[None, :] * stride_xl
+        v = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, v - mean[:, None], 0.0)
+        sq += d * d
+    var = tl.sum(sq, axis=1) / L
+    rstd = tl.div_rn(tl.full((BLOCK_R,), 1.0, tl.float32), tl.sqrt_rn(var + eps))
+
+    scale = rstd
+    shift = -mean * rstd
+    if HAS_AFFINE:
+        gamma = tl.load(gamma_ptr + c, mask=row_mask, other=1.0).to(tl.float32)
+        beta = tl.load(beta_ptr + c, mask=row_mask, other=0.0).to(tl.float32)
+        scale = gamma * rstd
+        shift = beta - mean * scale
+    tl.store(scale_ptr + rows, scale, mask=row_mask)
+    tl.store(shift_ptr + rows, shift, mask=row_mask)
+
+    if APPLY:
+        out_rows = out_ptr + b.to(tl.int64) * stride_ob + c.to(tl.int64) * stride_oc
+        for l0 in range(0, L, BLOCK_L):
+            offs = l0 + offs0
+            mask = row_mask[:, None] & (offs < L)[None, :]
+            ptrs = x_rows[:, None] + offs.to(tl.int64)[None, :] * stride_xl
+            v = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+            y = v * scale[:, None] + shift[:, None]
+            y = tl.where(y >= 0, y, y * slope)
+            out_ptrs = out_rows[:, None] + offs.to(tl.int64)[None, :] * stride_ol
+            tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# launchers
+# ----------------------------------------------------------------------------------------------
+
+_ROW_BLOCK_MAX = 1024   # row chunk of the norm and epilogue kernels
+_ROW_TILE = 4096        # elements per norm program tile (BLOCK_R x BLOCK_L)
+
+
+def _meta(candidate) -> dict:
+    """ConvCandidate -> meta-parameters of `_conv1d_kernel`."""
+    return dict(
+        BLOCK_P=candidate.tile_pos,
+        BLOCK_CO=candidate.tile_co,
+        BLOCK_K=candidate.tile_k,
+        PRECISION=candidate.precision,
+        num_warps=max(1, candidate.tg_size // 32),
+        num_stages=candidate.stages,
+    )
+
+
+def _conv_out_len(length: int, taps: int, stride: int, padding: int, dilation: int) -> int:
+    return (length + 2 * padding - dilation * (taps - 1) - 1) // stride + 1
+
+
+def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_, out_slope,
+                 in_scale=None, in_shift=None, in_slope=None, candidate):
+    """out[b, co, q] = leaky(max_j |conv(prologue(x))[b, co, q*pool + j] + bias|); x is (B, C_in, L)."""
+    B, C_in, L_in = x.shape
+    C_out, _, taps = weight.shape
+    L_out = out.shape[2]
+    if out.numel() == 0:
+        return out
+    w2d = weight.reshape(C_out, C_in * taps).contiguous()
+    meta = _meta(candidate)
+    grid = (triton.cdiv(L_out, meta["BLOCK_P"]), triton.cdiv(C_out, meta["BLOCK_CO"]), B)
+    _conv1d_kernel[grid](
+        x, w2d,
+        bias if bias is not None else w2d,
+        in_scale if in_scale is not None else w2d,
+        in_shift if in_shift is not None else w2d,
+        out,
+        C_in, L_in, C_out, L_out,
+        x.stride(0), x.stride(1), x.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        stride, padding, dilation,
+        0.0 if in_slope is None else float(in_slope),
+        0.0 if out_slope is None else float(out_slope),
+        TAPS=taps,
+        POOL=pool,
+        HAS_BIAS=bias is not None,
+        IN_AFFINE=in_scale is not None,
+        IN_LEAKY=in_slope is not None,
+        ABS=bool(abs_),
+        OUT_LEAKY=out_slope is not None,
+        **meta,
+    )
+    return out
+
+
+def _launch_epilogue(y, bias, out, *, pool, abs_, out_slope):
+    B, C, L_conv = y.shape
+    L_out = out.shape[2]
+    if out.numel() == 0:
+        return out
+    BLOCK = min(_ROW_BLOCK_MAX, triton.next_power_of_2(max(L_out, 16)))
+    grid = (triton.cdiv(L_out, BLOCK), B * C)
+    _epilogue_kernel[grid](
+        y, bias if bias is not None else y, out,
+        C, L_conv, L_out,
+        y.stride(0), y.stride(1), y.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        0.0 if out_slope is None else float(out_slope),
+        POOL=pool, HAS_BIAS=bias is not None, ABS=bool(abs_), OUT_LEAKY=out_slope is not None,
+        BLOCK=BLOCK, num_warps=4,
+    )
+    return out
+
+
+def _conv_block(x, weight, bias, *, stride, padding, dilation, pool, abs_, out_slope, out_dtype,
+                in_scale=None, in_shift=None, in_slope=None, candidate):
+    """One conv with its epilogue, fused in the conv kernel or as a second pass (fuse_epilogue)."""
+    B, _, L_in = x.shape
+    taps = weight.shape[2]
+    L_conv = _conv_out_len(L_in, taps, stride, padding, dilation)
+    L_out = L_conv // pool
+    out = torch.empty((B, weight.shape[0], L_out), device=x.device, dtype=out_dtype)
+    plain = pool == 1 and not abs_ and out_slope is None
+    if candidate.fuse_epilogue or plain:
+        return _launch_conv(x, weight, bias, out, stride=stride, padding=padding, dilation=dilation,
+                            pool=pool, abs_=abs_, out_slope=out_slope, in_scale=in_scale,
+                            in_shift=in_shift, in_slope=in_slope, candidate=candidate)
+    y = torch.empty((B, weight.shape[0], L_conv), device=x.device, dtype=torch.float32)
+    _launch_conv(x, weight, None, y, stride=stride, padding=padding, dilation=dilation, pool=1,
+                 abs_=False, out_slope=None, in_scale=in_scale, in_shift=in_shift, in_slope=in_slope,
+                 candidate=candidate)
+    return _launch_epilogue(y, bias, out, pool=pool, abs_=abs_, out_slope=out_slope)
+
+
+def _row_norm(x, weight, bias, *, eps, slope=None, out=None):
+    """Instance-norm statistics of every (batch, channel) row of x: (scale, shift), each (B * C,).
+
+    With `out` given, also writes out = leaky_relu(x * scale + shift, slope)."""
+    B, C, L = x.shape
+    n_rows = B * C
+    scale = torch.empty(n_rows, device=x.device, dtype=torch.float32)
+    shift = torch.empty(n_rows, device=x.device, dtype=torch.float32)
+    BLOCK_L = min(_ROW_BLOCK_MAX, triton.next_power_of_2(max(L, 16)))
+    BLOCK_R = max(1, min(16, _ROW_TILE // BLOCK_L))   # short rows: several rows per program
+    target = out if out is not None else x
+    _row_norm_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
+        x, weight if weight is not None else scale, bias if bias is not None else shift,
+        scale, shift, target,
+        n_rows, C, L,
+        x.stride(0), x.stride(1), x.stride(2),
+        target.stride(0), target.stride(1), target.stride(2),
+        float(eps), 0.0 if slope is None else float(slope),
+        HAS_AFFINE=weight is not None, APPLY=out is not None, BLOCK_R=BLOCK_R, BLOCK_L=BLOCK_L,
+        num_warps=4,
+    )
+    return scale, shift
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate):
+    """F.conv1d (groups=1) on a (B, C_in, L) input, then the optional epilogue
+    (epilogue.abs, epilogue.pool, epilogue.negative_slope: bias -> |x| -> max-pool -> leaky ReLU)."""
+    pool = 1 if epilogue is None else int(epilogue.pool)
+    abs_ = False if epilogue is None else bool(epilogue.abs)
+    slope = None if epilogue is None else epilogue.negative_slope
+    return _conv_block(input, weight, bias, stride=stride, padding=padding, dilation=dilation,
+                       pool=pool, abs_=abs_, out_slope=slope, out_dtype=input.dtype, candidate=candidate)
+
+
+def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
+            norm_weights, norm_biases, *, sinc_stride=10, pool=3, eps=1e-5, negative_slope=0.01,
+            candidate):
+    """pyannote SincNet forward (non-streaming) on (B, 1, T) waveforms -> (B, C, frames).
+
+    waveform instance norm -> sinc conv |.| pool -> norm+leaky -> [conv pool -> norm+leaky] per
+    entry of conv_weights. norm_weights/norm_biases hold one (affine) instance norm per block."""
+    x = waveforms
+    # 1. waveform instance norm, folded into the sinc conv's input prologue
+    scale, shift = _row_norm(x, wav_norm_weight, wav_norm_bias, eps=eps)
+    h = _conv_block(x, sinc_filters, None, stride=sinc_stride, padding=0, dilation=1, pool=pool,
+                    abs_=True, out_slope=None, out_dtype=torch.float32, in_scale=scale,
+                    in_shift=shift, in_slope=None, candidate=candidate)
+    # 2. each Conv1d block reads the previous block's norm + leaky in its prologue
+    for i, (w, b) in enumerate(zip(conv_weights, conv_biases)):
+        scale, shift = _row_norm(h, norm_weights[i], norm_biases[i], eps=eps)
+        h = _conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=pool, abs_=False,
+                        out_slope=None, out_dtype=torch.float32, in_scale=scale, in_shift=shift,
+                        in_slope=negative_slope, candidate=candidate)
+    # 3. the last block's norm + leaky, written once
+    out = torch.empty(h.shape, device=h.device, dtype=waveforms.dtype)
+    last = len(conv_weights)
+    _row_norm(h, norm_weights[last], norm_biases[last], eps=eps, slope=negative_slope, out=out)
+    return out
