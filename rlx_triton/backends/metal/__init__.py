@@ -1,0 +1,19 @@
+"""The Metal backend: shaders in metal/*.metal compiled with torch.mps.compile_shader, one launcher module per family.
+
+It runs only where a compile-and-run smoke test passes on an MPS device, not merely where
+torch.backends.mps.is_available() says so.
+"""
+from rlx_triton.router.registry import BackendSpec, register_backend
+
+FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
+
+
+def probe(facts) -> "str | None":
+    if facts.kind != "mps":
+        return f"Metal shaders run on MPS devices, not {facts.kind}"
+    from rlx_triton.backends.metal.library import smoke_test
+
+    return smoke_test()
+
+
+register_backend(BackendSpec(name="metal", precedence=10, package=__name__, families=FAMILIES, probe=probe))
