@@ -2,9 +2,10 @@
 //
 // conv1d_pool_<T>: out[b, co, p] = max over j < pool_size of act(bias[co] + sum over ci, t of
 //   weight[co, ci, t] * x[b, ci, (p * pool_stride + j) * stride + t * dilation - padding]),
-//   act = |.| when apply_abs != 0 (SincNet's conv | abs | max-pool), else identity; pool_size 1
-//   and pool_stride 1 give a plain Conv1d. Zero padding; conv positions past conv_len are not
-//   pooled (MaxPool1d without padding never reaches them). One thread per output element.
+//   act = |.| when apply_abs != 0 (SincNet's conv | abs | max-pool), else identity; then
+//   leaky(v) = v >= 0 ? v : negative_slope * v (negative_slope 1: identity). pool_size 1 and
+//   pool_stride 1 give a plain Conv1d. Zero padding; conv positions past conv_len are not pooled
+//   (MaxPool1d without padding never reaches them). One thread per output element.
 // instance_norm_act_<T>: y[b, c, l] = leaky((x - mean) / sqrt(var + eps) * gamma[c] + beta[c]),
 //   mean and biased variance over l; leaky(v) = v >= 0 ? v : slope * v (slope 1: identity).
 //   One threadgroup per (b, c); has_affine == 0 ignores gamma and beta.
@@ -20,7 +21,8 @@ inline void conv1d_pool_impl(device const T* x, device const float* weight,
                              device const float* bias, device T* out, long batch, long c_in,
                              long c_out, long length_in, long taps, long stride, long padding,
                              long dilation, long conv_len, long pool_size, long pool_stride,
-                             long length_out, long has_bias, long apply_abs, uint index) {
+                             long length_out, long has_bias, long apply_abs,
+                             float negative_slope, uint index) {
   long total = batch * c_out * length_out;
   if (long(index) >= total) {
     return;
@@ -51,6 +53,7 @@ inline void conv1d_pool_impl(device const T* x, device const float* weight,
     float activated = apply_abs != 0 ? abs(acc) : acc;
     best = max(best, activated);
   }
+  best = best >= 0.0f ? best : negative_slope * best;
   out[index] = static_cast<T>(best);
 }
 
@@ -114,10 +117,10 @@ inline void instance_norm_act_impl(device const T* x, device const float* gamma,
       constant long& conv_len [[buffer(12)]], constant long& pool_size [[buffer(13)]],           \
       constant long& pool_stride [[buffer(14)]], constant long& length_out [[buffer(15)]],       \
       constant long& has_bias [[buffer(16)]], constant long& apply_abs [[buffer(17)]],           \
-      uint index [[thread_position_in_grid]]) {                                                  \
+      constant float& negative_slope [[buffer(18)]], uint index [[thread_position_in_grid]]) {   \
     conv1d_pool_impl<T>(x, weight, bias, out, batch, c_in, c_out, length_in, taps, stride,       \
                         padding, dilation, conv_len, pool_size, pool_stride, length_out,         \
-                        has_bias, apply_abs, index);                                             \
+                        has_bias, apply_abs, negative_slope, index);                             \
   }                                                                                              \
   kernel void instance_norm_act_##SUFFIX(                                                        \
       device const T* x [[buffer(0)]], device const float* gamma [[buffer(1)]],                  \

@@ -1,0 +1,148 @@
+"""Metal launcher of the sdpa_decode family (metal/sdpa_decode.metal): decode attention of a few
+query tokens against a KV cache, one pass or split-KV (partial pass + combine pass).
+
+Same function and signature as backends/torch_ref/sdpa_decode.py and the Triton launcher.
+Candidate -> launch: tg_size -> threadgroup size (multiple of 32, at most 256 = 8 simdgroups);
+split_k <= 1 with partial_reduce False -> the one-pass kernel; otherwise the split-KV pass with
+RLX's partition rule (`split_kv_partitions`, capped by split_k) and the combine pass.
+use_f16_kv, tile_m and pad_q do not change the Metal kernels: they read K/V in the input dtype
+and always compute in fp32.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from rlx_triton.backends.metal import candidates as _candidates
+from rlx_triton.backends.metal import library
+from rlx_triton.router.coverage import Coverage
+
+FAMILY = "sdpa_decode"
+CAUSAL_MODES = {"none": 0, "top_left": 1, "bottom_right": 2}
+MAX_HEAD_DIM = 256  # 32 lanes x 8 registers per lane
+MAX_SEQ_Q = 16
+MAX_GROUP_SIZE = 256  # 8 simdgroups: the shader's threadgroup arrays are sized for this
+MAX_PARTITIONS = 64
+
+_ROW_ARGUMENTS = ("num_heads:long", "num_kv_heads:long", "query_len:long", "seq_kv:long", "head_dim:long",
+                  "head_dim_v:long", "scale:float", "causal_mode:long", "has_mask:long")
+KERNEL_ARGUMENTS = {
+    "sdpa_decode_one_pass": ("query:T", "key:T", "value:T", "mask:float32", "seqlens:int64", "out:T",
+                             "lse:float32") + _ROW_ARGUMENTS,
+    "sdpa_decode_split": ("query:T", "key:T", "value:T", "mask:float32", "seqlens:int64",
+                          "partial_out:float32", "partial_max_sum:float32") + _ROW_ARGUMENTS
+                         + ("partitions:long", "keys_per_partition:long"),
+    "sdpa_decode_combine": ("partial_out:float32", "partial_max_sum:float32", "out:T", "lse:float32",
+                            "head_dim_v:long", "partitions:long"),
+}
+
+COVERAGE = Coverage(
+    ops=None,
+    devices=frozenset({"mps"}),
+    dtypes=frozenset({"float32", "float16", "bfloat16"}),
+    ranges={"head_dim": (1, MAX_HEAD_DIM), "head_dim_v": (1, MAX_HEAD_DIM), "seq_q": (1, MAX_SEQ_Q),
+            "tokens": (1, MAX_SEQ_Q), "seq_kv": (1, 1 << 31), "batch": (1, 1 << 20)},
+    features={
+        "attn_mask": frozenset({"none", "bool", "float"}),
+        "causal": frozenset(CAUSAL_MODES),
+        "dropout": frozenset({False}),
+        "requires_grad": frozenset({False}),
+        "return_lse": frozenset({True, False}),
+    },
+)
+APPROVALS = _candidates.approvals(FAMILY, where="NumPy model of the shader, tests/metal/test_models.py; "
+                                                "re-measured on Apple GPUs by tests/metal/test_mps.py")
+RECIPES: dict = {}
+SPEED_EVIDENCE: dict = {}
+
+
+def split_kv_partitions(batch: int, num_heads: int, seq_kv: int, *, tile_n: int, tile_k: int, pad_kv: int,
+                        split_k: int) -> int:
+    """RLX's flash-decode partition chooser (sdpa_flash_partitions_tuned), capped by split_k.
+
+    ~128 threadgroups fill an M-series GPU (by occupancy), and a partition should hold at least
+    64 keys (by keys).
+    """
+    target_groups = max(128, min(max(tile_n, 32), 1024))
+    by_occupancy = -(-target_groups // max(1, batch * num_heads))
+    keys_per_part = min(max(tile_k, 64), 1024)
+    pad = max(1, pad_kv)
+    padded_seq = -(-seq_kv // pad) * pad
+    by_keys = max(1, padded_seq // keys_per_part)
+    partitions = min(max(min(by_occupancy, by_keys), 1), MAX_PARTITIONS)
+    return max(1, min(partitions, max(1, split_k)))
+
+
+@dataclass(frozen=True)
+class SdpaLaunch:
+    """How one call runs: one pass, or `partitions` partitions of `keys_per_partition` keys + combine."""
+
+    two_pass: bool
+    partitions: int
+    keys_per_partition: int
+    group_size: int
+
+
+def launch_shape(candidate, *, batch: int, num_heads: int, seq_kv: int) -> SdpaLaunch:
+    split_k = int(_candidates.field(candidate, "split_k", 1))
+    partial_reduce = bool(_candidates.field(candidate, "partial_reduce", False))
+    group_size = library.group_size_for(int(_candidates.field(candidate, "tg_size", 128)), largest=MAX_GROUP_SIZE)
+    if split_k <= 1 and not partial_reduce:
+        return SdpaLaunch(False, 1, seq_kv, group_size)
+    partitions = split_kv_partitions(batch, num_heads, seq_kv, tile_n=int(_candidates.field(candidate, "tile_n", 128)),
+                                     tile_k=int(_candidates.field(candidate, "tile_k", 64)),
+                                     pad_kv=int(_candidates.field(candidate, "pad_kv", 1)), split_k=split_k)
+    return SdpaLaunch(True, partitions, -(-seq_kv // partitions), group_size)
+
+
+def _float_mask(attn_mask: Optional[torch.Tensor], shape, device) -> torch.Tensor:
+    """The additive float32 mask expanded to (B, Hq, Lq, S) (bool: True keeps -> 0, False -> -inf)."""
+    if attn_mask is None:
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    if attn_mask.dtype == torch.bool:
+        additive = torch.zeros(attn_mask.shape, dtype=torch.float32, device=device)
+        additive = additive.masked_fill(~attn_mask.to(device), float("-inf"))
+    else:
+        additive = attn_mask.to(device=device, dtype=torch.float32)
+    return additive.expand(*shape).contiguous()
+
+
+def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
+                scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
+                candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the torch_ref module."""
+    batch, num_heads, seq_q, head_dim = query.shape
+    num_kv_heads, seq_kv, head_dim_v = key.shape[1], key.shape[2], value.shape[-1]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    dtype, device = query.dtype, query.device
+    query, key, value = query.contiguous(), key.to(dtype).contiguous(), value.to(dtype).contiguous()
+    mask = _float_mask(attn_mask, (batch, num_heads, seq_q, seq_kv), device)
+    seqlens = (torch.full((batch,), seq_kv, dtype=torch.int64, device=device) if cache_seqlens is None
+               else cache_seqlens.to(device=device, dtype=torch.int64).contiguous())
+    out = torch.empty((batch, num_heads, seq_q, head_dim_v), dtype=dtype, device=device)
+    lse = torch.empty((batch, num_heads, seq_q), dtype=torch.float32, device=device)
+    rows = batch * num_heads * seq_q
+    shape = launch_shape(candidate, batch=batch, num_heads=num_heads, seq_kv=seq_kv)
+    row_values = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, query_len=seq_q, seq_kv=seq_kv,
+                      head_dim=head_dim, head_dim_v=head_dim_v, scale=scale, causal_mode=CAUSAL_MODES[causal],
+                      has_mask=int(attn_mask is not None))
+    inputs = dict(query=query, key=key, value=value, mask=mask, seqlens=seqlens)
+    if not shape.two_pass:
+        library.dispatch(FAMILY, "sdpa_decode_one_pass", dtype, KERNEL_ARGUMENTS["sdpa_decode_one_pass"],
+                         groups=rows, group_size=shape.group_size, out=out, lse=lse, **inputs, **row_values)
+        return out, lse
+    partial_out = torch.empty((rows, shape.partitions, head_dim_v), dtype=torch.float32, device=device)
+    partial_max_sum = torch.empty((rows, shape.partitions, 2), dtype=torch.float32, device=device)
+    library.dispatch(FAMILY, "sdpa_decode_split", dtype, KERNEL_ARGUMENTS["sdpa_decode_split"],
+                     groups=rows * shape.partitions, group_size=shape.group_size, partial_out=partial_out,
+                     partial_max_sum=partial_max_sum, partitions=shape.partitions,
+                     keys_per_partition=shape.keys_per_partition, **inputs, **row_values)
+    library.dispatch(FAMILY, "sdpa_decode_combine", dtype, KERNEL_ARGUMENTS["sdpa_decode_combine"],
+                     groups=rows, group_size=min(shape.group_size, 128), partial_out=partial_out,
+                     partial_max_sum=partial_max_sum, out=out, lse=lse, head_dim_v=head_dim_v,
+                     partitions=shape.partitions)
+    return out, lse
