@@ -1,0 +1,94 @@
+"""Kaldi-compatible log-mel filterbank candidates (torchaudio.compliance.kaldi.fbank semantics).
+
+The power spectrum is a DFT written as a matmul: frames (frames x window) @ cos/sin basis
+(window x bins), reduced over the window in chunks of WINDOW_CHUNK samples, then the mel matmul.
+
+Field -> Triton meta-parameter (CUDA):
+- `tile_frames`: BLOCK_F, frames per program; grid = cdiv(frames, tile_frames) x batch.
+- `tile_freq`: BLOCK_K, frequency bins of the DFT computed per tl.dot chunk.
+- `tg_size`: `num_warps = tg_size // 32`.
+- `stages`: `num_stages` of the window-reduction loop.
+- `precision`: tl.dot `input_precision`, "ieee" (this family's fp32 candidate) or "tf32x3". Never
+  "tf32": log-mel energies of quiet frames lose digits that diarization needs.
+
+Field -> Metal threadgroup parameter (Apple): threads per threadgroup = `tg_size`, simdgroups =
+`tg_size // 32`, grid = (cdiv(frames, tile_frames), batch); one window chunk of the frames tile and
+of the cos/sin basis tile is staged in threadgroup memory (fp32; Metal runs "tf32x3" as fp32).
+
+Kernel name: `fbank_batch{}_samples{}_frames{}_window{}_bins{}_tokens{}_<tag>_<profile>`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Mapping, Optional
+
+from ..policy import KernelFamily
+from . import base
+
+
+@dataclass(frozen=True)
+class FbankCandidate(base.Candidate):
+    tile_frames: int
+    tile_freq: int
+    tg_size: int
+    stages: int
+    precision: str
+
+    # e.g. `fr32_fq64_tg128_ns2_ieee`
+    TAG: ClassVar[base.TagSpec] = base.TagSpec(
+        (
+            base.IntField("tile_frames", "fr"),
+            base.IntField("tile_freq", "fq"),
+            base.IntField("tg_size", "tg"),
+            base.IntField("stages", "ns"),
+            base.ChoiceField("precision", ("ieee", "tf32x3")),
+        )
+    )
+
+
+FbankVariant = base.define_variants(
+    "FbankVariant",
+    __name__,
+    (
+        ("IEEE_F32_Q64", FbankCandidate(32, 64, 128, 2, "ieee")),
+        ("IEEE_F16_Q32", FbankCandidate(16, 32, 64, 2, "ieee")),
+        ("IEEE_F64_Q64", FbankCandidate(64, 64, 256, 3, "ieee")),
+        ("TF32X3_F64_Q64", FbankCandidate(64, 64, 256, 3, "tf32x3")),
+    ),
+    fp32="IEEE_F32_Q64",
+    default="IEEE_F32_Q64",
+)
+
+FP32_VARIANT = FbankVariant.FP32
+DEFAULT_VARIANT = FbankVariant.DEFAULT
+
+WINDOW_CHUNK = 32
+
+
+def staging_bytes(c: FbankCandidate) -> int:
+    """One window chunk of fp32 frames (tile_frames) and of the cos and sin basis (2 x tile_freq)."""
+    return (c.tile_frames + 2 * c.tile_freq) * WINDOW_CHUNK * 4
+
+
+def check_launch(fields: Mapping[str, int]) -> Optional[str]:
+    # a real FFT of `window` points has window // 2 + 1 bins
+    if fields["bins"] > fields["window"] // 2 + 1:
+        return "bins"
+    return None
+
+
+validate_candidate = base.tiled_rules(
+    {"tile_frames": (16, 128), "tile_freq": (16, 128)},
+    staging_bytes,
+    base.pipelined,
+    base.PIPELINE_NEEDS_SHARED,
+)
+
+SPEC = base.FamilySpec.diarization(
+    KernelFamily.FBANK,
+    FbankVariant,
+    base.diarization_launch_fields("batch", "samples", "frames", "window", "bins"),
+    validate_candidate,
+    check_launch=check_launch,
+    tile_fields=("tile_frames", "tile_freq"),
+)

@@ -1,0 +1,205 @@
+"""SDPA decode candidates: the seed's `SdpaDecodeCandidate`, its named variants and its rules.
+
+Field -> Triton meta-parameter (CUDA):
+- `split_k`: number of KV splits, a fixed grid dimension (grid = (batch * kv_heads, split_k)); each
+  program reduces seq_kv / split_k keys, partials are merged in a second pass.
+- `tg_size`: threads per program; `num_warps = tg_size // 32`.
+- `tile_m`: BLOCK_M, query rows per program (GQA group x query tokens packed into one tile; tl.dot
+  needs >= 16, tile_m == 1 selects the elementwise GEMV path).
+- `tile_n`: BLOCK_N, KV rows loaded per loop iteration.
+- `tile_k`: upper-bound hint for BLOCK_D (head_dim is padded to the next power of two anyway).
+- `pad_q`, `pad_kv`: sequence padding factors (query / KV length rounded up to a multiple).
+- `use_f16_kv`: True -> QK^T and PV dots take fp16/bf16 operands (tensor cores); False -> operands
+  upcast to fp32 and the dots use input_precision="ieee" (this family's fp32 candidate, BaseF32).
+- `partial_reduce`: True -> two-stage (per-split partials + merge kernel with log-sum-exp); False ->
+  single pass when split_k == 1.
+num_stages is the launcher's choice (2 on sm_80+, 1 in the interpreter).
+
+Field -> Metal threadgroup parameter (Apple): threads per threadgroup = `tg_size`, simdgroups =
+`tg_size // 32`, grid = (batch * heads, split_k) threadgroups; `tile_n` keys are staged per
+iteration; `partial_reduce` stages partial (max, sum, acc) rows in threadgroup memory (~16 KiB).
+
+Kernel name: `sdpa_decode_m{m}_tok{tokens}_b{batch}_h{num_heads}_d{head_dim}_sq{seq_q}_sk{seq_kv}_<tag>_<profile>`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Optional, Sequence
+
+from ..policy import (
+    HybridPrecisionSpec,
+    KernelFamily,
+    MemoryPolicy,
+    PrecisionProfile,
+    ScalarType,
+    ThreadPolicy,
+)
+from .base import (
+    Candidate,
+    FamilySpec,
+    FlagField,
+    IntField,
+    LaunchField,
+    TagSpec,
+    check_staging,
+    check_tg_limit,
+    check_tg_set,
+    define_variants,
+    first_error,
+    is_pow2,
+)
+
+
+@dataclass(frozen=True)
+class SdpaDecodeCandidate(Candidate):
+    split_k: int
+    tg_size: int
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    pad_q: int
+    pad_kv: int
+    use_f16_kv: bool
+    partial_reduce: bool
+
+    # `skp{}_tg{}_tm{}_tn{}_tk{}_pq{}_pk{}_{f16kv|f32kv}_{partial|full}`; rows persisted before the
+    # tile and padding fields existed parse with those fields set to 1.
+    TAG: ClassVar[TagSpec] = TagSpec(
+        (
+            IntField("split_k", "skp"),
+            IntField("tg_size", "tg"),
+            IntField("tile_m", "tm", legacy_default=1),
+            IntField("tile_n", "tn", legacy_default=1),
+            IntField("tile_k", "tk", legacy_default=1),
+            IntField("pad_q", "pq", legacy_default=1),
+            IntField("pad_kv", "pk", legacy_default=1),
+            FlagField("use_f16_kv", "f16kv", "f32kv"),
+            FlagField("partial_reduce", "partial", "full"),
+        )
+    )
+
+
+def _sdpa(split_k, tg_size, tile_m, tile_n, tile_k, use_f16_kv, partial_reduce) -> SdpaDecodeCandidate:
+    return SdpaDecodeCandidate(split_k, tg_size, tile_m, tile_n, tile_k, 1, 1, use_f16_kv, partial_reduce)
+
+
+# The seed's four variants first and unchanged; then two for grouped-query heads and long caches:
+# 16 packed query rows per program make the dots tensor-core sized, and 16 splits fill an H100's
+# 132 SMs when batch * kv_heads is small.
+SdpaDecodeVariant = define_variants(
+    "SdpaDecodeVariant",
+    __name__,
+    (
+        ("BASE_F32", _sdpa(1, 128, 1, 64, 64, False, False)),
+        ("BASE_F16_KV", _sdpa(1, 128, 1, 64, 64, True, False)),
+        ("SPLIT_K4_F16_KV", _sdpa(4, 256, 1, 128, 128, True, False)),
+        ("PARTIAL_F16_KV", _sdpa(4, 256, 1, 128, 128, True, True)),
+        ("PACKED_GQA_F16_KV", _sdpa(4, 128, 16, 64, 128, True, True)),
+        ("LONG_KV_SPLIT16_F16_KV", _sdpa(16, 256, 16, 128, 128, True, True)),
+    ),
+    fp32="BASE_F32",
+    default="BASE_F16_KV",
+)
+
+FP32_VARIANT = SdpaDecodeVariant.FP32
+DEFAULT_VARIANT = SdpaDecodeVariant.DEFAULT  # the seed's rule under the default (BALANCED) plan
+
+# Approximate threadgroup staging of the decode paths (the seed's constants).
+PARTIAL_STAGING_BYTES = 16 * 1024
+FULL_STAGING_BYTES = 4 * 1024
+
+
+def validate_candidate(c: SdpaDecodeCandidate, thread_policy: ThreadPolicy, memory_policy: MemoryPolicy) -> Optional[str]:
+    def split_k() -> Optional[str]:
+        if not (1 <= c.split_k <= 32 and is_pow2(c.split_k)):
+            return "split_k must be a power-of-two in [1, 32]"
+        return None
+
+    def tiles() -> Optional[str]:
+        if c.tile_m == 0 or c.tile_n == 0 or c.tile_k == 0:
+            return "tile sizes must be non-zero"
+        if c.pad_q == 0 or c.pad_kv == 0:
+            return "padding factors must be non-zero"
+        if c.tile_m > 1024 or c.tile_n > 1024 or c.tile_k > 4096:
+            return "tile sizes exceed supported planner bounds"
+        if c.pad_q > 4096 or c.pad_kv > 4096:
+            return "padding factors exceed supported planner bounds"
+        return None
+
+    def memory() -> Optional[str]:
+        staging = PARTIAL_STAGING_BYTES if c.partial_reduce else FULL_STAGING_BYTES
+        return check_staging(staging, memory_policy, c.partial_reduce, "partial_reduce requires shared memory staging")
+
+    # the seed checks the tg_size set before the tiles and the thread policy after them
+    return first_error(
+        split_k, lambda: check_tg_set(c.tg_size), tiles, lambda: check_tg_limit(c.tg_size, thread_policy), memory
+    )
+
+
+KV_CACHE_STORAGE = frozenset({ScalarType.F16, ScalarType.BF16, ScalarType.F32})
+
+
+def validate_precision(hybrid: HybridPrecisionSpec) -> Optional[str]:
+    if hybrid.kv_cache.storage not in KV_CACHE_STORAGE:
+        return "sdpa decode requires kv-cache storage in F16/BF16/F32"
+    return None
+
+
+def choose_default(profile: PrecisionProfile, thread_policy: ThreadPolicy, candidates: Sequence[SdpaDecodeCandidate]):
+    """The seed's rule: f16 KV for ULTRA_LOW_LATENCY/BALANCED, partial reduce for ULTRA_LOW_LATENCY;
+    first candidate within the thread policy matching both, else the first matching the KV precision
+    (thread policy ignored), else the first candidate."""
+    preferred_f16 = profile in (PrecisionProfile.ULTRA_LOW_LATENCY, PrecisionProfile.BALANCED)
+    preferred_partial = profile is PrecisionProfile.ULTRA_LOW_LATENCY
+    for c in candidates:
+        if c.tg_size <= thread_policy.max_threads_per_tg and (c.use_f16_kv, c.partial_reduce) == (
+            preferred_f16,
+            preferred_partial,
+        ):
+            return c
+    for c in candidates:
+        if c.use_f16_kv == preferred_f16:
+            return c
+    return candidates[0]
+
+
+def choose_launch(plan: Any, fields: Mapping[str, int]) -> SdpaDecodeCandidate:
+    """The seed's conservative heuristic: few tokens or a long cache prefer the first partial-reduce
+    candidate of the plan; otherwise the plan default."""
+    if fields["tokens"] <= 8 or fields["seq_kv"] > 1024:
+        for c in plan.candidates:
+            if c.partial_reduce:
+                return c
+    return plan.default_candidate
+
+
+def check_launch(fields: Mapping[str, int]) -> Optional[str]:
+    kv_heads = fields.get("num_kv_heads")
+    if kv_heads is not None and fields["num_heads"] % kv_heads != 0:
+        return "num_kv_heads"
+    return None
+
+
+SPEC = FamilySpec(
+    family=KernelFamily.SDPA_DECODE,
+    variants=SdpaDecodeVariant,
+    launch_fields=(
+        LaunchField("m", "m", bucket="m_bucket"),
+        LaunchField("tokens", "tok"),
+        LaunchField("batch", "b", bucket="batch_bucket"),
+        LaunchField("num_heads", "h", bucket="heads_bucket"),
+        LaunchField("head_dim", "d", high=512, bucket="head_dim_bucket"),
+        LaunchField("seq_q", "sq", bucket="seq_q_bucket", error_name="seq_q/seq_kv"),
+        LaunchField("seq_kv", "sk", bucket="seq_kv_bucket", error_name="seq_q/seq_kv"),
+        # optional, outside the seed's kernel name and shape bucket
+        LaunchField("num_kv_heads", required=False),
+        LaunchField("head_dim_v", high=512, required=False),
+    ),
+    validate_candidate=validate_candidate,
+    validate_precision=validate_precision,
+    choose_default=choose_default,
+    choose_launch=choose_launch,
+    check_launch=check_launch,
+    tile_fields=("tile_m", "tile_n", "tile_k"),
+    padding_fields=("pad_q", "pad_kv"),
+)
