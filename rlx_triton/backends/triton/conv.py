@@ -29,9 +29,14 @@ kernel (True) or in a separate `_epilogue_kernel` pass over the stored conv outp
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import triton
 import triton.language as tl
+
+from rlx_triton.router.approvals import Approval
+from rlx_triton.router.coverage import Coverage
 
 # ----------------------------------------------------------------------------------------------
 # kernels
@@ -378,3 +383,158 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
     last = len(conv_weights)
     _row_norm(h, norm_weights[last], norm_biases[last], eps=eps, slope=negative_slope, out=out)
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# candidates (the planner's ConvCandidate, or a namespace with its fields until that exists)
+# ----------------------------------------------------------------------------------------------
+
+
+def make_candidate(tile_pos=64, tile_co=32, tile_k=32, tg_size=128, stages=2, precision="ieee",
+                   fuse_epilogue=True):
+    """The planner's ConvCandidate when it exists, else a namespace with the same fields."""
+    fields = dict(tile_pos=tile_pos, tile_co=tile_co, tile_k=tile_k, tg_size=tg_size, stages=stages,
+                  precision=precision, fuse_epilogue=fuse_epilogue)
+    try:
+        from rlx_triton.planner.candidates.conv import ConvCandidate
+    except ImportError:
+        return SimpleNamespace(**fields)
+    return ConvCandidate(**fields)
+
+
+def candidate_tag(candidate) -> str:
+    tag = getattr(candidate, "tag", None)
+    if callable(tag):
+        return tag()
+    c = candidate
+    return (f"conv:p{c.tile_pos}:co{c.tile_co}:k{c.tile_k}:tg{c.tg_size}:s{c.stages}:{c.precision}"
+            f":{'fused' if c.fuse_epilogue else 'split'}")
+
+
+def all_candidates() -> list:
+    """Every conv candidate of the plan, in plan order (the sweep test runs each one)."""
+    try:
+        from rlx_triton.planner.candidates import conv as plan_conv
+    except ImportError:
+        plan_conv = None
+    if plan_conv is not None:
+        variants = getattr(plan_conv, "ConvVariant", None) or getattr(plan_conv, "Variant", None)
+        if variants is not None:
+            return [v.candidate() for v in variants]
+    return [make_candidate(), make_candidate(precision="tf32x3"), make_candidate(precision="tf32"),
+            make_candidate(tile_pos=32, tile_co=16, tile_k=16, fuse_epilogue=False)]
+
+
+def default_candidate():
+    try:
+        from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT
+        return DEFAULT_VARIANT.candidate()
+    except (ImportError, AttributeError):
+        return make_candidate()
+
+
+# ----------------------------------------------------------------------------------------------
+# routing data
+# ----------------------------------------------------------------------------------------------
+
+COVERAGE = Coverage(
+    ops=frozenset({"sincnet", "conv1d"}),
+    devices=frozenset({"cuda", "cpu"}),
+    dtypes=frozenset({"float32", "float16", "bfloat16"}),
+    # batch is grid dim z (CUDA limit 65535); taps/stride are loop bounds only
+    ranges={"batch": (1, 65535), "c_in": (1, 1 << 16), "c_out": (1, 1 << 16), "taps": (1, 4096),
+            "stride": (1, 4096)},
+    features={
+        "groups": frozenset({1}),
+        "padding_mode": frozenset({"zeros"}),        # symmetric zero padding (not 'same' with odd total)
+        "pool": frozenset(range(1, 17)),             # fused max-pool kernel = stride
+        "requires_grad": frozenset({False}),         # kernels are forward-only; autograd goes to torch
+        "streaming": frozenset({False}),             # SincNet: the non-streaming (normalized) forward
+        "sample_rate": frozenset({16000}),
+    },
+)
+
+# Approvals are the max relative error the tests re-measure against float64
+# (tests/triton/test_conv.py::test_every_approved_candidate_holds_its_bound). The interpreter computes
+# fp32 dots exactly whatever input_precision says, so it cannot measure TF32 rounding: only "ieee"
+# candidates are approved here; tf32x3/tf32 wait for a GPU measurement (tests marked gpu).
+CONV1D_MAX_REL_ERR = 1e-5
+_WHERE = "interpreter, tests/triton/test_conv.py (conv1d + SincNet blocks vs float64)"
+
+
+def _approvals() -> dict:
+    return {candidate_tag(c): Approval(max_rel_err=CONV1D_MAX_REL_ERR, reference="float64", where=_WHERE)
+            for c in all_candidates() if c.precision == "ieee"}
+
+
+APPROVALS = _approvals()
+RECIPES: dict = {}         # no measured device recipe yet: bench/sincnet.py on a GPU will supply one
+SPEED_EVIDENCE: dict = {}
+
+
+def _audit_kernels() -> list:
+    from rlx_triton.backends.triton.audit import AuditSpec
+
+    candidates = tuple(all_candidates())
+    conv_signature = {
+        "x_ptr": "*{dt}", "w_ptr": "*{dt}", "bias_ptr": "*{dt}", "in_scale_ptr": "*fp32",
+        "in_shift_ptr": "*fp32", "out_ptr": "*{dt}",
+        "C_in": "i32", "L_in": "i32", "C_out": "i32", "L_out": "i32",
+        "stride_xb": "i64", "stride_xc": "i32", "stride_xl": "i32",
+        "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32",
+        "conv_stride": "i32", "padding": "i32", "dilation": "i32",
+        "in_slope": "fp32", "out_slope": "fp32",
+        "TAPS": "constexpr", "POOL": "constexpr", "HAS_BIAS": "constexpr", "IN_AFFINE": "constexpr",
+        "IN_LEAKY": "constexpr", "ABS": "constexpr", "OUT_LEAKY": "constexpr", "PRECISION": "constexpr",
+        "BLOCK_P": "constexpr", "BLOCK_CO": "constexpr", "BLOCK_K": "constexpr",
+    }
+    norm_signature = {
+        "x_ptr": "*fp32", "gamma_ptr": "*fp32", "beta_ptr": "*fp32", "scale_ptr": "*fp32",
+        "shift_ptr": "*fp32", "out_ptr": "*{dt}", "n_rows": "i32", "C": "i32", "L": "i32",
+        "stride_xb": "i64", "stride_xc": "i32", "stride_xl": "i32",
+        "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32",
+        "eps": "fp32", "slope": "fp32",
+        "HAS_AFFINE": "constexpr", "APPLY": "constexpr", "BLOCK_R": "constexpr", "BLOCK_L": "constexpr",
+    }
+    epilogue_signature = {
+        "y_ptr": "*fp32", "bias_ptr": "*{dt}", "out_ptr": "*{dt}", "C": "i32", "L_conv": "i32",
+        "L_out": "i32", "stride_yb": "i64", "stride_yc": "i32", "stride_yl": "i32",
+        "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32", "out_slope": "fp32",
+        "POOL": "constexpr", "HAS_BIAS": "constexpr", "ABS": "constexpr", "OUT_LEAKY": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    flags_off = dict(HAS_BIAS=True, IN_AFFINE=False, IN_LEAKY=False, ABS=False, OUT_LEAKY=False)
+    return [
+        AuditSpec(
+            name="conv1d_igemm", family="conv", kernel=_conv1d_kernel, signature=conv_signature,
+            meta=lambda c, dt: dict(TAPS=5, POOL=1, **flags_off, **_meta(c)),
+            candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
+            expects_mma=lambda c, dt: c.precision != "ieee"),
+        AuditSpec(
+            name="conv1d_sinc_abs_pool", family="conv", kernel=_conv1d_kernel, signature=conv_signature,
+            meta=lambda c, dt: dict(TAPS=251, POOL=3, HAS_BIAS=False, IN_AFFINE=True, IN_LEAKY=False,
+                                    ABS=True, OUT_LEAKY=False, **_meta(c)),
+            candidates=candidates, default=default_candidate(), dtypes=("fp32",),
+            expects_mma=lambda c, dt: c.precision != "ieee"),
+        AuditSpec(
+            name="conv1d_norm_leaky_pool", family="conv", kernel=_conv1d_kernel, signature=conv_signature,
+            meta=lambda c, dt: dict(TAPS=5, POOL=3, HAS_BIAS=True, IN_AFFINE=True, IN_LEAKY=True,
+                                    ABS=False, OUT_LEAKY=False, **_meta(c)),
+            candidates=candidates, default=default_candidate(), dtypes=("fp32",),
+            expects_mma=lambda c, dt: c.precision != "ieee"),
+        AuditSpec(
+            name="conv1d_row_norm", family="conv", kernel=_row_norm_kernel, signature=norm_signature,
+            meta=lambda c, dt: dict(HAS_AFFINE=True, APPLY=True, BLOCK_R=4, BLOCK_L=1024, num_warps=4,
+                                    num_stages=1),
+            candidates=candidates[:1], default=candidates[0], dtypes=("fp32", "fp16", "bf16"),
+            expects_mma=False),
+        AuditSpec(
+            name="conv1d_epilogue", family="conv", kernel=_epilogue_kernel, signature=epilogue_signature,
+            meta=lambda c, dt: dict(POOL=3, HAS_BIAS=True, ABS=True, OUT_LEAKY=True, BLOCK=1024,
+                                    num_warps=4, num_stages=1),
+            candidates=candidates[:1], default=candidates[0], dtypes=("fp32", "fp16", "bf16"),
+            expects_mma=False),
+    ]
+
+
+AUDIT_KERNELS = _audit_kernels()

@@ -1,0 +1,133 @@
+"""Drop-in 1-D conv modules: pyannote's SincNet stage and nn.Conv1d, running on rlx_triton's conv ops.
+
+`SincNet.from_pyannote(module)` takes pyannote's SincNet (pyannote/audio/models/blocks/sincnet.py)
+and keeps its submodules (wav_norm1d, conv1d, pool1d, norm1d) as its own: the parameters are the
+same nn.Parameter objects (no copy, training or load_state_dict on either is seen by both) and the
+state_dict keys are pyannote's. Its forward is one `rlx_triton.ops.conv.sincnet` call; the sinc
+filters are rebuilt only when low_hz_/band_hz_ change (ops.conv.sinc_filters caches per version).
+
+`Conv1d` is an nn.Conv1d whose forward is `rlx_triton.ops.conv.conv1d` (groups=1, zero padding;
+other settings run nn.Conv1d's own forward), with an optional fused `epilogue`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from rlx_triton.ops import conv as conv_ops
+from rlx_triton.ops.conv import ConvEpilogue
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(f"SincNet.from_pyannote: {message}")
+
+
+class SincNet(nn.Module):
+    """pyannote SincNet (non-streaming) with an rlx_triton forward; build it with `from_pyannote`."""
+
+    def __init__(self, wav_norm1d: nn.InstanceNorm1d, conv1d: nn.ModuleList, pool1d: nn.ModuleList,
+                 norm1d: nn.ModuleList, *, sample_rate: int = 16000, stride: int = 10,
+                 negative_slope: float = 0.01):
+        super().__init__()
+        self.sample_rate = sample_rate
+        self.stride = stride
+        self.streaming = False
+        self.negative_slope = negative_slope
+        self.wav_norm1d = wav_norm1d
+        self.conv1d = conv1d
+        self.pool1d = pool1d
+        self.norm1d = norm1d
+
+    @classmethod
+    def from_pyannote(cls, module: nn.Module) -> "SincNet":
+        """Shares the parameters of pyannote's SincNet module (no copy); raises ValueError for a
+        configuration this forward does not reproduce (streaming, non-affine norms, padded convs...)."""
+        _check(not getattr(module, "streaming", False), "streaming SincNet (no instance norms) is not supported")
+        for name in ("wav_norm1d", "conv1d", "pool1d", "norm1d"):
+            _check(hasattr(module, name), f"module has no {name!r}: not a pyannote SincNet")
+        norms = [module.wav_norm1d, *module.norm1d]
+        for norm in norms:
+            _check(isinstance(norm, nn.InstanceNorm1d) and norm.affine and not norm.track_running_stats,
+                   "every norm must be InstanceNorm1d(affine=True, track_running_stats=False)")
+            _check(norm.eps == norms[0].eps, "every instance norm must use the same eps")
+        _check(len(module.conv1d) == len(module.pool1d) == len(module.norm1d) >= 1,
+               "conv1d, pool1d and norm1d must have one entry per block")
+        pool = module.pool1d[0]
+        for p in module.pool1d:
+            _check(isinstance(p, nn.MaxPool1d) and p.kernel_size == pool.kernel_size
+                   and p.stride == p.kernel_size and p.padding == 0 and p.dilation == 1 and not p.ceil_mode,
+                   "every pool must be MaxPool1d(k, stride=k) with the same k")
+        encoder = module.conv1d[0]
+        fb = getattr(encoder, "filterbank", None)
+        _check(fb is not None and hasattr(fb, "low_hz_") and hasattr(fb, "band_hz_"),
+               "conv1d[0] must be an asteroid Encoder(ParamSincFB)")
+        _check(getattr(encoder, "padding", 0) == 0, "the sinc Encoder must have padding=0")
+        for conv in module.conv1d[1:]:
+            _check(isinstance(conv, nn.Conv1d) and conv.groups == 1 and conv.stride == (1,)
+                   and conv.padding == (0,) and conv.dilation == (1,) and conv.bias is not None,
+                   "conv1d[1:] must be Conv1d(stride=1, padding=0, dilation=1, groups=1, bias=True)")
+        return cls(module.wav_norm1d, module.conv1d, module.pool1d, module.norm1d,
+                   sample_rate=getattr(module, "sample_rate", 16000), stride=encoder.stride)
+
+    def filters(self) -> torch.Tensor:
+        """The (80, 1, 251) sinc filters of the current (low_hz_, band_hz_), cached per weight version."""
+        fb = self.conv1d[0].filterbank
+        return conv_ops.sinc_filters(fb.low_hz_, fb.band_hz_, window_=getattr(fb, "window_", None),
+                                     n_=getattr(fb, "n_", None), kernel_size=fb.kernel_size,
+                                     sample_rate=fb.sample_rate, min_low_hz=fb.min_low_hz,
+                                     min_band_hz=fb.min_band_hz)
+
+    def forward(self, waveforms: torch.Tensor) -> torch.Tensor:
+        """(batch, 1, samples) -> (batch, channels, frames)."""
+        convs = list(self.conv1d)[1:]
+        norms = list(self.norm1d)
+        return conv_ops.sincnet(
+            waveforms, self.filters(), self.wav_norm1d.weight, self.wav_norm1d.bias,
+            [c.weight for c in convs], [c.bias for c in convs],
+            [n.weight for n in norms], [n.bias for n in norms],
+            stride=self.conv1d[0].stride, pool=self.pool1d[0].kernel_size, eps=self.wav_norm1d.eps,
+            negative_slope=self.negative_slope, sample_rate=int(self.sample_rate))
+
+
+class Conv1d(nn.Conv1d):
+    """nn.Conv1d with rlx_triton's conv1d forward (groups=1, padding_mode='zeros'), plus an optional
+    fused epilogue (ConvEpilogue: |x| -> max-pool -> leaky ReLU) applied after the bias."""
+
+    epilogue: Optional[ConvEpilogue] = None
+
+    @classmethod
+    def from_torch(cls, module: nn.Conv1d, epilogue: Optional[ConvEpilogue] = None) -> "Conv1d":
+        """A Conv1d sharing `module`'s weight and bias Parameters (no copy)."""
+        if not isinstance(module, nn.Conv1d):
+            raise TypeError(f"module must be a torch.nn.Conv1d, got {type(module).__name__}")
+        new = cls(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
+                  padding=module.padding, dilation=module.dilation, groups=module.groups,
+                  bias=module.bias is not None, padding_mode=module.padding_mode, device="meta")
+        new.weight = module.weight
+        new.bias = module.bias
+        new.epilogue = epilogue
+        new.train(module.training)
+        return new
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.groups != 1 or self.padding_mode != "zeros":
+            out = super().forward(input)
+            if self.epilogue is not None:
+                out = _epilogue_torch(out, self.epilogue)
+            return out
+        padding = self.padding if isinstance(self.padding, str) else self.padding[0]
+        return conv_ops.conv1d(input, self.weight, self.bias, self.stride[0], padding, self.dilation[0],
+                               epilogue=self.epilogue)
+
+
+def _epilogue_torch(y: torch.Tensor, epilogue: ConvEpilogue) -> torch.Tensor:
+    if epilogue.abs:
+        y = y.abs()
+    if epilogue.pool > 1:
+        y = torch.nn.functional.max_pool1d(y, epilogue.pool, epilogue.pool)
+    if epilogue.negative_slope is not None:
+        y = torch.nn.functional.leaky_relu(y, epilogue.negative_slope)
+    return y

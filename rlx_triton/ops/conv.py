@@ -1,0 +1,295 @@
+"""Public 1-D conv ops: pyannote's SincNet stage and F.conv1d with fused epilogues, routed by the router.
+
+- `sinc_filters(...)`: asteroid's ParamSincFB filters from (low_hz_, band_hz_), built with torch ops
+  and cached per weight version (parameter `_version` + data_ptr), so an inference loop builds them once.
+- `sincnet(waveforms, sinc_filters, ...)`: the whole non-streaming SincNet forward.
+- `conv1d(input, weight, bias, stride, padding, dilation, *, epilogue=ConvEpilogue(...))`: F.conv1d
+  (groups=1) followed by an optional |x| -> max-pool -> leaky ReLU epilogue.
+
+Each op validates its input (ValueError/TypeError naming the argument, before any launch), builds a
+routing Request and runs the backend module the router picks (backends/triton/conv.py, or
+backends/torch_ref/conv.py). Autograd, odd 'same' padding and groups are typed refusals (Request
+features) that fall back to torch.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from rlx_triton.router import Request, route, routed_op
+
+FAMILY = "conv"
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class ConvEpilogue:
+    """What follows the convolution, in this order: bias -> |x| (abs) -> max-pool(pool, stride=pool,
+    floor mode) -> leaky ReLU (negative_slope; None = no activation)."""
+
+    abs: bool = False
+    pool: int = 1
+    negative_slope: Optional[float] = None
+
+    def __post_init__(self):
+        if not isinstance(self.abs, bool):
+            raise TypeError(f"epilogue.abs must be a bool, got {self.abs!r}")
+        if isinstance(self.pool, bool) or not isinstance(self.pool, int) or self.pool < 1:
+            raise ValueError(f"epilogue.pool must be an int >= 1, got {self.pool!r}")
+        if self.negative_slope is not None and not isinstance(self.negative_slope, (int, float)):
+            raise TypeError(f"epilogue.negative_slope must be a float or None, got {self.negative_slope!r}")
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+def _check_tensor(name: str, value, ndims: Sequence[int]) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() not in ndims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, got shape "
+                         f"{tuple(value.shape)}")
+    if value.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {value.dtype}")
+    return value
+
+
+def _check_like(name: str, value, ref: torch.Tensor, ref_name: str, shape=None) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.device != ref.device:
+        raise ValueError(f"{name} is on {value.device} but {ref_name} is on {ref.device}")
+    if value.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {value.dtype}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+    return value
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 1:
+            raise ValueError(f"{name} must be an int or a 1-tuple for conv1d, got {value!r}")
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _conv_len(length: int, taps: int, stride: int, padding: int, dilation: int) -> int:
+    return (length + 2 * padding - dilation * (taps - 1) - 1) // stride + 1
+
+
+# ------------------------------------------------------------------------------------ sinc filters
+
+_FILTER_CACHE: dict = {}
+_FILTER_LOCK = threading.Lock()
+
+
+def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Optional[torch.Tensor] = None,
+                 n_: Optional[torch.Tensor] = None, kernel_size: int = 251, sample_rate: float = 16000,
+                 min_low_hz: float = 50, min_band_hz: float = 50) -> torch.Tensor:
+    """asteroid ParamSincFB.filters(): (2 * n_pairs, 1, kernel_size) cos (even) then sin (odd) filters.
+
+    Built with torch ops in asteroid's exact order (so the result equals pyannote's filters), once per
+    weight version: the cache key holds each parameter's data_ptr and `_version` (bumped by in-place
+    updates such as optimizer steps or load_state_dict). When autograd needs the graph, it is rebuilt.
+    """
+    for name, value in (("low_hz_", low_hz_), ("band_hz_", band_hz_)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        if value.dim() != 2 or value.shape[1] != 1:
+            raise ValueError(f"{name} must have shape (n_pairs, 1), got {tuple(value.shape)}")
+    if low_hz_.shape != band_hz_.shape:
+        raise ValueError(f"band_hz_ must have the shape of low_hz_ {tuple(low_hz_.shape)}, "
+                         f"got {tuple(band_hz_.shape)}")
+    if kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be odd, got {kernel_size}")
+    grad = _needs_grad(low_hz_, band_hz_)
+    extra = tuple((t.data_ptr(), t._version) if t is not None else None for t in (window_, n_))
+    key = (low_hz_.data_ptr(), low_hz_._version, band_hz_.data_ptr(), band_hz_._version, low_hz_.device,
+           low_hz_.dtype, extra, kernel_size, float(sample_rate), float(min_low_hz), float(min_band_hz))
+    if not grad:
+        cached = _FILTER_CACHE.get(key)
+        if cached is not None:
+            return cached
+    half = kernel_size // 2
+    if window_ is None:
+        n = torch.arange(kernel_size, dtype=torch.float64)
+        window_ = (0.54 - 0.46 * torch.cos(2 * math.pi * n / (kernel_size - 1)))[:half].float()
+    if n_ is None:
+        n_ = 2 * math.pi * (torch.arange(-half, 0.0).view(1, -1) / sample_rate)
+    window_ = window_.to(low_hz_.device)
+    n_ = n_.to(low_hz_.device)
+    with torch.set_grad_enabled(grad):
+        low = min_low_hz + torch.abs(low_hz_)
+        high = torch.clamp(low + min_band_hz + torch.abs(band_hz_), min_low_hz, sample_rate / 2)
+        band = (high - low)[:, 0]
+        ft_low = torch.matmul(low, n_)
+        ft_high = torch.matmul(high, n_)
+        cos_left = ((torch.sin(ft_high) - torch.sin(ft_low)) / (n_ / 2)) * window_
+        cos_bp = torch.cat([cos_left, 2 * band.view(-1, 1), torch.flip(cos_left, dims=[1])], dim=1)
+        sin_left = ((torch.cos(ft_low) - torch.cos(ft_high)) / (n_ / 2)) * window_
+        sin_bp = torch.cat([sin_left, torch.zeros_like(band.view(-1, 1)), -torch.flip(sin_left, dims=[1])], dim=1)
+        pairs = low_hz_.shape[0]
+        filters = torch.cat([(cos_bp / (2 * band[:, None])).view(pairs, 1, kernel_size),
+                             (sin_bp / (2 * band[:, None])).view(pairs, 1, kernel_size)], dim=0)
+    if not grad:
+        with _FILTER_LOCK:
+            if len(_FILTER_CACHE) > 64:
+                _FILTER_CACHE.clear()
+            _FILTER_CACHE[key] = filters
+    return filters
+
+
+# ------------------------------------------------------------------------------------ sincnet
+
+
+def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
+                     norm_weights, norm_biases, *, stride: int = 10, pool: int = 3, eps: float = 1e-5,
+                     negative_slope: float = 0.01, sample_rate: int = 16000) -> Request:
+    _check_tensor("waveforms", waveforms, (3,))
+    if waveforms.shape[1] != 1:
+        raise ValueError(f"waveforms must have shape (batch, 1, samples), got {tuple(waveforms.shape)}")
+    _check_like("sinc_filters", sinc_filters, waveforms, "waveforms")
+    if sinc_filters.dim() != 3 or sinc_filters.shape[1] != 1:
+        raise ValueError(f"sinc_filters must have shape (filters, 1, taps), got {tuple(sinc_filters.shape)}")
+    stride = _check_int("stride", stride, 1)
+    pool = _check_int("pool", pool, 1)
+    conv_weights, conv_biases = list(conv_weights), list(conv_biases)
+    norm_weights, norm_biases = list(norm_weights), list(norm_biases)
+    if len(conv_biases) != len(conv_weights):
+        raise ValueError(f"conv_biases must have one entry per conv weight ({len(conv_weights)}), "
+                         f"got {len(conv_biases)}")
+    if len(norm_weights) != len(conv_weights) + 1 or len(norm_biases) != len(conv_weights) + 1:
+        raise ValueError(f"norm_weights and norm_biases need one entry per block ({len(conv_weights) + 1}), "
+                         f"got {len(norm_weights)} and {len(norm_biases)}")
+    _check_like("wav_norm_weight", wav_norm_weight, waveforms, "waveforms", (1,))
+    _check_like("wav_norm_bias", wav_norm_bias, waveforms, "waveforms", (1,))
+    channels = sinc_filters.shape[0]
+    length = _conv_len(waveforms.shape[2], sinc_filters.shape[2], stride, 0, 1) // pool
+    for i in range(len(conv_weights) + 1):
+        _check_like(f"norm_weights[{i}]", norm_weights[i], waveforms, "waveforms", (channels,))
+        _check_like(f"norm_biases[{i}]", norm_biases[i], waveforms, "waveforms", (channels,))
+        if i == len(conv_weights):
+            break
+        w = _check_like(f"conv_weights[{i}]", conv_weights[i], waveforms, "waveforms")
+        if w.dim() != 3 or w.shape[1] != channels:
+            raise ValueError(f"conv_weights[{i}] must have shape (out, {channels}, taps), got {tuple(w.shape)}")
+        _check_like(f"conv_biases[{i}]", conv_biases[i], waveforms, "waveforms", (w.shape[0],))
+        channels = w.shape[0]
+        length = _conv_len(length, w.shape[2], 1, 0, 1) // pool
+    if length < 1:
+        raise ValueError(f"waveforms has {waveforms.shape[2]} samples: too short for SincNet, which needs at "
+                         f"least one output frame")
+    if not (isinstance(eps, float) and eps > 0):
+        raise ValueError(f"eps must be a positive float, got {eps!r}")
+    tensors = [waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, *conv_weights, *conv_biases,
+               *norm_weights, *norm_biases]
+    fields = {"batch": waveforms.shape[0], "c_in": 1, "c_out": sinc_filters.shape[0],
+              "length": waveforms.shape[2], "taps": sinc_filters.shape[2], "stride": stride, "tokens": length}
+    features = {"groups": 1, "padding_mode": "zeros", "pool": pool, "streaming": False,
+                "sample_rate": int(sample_rate), "requires_grad": _needs_grad(*tensors)}
+    return Request.make(FAMILY, op="sincnet", tensor=waveforms, fields=fields, features=features)
+
+
+@routed_op(_sincnet_request)
+def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
+            norm_weights, norm_biases, *, stride: int = 10, pool: int = 3, eps: float = 1e-5,
+            negative_slope: float = 0.01, sample_rate: int = 16000) -> torch.Tensor:
+    """pyannote SincNet (non-streaming) on (batch, 1, samples) waveforms -> (batch, channels, frames).
+
+    waveform InstanceNorm1d(1, affine) -> conv(sinc_filters, stride) -> |x| -> max-pool(pool) ->
+    InstanceNorm1d(affine) -> leaky ReLU, then per (conv_weights[i], conv_biases[i]): conv -> max-pool ->
+    InstanceNorm1d(norm_weights[i+1], norm_biases[i+1]) -> leaky ReLU.
+    """
+    request = _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights,
+                               conv_biases, norm_weights, norm_biases, stride=stride, pool=pool, eps=eps,
+                               negative_slope=negative_slope, sample_rate=sample_rate)
+    r = route(request)
+    return r.module.sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
+                            list(conv_biases), list(norm_weights), list(norm_biases), sinc_stride=stride,
+                            pool=pool, eps=eps, negative_slope=negative_slope, candidate=r.candidate)
+
+
+# ------------------------------------------------------------------------------------ conv1d
+
+
+def _padding(padding, taps: int, stride: int, dilation: int):
+    """(left == right padding or None, padding_mode feature) for torch's int / 1-tuple / 'valid' / 'same'."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, "zeros"
+        if padding == "same":
+            if stride != 1:
+                raise ValueError("padding='same' is not supported for strided convolutions (stride must be 1)")
+            total = dilation * (taps - 1)
+            return (total // 2, "zeros") if total % 2 == 0 else (None, "same_asymmetric")
+        raise ValueError(f"padding must be an int, 'valid' or 'same', got {padding!r}")
+    return _check_int("padding", padding, 0), "zeros"
+
+
+def _conv1d_request(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
+                    epilogue: Optional[ConvEpilogue] = None) -> Request:
+    _check_tensor("input", input, (2, 3))
+    _check_tensor("weight", weight, (3,))
+    if weight.device != input.device:
+        raise ValueError(f"weight is on {weight.device} but input is on {input.device}")
+    if weight.dtype != input.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} must match input dtype {input.dtype}")
+    c_in = input.shape[-2]
+    if weight.shape[1] != c_in:
+        raise ValueError(f"weight must have shape (out_channels, {c_in}, taps) for an input with {c_in} "
+                         f"channels (groups=1), got {tuple(weight.shape)}")
+    if bias is not None:
+        _check_like("bias", bias, input, "input", (weight.shape[0],))
+        if bias.dtype != input.dtype:
+            raise TypeError(f"bias dtype {bias.dtype} must match input dtype {input.dtype}")
+    stride = _check_int("stride", stride, 1)
+    dilation = _check_int("dilation", dilation, 1)
+    if epilogue is not None and not isinstance(epilogue, ConvEpilogue):
+        raise TypeError(f"epilogue must be a ConvEpilogue or None, got {type(epilogue).__name__}")
+    taps = weight.shape[2]
+    pad, mode = _padding(padding, taps, stride, dilation)
+    length = input.shape[-1]
+    out_len = length if pad is None else _conv_len(length, taps, stride, pad, dilation)
+    if out_len < 1:
+        raise ValueError(f"input length {length} is shorter than the dilated kernel "
+                         f"({dilation * (taps - 1) + 1} taps) after padding")
+    pool = 1 if epilogue is None else epilogue.pool
+    if out_len // pool < 1:
+        raise ValueError(f"epilogue.pool={pool} is larger than the conv output length {out_len}")
+    batch = input.shape[0] if input.dim() == 3 else 1
+    fields = {"batch": batch, "c_in": c_in, "c_out": weight.shape[0], "length": length, "taps": taps,
+              "stride": stride, "tokens": out_len // pool}
+    features = {"groups": 1, "padding_mode": mode, "pool": pool,
+                "requires_grad": _needs_grad(input, weight, bias)}
+    return Request.make(FAMILY, op="conv1d", tensor=input, fields=fields, features=features)
+
+
+@routed_op(_conv1d_request)
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
+           epilogue: Optional[ConvEpilogue] = None) -> torch.Tensor:
+    """torch.nn.functional.conv1d (groups=1) on (batch, c_in, length) or (c_in, length) input, then the
+    optional epilogue (ConvEpilogue: |x| -> max-pool -> leaky ReLU) fused into the kernel."""
+    request = _conv1d_request(input, weight, bias, stride, padding, dilation, epilogue=epilogue)
+    r = route(request)
+    fields = request.field_map
+    pad = padding
+    if request.feature_map["padding_mode"] == "zeros":
+        pad, _ = _padding(padding, fields["taps"], fields["stride"], _check_int("dilation", dilation, 1))
+    unbatched = input.dim() == 2
+    x = input.unsqueeze(0) if unbatched else input
+    out = r.module.conv1d(x, weight, bias, fields["stride"], pad, _check_int("dilation", dilation, 1),
+                          epilogue=epilogue, candidate=r.candidate)
+    return out.squeeze(0) if unbatched else out
