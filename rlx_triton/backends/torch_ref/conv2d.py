@@ -1,0 +1,66 @@
+"""Library fallback of the conv family's 2-D ops: conv2d (+bias, residual, ReLU), linear, stats_pool.
+
+Same function names and signatures as `backends/triton/conv2d.py`; `candidate` is ignored here.
+Half-precision inputs are computed in fp32 and rounded once, like the Triton kernels do.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from rlx_triton.router.coverage import Coverage
+
+COVERAGE = Coverage.everything()
+APPROVALS: dict = {}
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
+           relu: bool = False, candidate=None) -> torch.Tensor:
+    """relu?(F.conv2d(x, weight, bias, stride, padding) + residual), returned in x's dtype."""
+    dtype = _compute_dtype(x)
+    y = F.conv2d(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype),
+                 stride=stride, padding=padding)
+    if residual is not None:
+        y = y + residual.to(dtype)
+    if relu:
+        y = torch.relu(y)
+    return y.to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           candidate=None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for 2-D x, returned in x's dtype."""
+    dtype = _compute_dtype(x)
+    y = F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    return y.to(x.dtype)
+
+
+def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candidate=None) -> torch.Tensor:
+    """Mean and unbiased std over the last axis of x (batch, features, frames), pyannote's StatsPool.
+
+    weights (batch, speakers, frames), already at x's frame rate, give (batch, speakers, 2 * features).
+    """
+    dtype = _compute_dtype(x)
+    seq = x.to(dtype)
+    if weights is None:
+        mean = seq.mean(dim=-1)
+        if seq.shape[-1] > 1:
+            std = seq.std(dim=-1, correction=1)
+        else:
+            std = torch.zeros_like(mean)
+        return torch.cat([mean, std], dim=-1).to(x.dtype)
+    w = weights.to(dtype).unsqueeze(2)  # (batch, speakers, 1, frames)
+    seq = seq.unsqueeze(1)  # (batch, 1, features, frames)
+    v1 = w.sum(dim=3) + 1e-8
+    mean = torch.sum(seq * w, dim=3) / v1
+    dx2 = torch.square(seq - mean.unsqueeze(3))
+    v2 = torch.square(w).sum(dim=3)
+    var = torch.sum(dx2 * w, dim=3) / (v1 - v2 / v1 + 1e-8)
+    return torch.cat([mean, torch.sqrt(var)], dim=-1).to(x.dtype)

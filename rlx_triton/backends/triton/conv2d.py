@@ -1,0 +1,434 @@
+"""Triton kernels of the conv family for 2-D convolution: the WeSpeaker ResNet trunk and its pooling.
+
+Three kernels, each a launcher with the same name and signature in `backends/torch_ref/conv2d.py`:
+
+- `_conv2d_kernel` — implicit-GEMM convolution of an NCHW input. The GEMM is
+  (output pixels x c_in*kh*kw) @ (c_in*kh*kw x c_out); each program owns a BLOCK_P x BLOCK_CO tile
+  of the output and walks the reduction in BLOCK_K chunks, gathering the input patch on the fly.
+  BatchNorm (eval) is folded into the weights and bias before launch (`fold_batchnorm`); the
+  epilogue adds the bias and the residual and applies ReLU in the same kernel
+  (`fuse_epilogue=True`) or in `_bias_act_kernel`, a separate elementwise pass.
+- `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
+  time, optionally weighted by per-frame weights exactly as pyannote's `StatsPool` computes them.
+- The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`
+  launches `_conv2d_kernel` on a (rows, in_features, 1, 1) view.
+
+Candidate mapping (the planner's `ConvCandidate`): tile_pos -> BLOCK_P output pixels per program,
+tile_co -> BLOCK_CO output channels, tile_k -> BLOCK_K input channels per step of the reduction,
+which walks the kh x kw taps and, per tap, c_in in BLOCK_K chunks (capped at 16 for "ieee"),
+tg_size // 32 -> num_warps, stages -> num_stages, precision -> `tl.dot(input_precision=...)`,
+fuse_epilogue -> epilogue in the GEMM kernel vs `_bias_act_kernel`.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from rlx_triton.router.approvals import Approval
+from rlx_triton.router.coverage import Coverage
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _conv2d_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+    batch, c_in, height, width,
+    c_out, out_h, out_w,
+    stride, padding,
+    stride_wo, stride_wi, stride_wh, stride_ww,
+    KH: tl.constexpr, KW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, APPLY_RELU: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[b, co, oh, ow] = act(sum_{ci,kh,kw} x[b, ci, oh*s-p+kh, ow*s-p+kw] * w[co, ci, kh, kw] + bias[co] + res)."""
+    pid_p = tl.program_id(0)
+    pid_co = tl.program_id(1)
+
+    # Output pixels of this tile, flattened over (batch, out_h, out_w).
+    n_pixels = batch * out_h * out_w
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_p = offs_p < n_pixels
+    b_idx = offs_p // (out_h * out_w)
+    pix = offs_p % (out_h * out_w)
+    oh = pix // out_w
+    ow = pix % out_w
+    # int64: batch * c_in * height * width can pass 2^31 for long chunks and wide layers.
+    x_pixel_base = x_ptr + b_idx.to(tl.int64) * c_in * height * width
+
+    offs_co = pid_co * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    mask_co = offs_co < c_out
+    offs_k = tl.arange(0, BLOCK_K)
+    plane = height * width
+
+    # Reduction over taps (kh, kw), then input channels in BLOCK_K chunks: per tap the input row of
+    # each output pixel is one address, so the patch gather is a [BLOCK_P] address + channel offsets.
+    acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.float32)
+    for tap in range(0, KH * KW):
+        kh = tap // KW
+        kw = tap % KW
+        ih = oh * stride - padding + kh
+        iw = ow * stride - padding + kw
+        mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
+        x_tap = x_pixel_base + ih * width + iw
+        w_tap = w_ptr + kh * stride_wh + kw * stride_ww
+        for ci0 in range(0, c_in, BLOCK_K):
+            ci = ci0 + offs_k
+            mask_ci = ci < c_in
+            # Input patch [BLOCK_P, BLOCK_K].
+            mask_x = mask_pix[:, None] & mask_ci[None, :]
+            x_tile = tl.load(x_tap[:, None] + ci[None, :] * plane, mask=mask_x,
+                             other=0.0).to(tl.float32)
+            # Weight tile [BLOCK_K, BLOCK_CO].
+            mask_w = mask_ci[:, None] & mask_co[None, :]
+            w_tile = tl.load(w_tap + ci[:, None] * stride_wi + offs_co[None, :] * stride_wo, mask=mask_w,
+                             other=0.0).to(tl.float32)
+            acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
+
+    # Epilogue: bias (folded BatchNorm shift), residual, ReLU.
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_co, mask=mask_co, other=0.0).to(tl.float32)
+        acc += bias[None, :]
+    out_plane = out_h * out_w
+    out_offs = (b_idx.to(tl.int64) * c_out * out_plane + pix)[:, None] + offs_co[None, :].to(tl.int64) * out_plane
+    mask_out = mask_p[:, None] & mask_co[None, :]
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + out_offs, mask=mask_out, other=0.0).to(tl.float32)
+        acc += res
+    if APPLY_RELU:
+        acc = tl.maximum(acc, 0.0)
+    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
+
+
+@triton.jit
+def _bias_act_kernel(
+    y_ptr, bias_ptr, res_ptr, out_ptr,
+    n_elements, c_out, plane,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, APPLY_RELU: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """The unfused epilogue: out = act(y + bias[channel] + res), elementwise over an NCHW tensor."""
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        channel = (offs // plane) % c_out
+        y += tl.load(bias_ptr + channel, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        y += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if APPLY_RELU:
+        y = tl.maximum(y, 0.0)
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _stats_pool_kernel(
+    x_ptr, w_ptr, out_ptr,
+    features, frames, num_speakers,
+    HAS_WEIGHTS: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """out[b, s, :D] = mean over time, out[b, s, D:] = std over time of x[b, :D, :T].
+
+    Unweighted: torch.mean and torch.std (correction=1; one frame gives std 0, as pyannote does).
+    Weighted (w[b, s, t]): v1 = sum w + 1e-8, mean = sum w x / v1,
+    var = sum w (x - mean)^2 / (v1 - sum w^2 / v1 + 1e-8), pyannote's `_pool`.
+    Two passes over time (mean, then squared deviations) keep the variance free of cancellation.
+    """
+    pid_bs = tl.program_id(0)  # (batch, speaker)
+    pid_d = tl.program_id(1)
+    b_idx = pid_bs // num_speakers
+
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < features
+    x_row = x_ptr + (b_idx.to(tl.int64) * features + offs_d.to(tl.int64)) * frames
+    w_row = w_ptr + pid_bs.to(tl.int64) * frames
+
+    # Pass 1: (weighted) sum of x and of the weights.
+    sum_x = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    sum_w = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    sum_w2 = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    for t0 in range(0, frames, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        mask_t = offs_t < frames
+        mask_x = mask_d[:, None] & mask_t[None, :]
+        x = tl.load(x_row[:, None] + offs_t[None, :], mask=mask_x, other=0.0).to(tl.float32)
+        if HAS_WEIGHTS:
+            w = tl.load(w_row + offs_t, mask=mask_t, other=0.0).to(tl.float32)
+            sum_x += tl.sum(x * w[None, :], axis=1)
+            sum_w += w
+            sum_w2 += w * w
+        else:
+            sum_x += tl.sum(x, axis=1)
+    if HAS_WEIGHTS:
+        v1 = tl.sum(sum_w, axis=0) + 1e-8
+        v2 = tl.sum(sum_w2, axis=0)
+        mean = sum_x / v1
+    else:
+        mean = sum_x / frames
+
+    # Pass 2: (weighted) squared deviations from the mean.
+    sum_dx2 = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for t0 in range(0, frames, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)
+        mask_t = offs_t < frames
+        mask_x = mask_d[:, None] & mask_t[None, :]
+        x = tl.load(x_row[:, None] + offs_t[None, :], mask=mask_x, other=0.0).to(tl.float32)
+        dx = tl.where(mask_x, x - mean[:, None], 0.0)
+        if HAS_WEIGHTS:
+            w = tl.load(w_row + offs_t, mask=mask_t, other=0.0).to(tl.float32)
+            sum_dx2 += tl.sum(dx * dx * w[None, :], axis=1)
+        else:
+            sum_dx2 += tl.sum(dx * dx, axis=1)
+    if HAS_WEIGHTS:
+        var = sum_dx2 / (v1 - v2 / v1 + 1e-8)
+    else:
+        var = sum_dx2 / tl.maximum(frames - 1, 1)
+    std = tl.sqrt(var)
+
+    out_row = out_ptr + pid_bs.to(tl.int64) * (2 * features)
+    tl.store(out_row + offs_d, mean.to(out_ptr.dtype.element_ty), mask=mask_d)
+    tl.store(out_row + features + offs_d, std.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _meta(candidate) -> dict:
+    """ConvCandidate -> meta-parameters of `_conv2d_kernel` (see the module docstring).
+
+    The ieee (FMA) dot gains nothing from a longer K chunk and its operand copies then spill on
+    sm_90, so for precision "ieee" BLOCK_K is capped at 16 (measured by the audit: 255 regs + spills
+    at 64x32x32, 183 regs and none at 64x32x16).
+    """
+    block_k = int(candidate.tile_k)
+    if candidate.precision == "ieee":
+        block_k = min(block_k, 16)
+    return dict(
+        BLOCK_P=int(candidate.tile_pos),
+        BLOCK_CO=int(candidate.tile_co),
+        BLOCK_K=block_k,
+        PRECISION=str(candidate.precision),
+        num_warps=max(1, int(candidate.tg_size) // 32),
+        num_stages=int(candidate.stages),
+    )
+
+
+def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
+           relu: bool = False, candidate) -> torch.Tensor:
+    """relu?(conv2d(x, weight, bias, stride, padding) + residual) for NCHW x; output in x's dtype.
+
+    `weight` is (c_out, c_in, kh, kw), usually already folded with its BatchNorm; `residual` has the
+    output's shape. The caller (ops/conv2d.py) has validated shapes, dtypes and devices.
+    """
+    batch, c_in, height, width = x.shape
+    c_out, _, kh, kw = weight.shape
+    out_h = _out_size(height, kh, stride, padding)
+    out_w = _out_size(width, kw, stride, padding)
+    x = x.contiguous()  # the weight keeps its strides: nn.Conv2d stores it channel-last for coalesced loads
+    out = torch.empty((batch, c_out, out_h, out_w), device=x.device, dtype=x.dtype)
+    if out.numel() == 0:
+        return out
+    residual = residual.contiguous() if residual is not None else None
+    meta = _meta(candidate)
+    fused = bool(candidate.fuse_epilogue)
+    gemm_out = out if fused else torch.empty(out.shape, device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(batch * out_h * out_w, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))
+    _conv2d_kernel[grid](
+        x, weight,
+        bias if (fused and bias is not None) else weight,
+        residual if (fused and residual is not None) else gemm_out,
+        gemm_out,
+        batch, c_in, height, width, c_out, out_h, out_w, stride, padding,
+        weight.stride(0), weight.stride(1), weight.stride(2), weight.stride(3),
+        KH=kh, KW=kw,
+        HAS_BIAS=fused and bias is not None,
+        HAS_RESIDUAL=fused and residual is not None,
+        APPLY_RELU=fused and relu,
+        **meta,
+    )
+    if not fused:
+        n = out.numel()
+        block = 1024
+        _bias_act_kernel[(triton.cdiv(n, block),)](
+            gemm_out, bias if bias is not None else gemm_out,
+            residual if residual is not None else gemm_out, out,
+            n, c_out, out_h * out_w,
+            HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, APPLY_RELU=relu,
+            BLOCK=block, num_warps=4,
+        )
+    return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           candidate) -> torch.Tensor:
+    """x @ weight.T + bias for 2-D x (rows, in_features): a 1x1 convolution over one pixel."""
+    rows, in_features = x.shape
+    y = conv2d(x.reshape(rows, in_features, 1, 1), weight.reshape(weight.shape[0], in_features, 1, 1),
+               bias, candidate=candidate)
+    return y.reshape(rows, weight.shape[0])
+
+
+_POOL_BLOCK_D = 32
+
+
+def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candidate=None) -> torch.Tensor:
+    """TSTP / pyannote StatsPool of x (batch, features, frames): (batch, 2F), or (batch, S, 2F) for
+    weights (batch, S, frames) already interpolated to `frames` (ops/conv2d.py does that)."""
+    batch, features, frames = x.shape
+    x = x.contiguous()
+    num_speakers = 1 if weights is None else weights.shape[1]
+    out = torch.empty((batch, num_speakers, 2 * features), device=x.device, dtype=x.dtype)
+    if out.numel() == 0:
+        return out if weights is not None else out[:, 0]
+    w = weights.contiguous() if weights is not None else x
+    block_d = _POOL_BLOCK_D
+    block_t = 64 if frames >= 64 else max(16, triton.next_power_of_2(frames))
+    grid = (batch * num_speakers, triton.cdiv(features, block_d))
+    _stats_pool_kernel[grid](
+        x, w, out, features, frames, num_speakers,
+        HAS_WEIGHTS=weights is not None, BLOCK_D=block_d, BLOCK_T=block_t, num_warps=4,
+    )
+    return out if weights is not None else out[:, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidates (the planner's ConvCandidate, or a namespace with its fields until that exists)
+# ---------------------------------------------------------------------------------------------
+
+
+def make_candidate(tile_pos=64, tile_co=32, tile_k=32, tg_size=128, stages=2, precision="ieee",
+                   fuse_epilogue=True):
+    """The planner's ConvCandidate when it exists, else a namespace with the same fields."""
+    fields = dict(tile_pos=tile_pos, tile_co=tile_co, tile_k=tile_k, tg_size=tg_size, stages=stages,
+                  precision=precision, fuse_epilogue=fuse_epilogue)
+    try:
+        from rlx_triton.planner.candidates.conv import ConvCandidate
+    except ImportError:
+        return SimpleNamespace(**fields)
+    return ConvCandidate(**fields)
+
+
+def candidate_tag(candidate) -> str:
+    tag = getattr(candidate, "tag", None)
+    if callable(tag):
+        return tag()
+    c = candidate
+    return (f"conv:p{c.tile_pos}:co{c.tile_co}:k{c.tile_k}:tg{c.tg_size}:s{c.stages}:{c.precision}"
+            f":{'fused' if c.fuse_epilogue else 'split'}")
+
+
+def all_candidates() -> list:
+    """Every conv candidate of the plan, in plan order (the sweep test runs each on conv2d)."""
+    try:
+        from rlx_triton.planner.candidates import conv as plan_conv
+    except ImportError:
+        plan_conv = None
+    if plan_conv is not None:
+        variants = getattr(plan_conv, "ConvVariant", None) or getattr(plan_conv, "Variant", None)
+        if variants is not None:
+            return [v.candidate() for v in variants]
+    return [make_candidate(), make_candidate(precision="tf32x3"), make_candidate(precision="tf32"),
+            make_candidate(tile_pos=32, tile_co=16, tile_k=16, fuse_epilogue=False)]
+
+
+def default_candidate():
+    try:
+        from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT
+        return DEFAULT_VARIANT.candidate()
+    except (ImportError, AttributeError):
+        return make_candidate()
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing data
+# ---------------------------------------------------------------------------------------------
+
+COVERAGE = Coverage(
+    ops=frozenset({"conv2d", "stats_pool"}),
+    devices=frozenset({"cuda", "cpu"}),
+    dtypes=frozenset({"float32", "float16", "bfloat16"}),
+    ranges={"taps": (1, 49), "stride": (1, 4), "c_in": (1, 1 << 16), "c_out": (1, 1 << 17),
+            "batch": (1, 1 << 20)},
+    features={
+        "kernel": frozenset((kh, kw) for kh in range(1, 8) for kw in range(1, 8)),
+        "padding": frozenset(range(0, 4)),
+        "residual": frozenset({True, False}),
+        "relu": frozenset({True, False}),
+        "weighted": frozenset({True, False}),  # stats_pool with or without frame weights
+    },
+)
+
+# True-fp32 candidates (ieee, tf32x3) are approved on the error the sweep test re-measures
+# (tests/triton/test_conv2d.py::test_every_conv_candidate_meets_its_approval). The interpreter computes
+# fp32 dots exactly whatever the precision, so it cannot measure TF32 rounding: plain tf32 stays
+# unapproved until a GPU run (tests marked gpu) measures it.
+_WHERE = "interpreter, tests/triton/test_conv2d.py (3x3/1x1, stride 1/2, residual+relu, vs float64)"
+CONV2D_MAX_REL_ERR = 1e-5
+
+
+def _approvals() -> dict:
+    return {candidate_tag(c): Approval(max_rel_err=CONV2D_MAX_REL_ERR, reference="float64", where=_WHERE)
+            for c in all_candidates() if c.precision in ("ieee", "tf32x3")}
+
+
+APPROVALS = _approvals()
+RECIPES: dict = {}  # no measured device recipe yet: bench/embedding.py on a GPU will supply one
+SPEED_EVIDENCE: dict = {}
+
+
+def _audit_kernels() -> list:
+    try:
+        from rlx_triton.backends.triton.audit import AuditSpec
+    except ImportError:
+        return []
+    candidates = tuple(all_candidates())
+    conv_signature = {
+        "x_ptr": "*{dt}", "w_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*{dt}", "out_ptr": "*{dt}",
+        "batch": "i32", "c_in": "i32", "height": "i32", "width": "i32",
+        "c_out": "i32", "out_h": "i32", "out_w": "i32", "stride": "i32", "padding": "i32",
+        "stride_wo": "i32", "stride_wi": "i32", "stride_wh": "i32", "stride_ww": "i32",
+        "KH": "constexpr", "KW": "constexpr", "HAS_BIAS": "constexpr", "HAS_RESIDUAL": "constexpr",
+        "APPLY_RELU": "constexpr", "PRECISION": "constexpr",
+        "BLOCK_P": "constexpr", "BLOCK_CO": "constexpr", "BLOCK_K": "constexpr",
+    }
+    pool_signature = {
+        "x_ptr": "*{dt}", "w_ptr": "*{dt}", "out_ptr": "*{dt}",
+        "features": "i32", "frames": "i32", "num_speakers": "i32",
+        "HAS_WEIGHTS": "constexpr", "BLOCK_D": "constexpr", "BLOCK_T": "constexpr",
+    }
+    return [
+        AuditSpec(
+            name="conv2d_igemm_3x3", family="conv", kernel=_conv2d_kernel, signature=conv_signature,
+            meta=lambda c, dt: dict(KH=3, KW=3, HAS_BIAS=True, HAS_RESIDUAL=True, APPLY_RELU=True, **_meta(c)),
+            candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
+            expects_mma=lambda c, dt: c.precision != "ieee"),
+        AuditSpec(
+            name="conv2d_igemm_1x1", family="conv", kernel=_conv2d_kernel, signature=conv_signature,
+            meta=lambda c, dt: dict(KH=1, KW=1, HAS_BIAS=True, HAS_RESIDUAL=False, APPLY_RELU=False, **_meta(c)),
+            candidates=candidates, default=default_candidate(), dtypes=("fp32",),
+            expects_mma=lambda c, dt: c.precision != "ieee"),
+        AuditSpec(
+            name="conv2d_stats_pool", family="conv", kernel=_stats_pool_kernel, signature=pool_signature,
+            meta=lambda c, dt: dict(HAS_WEIGHTS=True, BLOCK_D=_POOL_BLOCK_D, BLOCK_T=64, num_warps=4, num_stages=1),
+            candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
+            expects_mma=False),
+    ]
+
+
+AUDIT_KERNELS = _audit_kernels()

@@ -1,0 +1,204 @@
+"""Public 2-D ops of the conv family: conv2d with a fused epilogue, linear, stats_pool (TSTP), BN folding.
+
+Each op validates its input (errors name the argument, before any launch), builds a routing
+Request and runs the function of the same name in the backend module the router picks
+(`backends/triton/conv2d.py`, or `backends/torch_ref/conv2d.py` as the library fallback).
+
+    y = conv2d(x, weight, bias, stride=2, padding=1, residual=r, relu=True)   # NCHW
+    stats = stats_pool(frames, weights=masks)      # pyannote StatsPool semantics
+    w, b = fold_batchnorm(conv.weight, conv.bias, bn)  # eval BatchNorm -> conv weight and bias
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from rlx_triton.router import Request, route, routed_op
+
+FAMILY = "conv"
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_tensor(name: str, t, dims: int, shape_text: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {shape_text}, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D {shape_text}, got shape {tuple(t.shape)}")
+    if t.dtype not in _FLOAT_DTYPES and t.dtype != torch.float64:
+        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}")
+
+
+def _check_device(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
+    if t.device != x.device:
+        raise ValueError(f"{name} is on {t.device} but the input is on {x.device}")
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2 or value[0] != value[1]:
+            raise ValueError(f"{name} must be one int (the same along height and width), got {value!r}")
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
+def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None, relu=False) -> Request:
+    _check_tensor("x", x, 4, "(batch, c_in, height, width)")
+    _check_tensor("weight", weight, 4, "(c_out, c_in, kh, kw)")
+    _check_device("weight", weight, x)
+    stride = _check_int("stride", stride, 1)
+    padding = _check_int("padding", padding, 0)
+    batch, c_in, height, width = x.shape
+    c_out, w_c_in, kh, kw = weight.shape
+    if w_c_in != c_in:
+        raise ValueError(f"weight must have c_in={c_in} input channels (x is {tuple(x.shape)}), "
+                         f"got weight {tuple(weight.shape)}")
+    out_h, out_w = _out_size(height, kh, stride, padding), _out_size(width, kw, stride, padding)
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"x of spatial size {height}x{width} is smaller than the kernel {kh}x{kw} "
+                         f"with padding={padding}")
+    if bias is not None:
+        _check_tensor("bias", bias, 1, f"(c_out={c_out},)")
+        _check_device("bias", bias, x)
+        if bias.shape[0] != c_out:
+            raise ValueError(f"bias must have shape ({c_out},), got {tuple(bias.shape)}")
+    if residual is not None:
+        _check_tensor("residual", residual, 4, "(batch, c_out, out_h, out_w)")
+        _check_device("residual", residual, x)
+        if tuple(residual.shape) != (batch, c_out, out_h, out_w):
+            raise ValueError(f"residual must have the output's shape {(batch, c_out, out_h, out_w)}, "
+                             f"got {tuple(residual.shape)}")
+    if not isinstance(relu, bool):
+        raise TypeError(f"relu must be a bool, got {type(relu).__name__}")
+    return Request.make(
+        FAMILY, "conv2d", tensor=x,
+        fields={"batch": batch, "c_in": c_in, "c_out": c_out, "length": height * width,
+                "taps": kh * kw, "stride": stride, "tokens": out_h * out_w},
+        features={"kernel": (kh, kw), "padding": padding, "residual": residual is not None, "relu": relu},
+    )
+
+
+@routed_op(_conv2d_request)
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
+           relu: bool = False) -> torch.Tensor:
+    """relu?(torch.nn.functional.conv2d(x, weight, bias, stride, padding) + residual) for NCHW x.
+
+    The output has x's dtype; the kernels accumulate in fp32 (true fp32 unless an approved
+    candidate says otherwise).
+    """
+    request = _conv2d_request(x, weight, bias, stride=stride, padding=padding, residual=residual, relu=relu)
+    r = route(request)
+    return r.module.conv2d(x, weight, bias, stride=request.field_map["stride"], padding=request.feature_map["padding"], residual=residual, relu=relu,
+                           candidate=r.candidate)
+
+
+def _linear_request(x, weight, bias=None) -> Request:
+    _check_tensor("x", x, 2, "(rows, in_features)")
+    _check_tensor("weight", weight, 2, "(out_features, in_features)")
+    _check_device("weight", weight, x)
+    if weight.shape[1] != x.shape[1]:
+        raise ValueError(f"weight must have in_features={x.shape[1]} columns, got {tuple(weight.shape)}")
+    if bias is not None:
+        _check_tensor("bias", bias, 1, f"(out_features={weight.shape[0]},)")
+        _check_device("bias", bias, x)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    rows, in_features = x.shape
+    return Request.make(
+        FAMILY, "conv2d", tensor=x,
+        fields={"batch": rows, "c_in": in_features, "c_out": weight.shape[0], "length": 1, "taps": 1,
+                "stride": 1, "tokens": 1},
+        features={"kernel": (1, 1), "padding": 0, "residual": False, "relu": False},
+    )
+
+
+@routed_op(_linear_request)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """torch.nn.functional.linear for 2-D x: the embedding projection, run as a 1x1 conv2d."""
+    r = route(_linear_request(x, weight, bias))
+    return r.module.linear(x, weight, bias, candidate=r.candidate)
+
+
+def _pool_weights(x: torch.Tensor, weights: Optional[torch.Tensor]):
+    """pyannote's weight handling: (B, T') or (B, S, T'), nearest-interpolated to x's T frames."""
+    if weights is None:
+        return None, False
+    if not isinstance(weights, torch.Tensor):
+        raise TypeError(f"weights must be a torch.Tensor (batch, frames) or (batch, speakers, frames), "
+                        f"got {type(weights).__name__}")
+    if weights.dim() not in (2, 3):
+        raise ValueError(f"weights must be (batch, frames) or (batch, speakers, frames), got shape "
+                         f"{tuple(weights.shape)}")
+    _check_device("weights", weights, x)
+    if weights.shape[0] != x.shape[0]:
+        raise ValueError(f"weights must have batch={x.shape[0]}, got shape {tuple(weights.shape)}")
+    has_speakers = weights.dim() == 3
+    w = weights if has_speakers else weights.unsqueeze(1)
+    if w.shape[2] != x.shape[2]:
+        w = F.interpolate(w, size=x.shape[2], mode="nearest")
+    return w, has_speakers
+
+
+def _stats_pool_request(sequences, weights=None) -> Request:
+    _check_tensor("sequences", sequences, 3, "(batch, features, frames)")
+    if sequences.shape[2] < 1:
+        raise ValueError(f"sequences must have at least one frame, got shape {tuple(sequences.shape)}")
+    w, _ = _pool_weights(sequences, weights)
+    batch, features, frames = sequences.shape
+    return Request.make(
+        FAMILY, "stats_pool", tensor=sequences,
+        fields={"batch": batch * (1 if w is None else w.shape[1]), "c_in": features, "c_out": 2 * features,
+                "length": frames, "taps": 1, "stride": 1, "tokens": 1},
+        features={"weighted": w is not None},
+    )
+
+
+@routed_op(_stats_pool_request)
+def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Concatenated temporal mean and unbiased std, as pyannote's `StatsPool.forward(sequences, weights)`.
+
+    sequences (batch, features, frames) -> (batch, 2 * features); with weights (batch, frames) the
+    same shape, with weights (batch, speakers, frames) -> (batch, speakers, 2 * features).
+    """
+    request = _stats_pool_request(sequences, weights)
+    w, has_speakers = _pool_weights(sequences, weights)
+    r = route(request)
+    out = r.module.stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate)
+    if w is not None and not has_speakers:
+        out = out[:, 0]
+    return out
+
+
+def fold_batchnorm(weight: torch.Tensor, bias: Optional[torch.Tensor], bn) -> tuple:
+    """Fold an eval-mode BatchNorm{1,2}d into the preceding conv or linear: returns fp32 (weight, bias).
+
+    bn(conv(x) + b) = conv'(x) + b' with w' = w * gamma / sqrt(var + eps) per output channel and
+    b' = (b - mean) * gamma / sqrt(var + eps) + beta, computed in float64 and rounded once.
+    """
+    if not isinstance(bn, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+        raise TypeError(f"bn must be a torch.nn.BatchNorm1d/2d, got {type(bn).__name__}")
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError("bn must track running statistics (track_running_stats=True) to be folded")
+    if bn.num_features != weight.shape[0]:
+        raise ValueError(f"bn has {bn.num_features} features but weight has {weight.shape[0]} output channels")
+    w = weight.detach().double()
+    b = bias.detach().double() if bias is not None else torch.zeros(w.shape[0], dtype=torch.float64,
+                                                                     device=w.device)
+    mean = bn.running_mean.detach().double()
+    var = bn.running_var.detach().double()
+    gamma = bn.weight.detach().double() if bn.weight is not None else torch.ones_like(mean)
+    beta = bn.bias.detach().double() if bn.bias is not None else torch.zeros_like(mean)
+    scale = gamma / torch.sqrt(var + bn.eps)
+    w_folded = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
+    b_folded = (b - mean) * scale + beta
+    return w_folded.float().contiguous(), b_folded.float().contiguous()
