@@ -1,0 +1,221 @@
+"""The 1-D conv Triton kernels (interpreter) against float64: conv1d with every epilogue, the SincNet
+blocks and the whole SincNet stage, every candidate once, and every accuracy approval re-measured."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlx_triton.backends.triton import conv as tconv
+from rlx_triton.ops.conv import ConvEpilogue, sinc_filters
+from tests.reference.conv import conv1d_float64, random_sincnet, sincnet_float64
+
+# relative tolerance per dtype (error / max |reference|)
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
+DEFAULT = tconv.default_candidate()
+# big tiles: fewer interpreter programs for the longer SincNet cases
+WIDE = tconv.make_candidate(tile_pos=32, tile_co=64, tile_k=128)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
+
+
+def _block_params(module):
+    convs = list(module.conv1d)[1:]
+    return dict(
+        wav_norm_weight=module.wav_norm1d.weight, wav_norm_bias=module.wav_norm1d.bias,
+        conv_weights=[c.weight for c in convs], conv_biases=[c.bias for c in convs],
+        norm_weights=[n.weight for n in module.norm1d], norm_biases=[n.bias for n in module.norm1d])
+
+
+def _run_sincnet(module, wav, candidate):
+    p = _block_params(module)
+    with torch.no_grad():
+        filters = sinc_filters(module.conv1d[0].filterbank.low_hz_, module.conv1d[0].filterbank.band_hz_)
+        return tconv.sincnet(wav, filters, p["wav_norm_weight"], p["wav_norm_bias"], p["conv_weights"],
+                             p["conv_biases"], p["norm_weights"], p["norm_biases"], candidate=candidate)
+
+
+# ------------------------------------------------------------------------------ conv1d
+
+
+CONV_CASES = [
+    # (batch, c_in, c_out, length, taps, stride, padding, dilation, bias)
+    (1, 1, 1, 7, 1, 1, 0, 1, False),
+    (2, 7, 7, 80, 3, 1, 1, 1, True),
+    (1, 7, 80, 80, 5, 2, 2, 2, True),
+    (2, 80, 7, 33, 5, 3, 0, 1, False),
+    (1, 80, 60, 333, 5, 1, 0, 1, True),
+    (1, 1, 16, 333, 251, 10, 0, 1, False),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "b{}_ci{}_co{}_l{}_k{}_s{}_p{}_d{}_{}".format(
+    *c[:8], "bias" if c[8] else "nobias"))
+def test_conv1d_matches_float64(case):
+    batch, c_in, c_out, length, taps, stride, padding, dilation, has_bias = case
+    x = torch.randn(batch, c_in, length)
+    w = torch.randn(c_out, c_in, taps) / (c_in * taps) ** 0.5
+    b = torch.randn(c_out) if has_bias else None
+    out = tconv.conv1d(x, w, b, stride, padding, dilation, candidate=DEFAULT)
+    ref = conv1d_float64(x, w, b, stride, padding, dilation)
+    assert out.shape == ref.shape and out.dtype == x.dtype
+    assert rel_err(out, ref) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_conv1d_every_dtype(dtype):
+    x = torch.randn(2, 7, 80).to(dtype)
+    w = (torch.randn(11, 7, 5) / 6).to(dtype)
+    b = torch.randn(11).to(dtype)
+    out = tconv.conv1d(x, w, b, 2, 1, 1, candidate=DEFAULT)
+    ref = conv1d_float64(x, w, b, 2, 1, 1)   # float64 of the same (rounded) inputs
+    assert out.dtype == dtype
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("epilogue", [
+    ConvEpilogue(abs=True, pool=3),
+    ConvEpilogue(pool=2, negative_slope=0.01),
+    ConvEpilogue(abs=True, pool=1, negative_slope=0.2),
+    ConvEpilogue(negative_slope=0.0),
+], ids=["abs_pool3", "pool2_leaky", "abs_leaky", "relu"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_conv1d_epilogues(epilogue, fused):
+    candidate = tconv.make_candidate(fuse_epilogue=fused)
+    x = torch.randn(2, 7, 80)
+    w = torch.randn(9, 7, 5) / 6
+    b = torch.randn(9)
+    out = tconv.conv1d(x, w, b, 1, 2, 1, epilogue=epilogue, candidate=candidate)
+    ref = conv1d_float64(x, w, b, 1, 2, 1, abs_=epilogue.abs, pool=epilogue.pool,
+                         negative_slope=epilogue.negative_slope)
+    assert out.shape == ref.shape
+    assert rel_err(out, ref) <= TOL[torch.float32]
+
+
+# ------------------------------------------------------------------------------ SincNet blocks
+
+
+def test_sinc_conv_abs_pool_block_with_the_waveform_norm_folded_in():
+    module = random_sincnet()
+    wav = torch.randn(2, 1, 3200)
+    with torch.no_grad():
+        filters = module.conv1d[0].filterbank.filters()
+        scale, shift = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        out = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
+                                out_slope=None, out_dtype=torch.float32, in_scale=scale, in_shift=shift,
+                                candidate=WIDE)
+        m64 = module.double()
+        ref = m64.pool1d[0](m64.conv1d[0](m64.wav_norm1d(wav.double())).abs())
+    assert out.shape == ref.shape == (2, 80, ((3200 - 251) // 10 + 1) // 3)
+    assert rel_err(out, ref) <= 2e-5
+
+
+def test_instance_norm_rows_give_scale_and_shift():
+    x = torch.randn(3, 7, 333) * 4 + 2
+    gamma, beta = torch.randn(7), torch.randn(7)
+    out = torch.empty_like(x)
+    scale, shift = tconv._row_norm(x, gamma, beta, eps=1e-5, slope=0.01, out=out)
+    ref = F.leaky_relu(F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5), 0.01)
+    assert rel_err(out, ref) <= TOL[torch.float32]
+    assert rel_err((x * scale.view(3, 7, 1) + shift.view(3, 7, 1)),
+                   F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)) <= 1e-5
+
+
+def test_conv_block_reads_the_previous_norm_and_leaky_in_its_prologue():
+    module = random_sincnet()
+    h = torch.randn(2, 80, 98).abs()
+    norm, conv = module.norm1d[0], module.conv1d[1]
+    with torch.no_grad():
+        scale, shift = tconv._row_norm(h, norm.weight, norm.bias, eps=1e-5)
+        out = tconv._conv_block(h, conv.weight, conv.bias, stride=1, padding=0, dilation=1, pool=3,
+                                abs_=False, out_slope=None, out_dtype=torch.float32, in_scale=scale,
+                                in_shift=shift, in_slope=0.01, candidate=DEFAULT)
+        m64 = module.double()
+        ref = m64.pool1d[1](m64.conv1d[1](F.leaky_relu(m64.norm1d[0](h.double()))))
+    assert out.shape == ref.shape == (2, 60, 31)
+    assert rel_err(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("batch,samples", [(1, 3200), (2, 4000)])
+def test_sincnet_matches_the_pyannote_module(batch, samples):
+    module = random_sincnet()
+    wav = torch.randn(batch, 1, samples)
+    out = _run_sincnet(module, wav, WIDE)
+    with torch.no_grad():
+        ref32 = module(wav)
+    ref64 = sincnet_float64(module, wav)
+    assert out.shape == ref32.shape
+    assert rel_err(out, ref32) <= 1e-4
+    assert rel_err(out, ref64) <= 1e-4
+
+
+def test_sincnet_on_silence_is_finite_and_matches():
+    module = random_sincnet()
+    wav = torch.zeros(1, 1, 3200)
+    out = _run_sincnet(module, wav, WIDE)
+    with torch.no_grad():
+        ref = module(wav)
+    assert torch.isfinite(out).all()
+    assert (out - ref).abs().max() <= 1e-4 * max(1.0, ref.abs().max().item())
+
+
+# ------------------------------------------------------------------------------ candidates
+
+
+def _sweep_case(candidate):
+    """One small conv1d with a fused norm prologue and pool epilogue, and a small sinc block."""
+    x = torch.randn(2, 7, 80)
+    w = torch.randn(9, 7, 5) / 6
+    b = torch.randn(9)
+    scale, shift = torch.rand(14) + 0.5, torch.randn(14)
+    out = tconv._conv_block(x, w, b, stride=1, padding=1, dilation=1, pool=3, abs_=True, out_slope=0.01,
+                            out_dtype=torch.float32, in_scale=scale, in_shift=shift, in_slope=0.01,
+                            candidate=candidate)
+    xn = F.leaky_relu(x.double() * scale.double().view(2, 7, 1) + shift.double().view(2, 7, 1), 0.01)
+    ref = conv1d_float64(xn, w, b, 1, 1, 1, abs_=True, pool=3, negative_slope=0.01)
+    errs = [rel_err(out, ref)]
+    wav = torch.randn(1, 1, 1200)
+    filt = torch.randn(32, 1, 251) / 16
+    out = tconv.conv1d(wav, filt, None, 10, 0, 1, epilogue=ConvEpilogue(abs=True, pool=3), candidate=candidate)
+    errs.append(rel_err(out, conv1d_float64(wav, filt, None, 10, abs_=True, pool=3)))
+    return max(errs)
+
+
+def test_every_conv_candidate_runs_and_every_approval_holds():
+    """The sweep: each candidate of the plan runs once; an approved one must hold its approval's bound."""
+    candidates = tconv.all_candidates()
+    assert len(candidates) >= 2
+    for candidate in candidates:
+        err = _sweep_case(candidate)
+        approval = tconv.APPROVALS.get(tconv.candidate_tag(candidate))
+        bound = approval.max_rel_err if approval is not None else TOL[torch.float32]
+        assert err <= bound, (tconv.candidate_tag(candidate), err, bound)
+
+
+def test_approvals_name_only_true_fp32_candidates():
+    assert tconv.APPROVALS, "the fp32 candidate must be approved"
+    tags = {tconv.candidate_tag(c): c for c in tconv.all_candidates()}
+    for tag in tconv.APPROVALS:
+        assert tags[tag].precision == "ieee"
+
+
+def test_routing_data_is_declared():
+    assert tconv.COVERAGE.ops == frozenset({"sincnet", "conv1d"})
+    names = {spec.name for spec in tconv.AUDIT_KERNELS}
+    assert {"conv1d_igemm", "conv1d_sinc_abs_pool", "conv1d_row_norm"} <= names
+    for spec in tconv.AUDIT_KERNELS:
+        for candidate in spec.candidates:
+            meta = spec.meta(candidate, "fp32")
+            assert "num_warps" in meta and "num_stages" in meta
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32x3", "tf32"])
+def test_tf32_candidates_measured_on_gpu(precision):
+    """GPU evidence for the TF32 candidates (the interpreter cannot round to TF32)."""
+    module = random_sincnet().cuda()
+    wav = torch.randn(4, 1, 16000, device="cuda")
+    out = _run_sincnet(module, wav, tconv.make_candidate(tile_pos=128, tile_co=64, tile_k=32, precision=precision))
+    ref = sincnet_float64(module.cpu(), wav.cpu())
+    print(f"sincnet {precision}: rel err {rel_err(out.cpu(), ref):.2e}")
+    assert rel_err(out.cpu(), ref) <= (1e-4 if precision == "tf32x3" else 1e-2)
