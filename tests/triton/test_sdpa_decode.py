@@ -159,3 +159,43 @@ def test_single_pass_candidate_writes_the_output_directly(dtype):
 def test_fp32_operands_candidate_on_half_inputs():
     q, k, v = make_qkv(1, 4, 1, 1, 30, 16, dtype=torch.float16)
     run_and_check(q, k, v, cand=candidate(use_f16_kv=False))
+
+
+def _relative_error(out, ref):
+    return ((out.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def _sweep_inputs(dtype):
+    q, k, v = make_qkv(2, 4, 2, 2, 37, 24, head_dim_v=20, dtype=dtype)
+    lengths = torch.tensor([37, 11], dtype=torch.int32)
+    return q, k, v, dict(cache_seqlens=lengths, causal="bottom_right")
+
+
+def test_every_candidate_of_the_plan_matches_the_reference():
+    from rlx_triton.router import plans
+
+    plan = plans.plan_for("sdpa_decode")
+    assert {c.tag() for c in plan.candidates} == set(tk.APPROVALS)
+    for cand in plan.candidates:
+        for dtype in DTYPES:
+            q, k, v, kw = _sweep_inputs(dtype)
+            run_and_check(q, k, v, cand=cand, **kw)
+
+
+def test_approved_candidates_hold_their_error_bound():
+    from rlx_triton.planner import SdpaDecodeCandidate
+
+    for tag, approval in tk.APPROVALS.items():
+        cand = SdpaDecodeCandidate.from_tag(tag)
+        measured_dtype = torch.float16 if cand.use_f16_kv else torch.float32
+        q, k, v, kw = _sweep_inputs(measured_dtype)
+        out, _ = tk.sdpa_decode(q, k, v, candidate=cand, **kw)
+        ref, _ = attention_reference(q, k, v, **kw)
+        assert _relative_error(out, ref) <= approval.max_rel_err, tag
+
+
+def test_fp32_candidate_is_approved_for_high_fidelity_and_f16_kv_ones_are_not():
+    from rlx_triton.planner.candidates.sdpa_decode import FP32_VARIANT
+
+    for tag, approval in tk.APPROVALS.items():
+        assert approval.covers_profile("high_fidelity") == (tag == FP32_VARIANT.candidate().tag())

@@ -208,30 +208,62 @@ def _interpreting() -> bool:
     return triton.knobs.runtime.interpret if hasattr(triton, "knobs") else False
 
 
-def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtype) -> dict:
-    """Candidate -> meta-parameters.
+# Bytes of K/V tiles, q and the accumulator one thread may hold before ptxas spills (measured with the
+# audit on sm_90: fp16 operands spill above ~320 B/thread, fp32 ieee operands above ~256 B/thread).
+_THREAD_BYTES_LOWP = 320
+_THREAD_BYTES_FP32 = 256
 
-    split_k -> SPLIT_K (grid dim 1, the maximum number of KV splits), tg_size // 32 -> num_warps,
-    tile_n -> BLOCK_N, tile_m -> the least BLOCK_M (packed query rows; at least 16 for tl.dot and up to
-    64 so a whole GQA group x tokens shares one K/V read), D/Dv -> next powers of two (>= 16),
-    use_f16_kv -> fp16/bf16 dot operands for 16-bit inputs (fp32 operands with ieee precision otherwise;
-    bf16 under the interpreter also takes fp32 operands, since the interpreter computes on bf16 bits),
-    partial_reduce False with split_k 1 -> single pass.
+
+def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtype) -> dict:
+    """Candidate -> meta-parameters of the split kernel.
+
+    split_k -> SPLIT_K (grid dim 1, the maximum number of KV splits); tg_size // 32 -> num_warps;
+    tile_n -> BLOCK_N; tile_m -> the least BLOCK_M (packed query rows: at least 16 for tl.dot, and up to
+    64 so a whole GQA group x tokens shares one read of K/V); D and Dv -> next powers of two (>= 16).
+    The tiles are upper bounds: while K/V tiles, q and the accumulator exceed the per-thread register
+    budget, BLOCK_N halves down to 32, then num_warps doubles up to 8, then BLOCK_M and BLOCK_N halve
+    down to 16 (so no candidate spills on sm_80/sm_90).
+    use_f16_kv -> fp16/bf16 dot operands for 16-bit inputs; fp32 operands with ieee precision otherwise
+    (bf16 under the interpreter also takes fp32 operands: the interpreter computes on raw bf16 bits).
+    split_k == 1 with partial_reduce False -> single pass (no partials, no merge kernel).
     """
-    block_m = max(16, triton.next_power_of_2(max(1, candidate.tile_m)), min(triton.next_power_of_2(rows), 64))
     lowp = bool(candidate.use_f16_kv) and dtype in (torch.float16, torch.bfloat16)
     if dtype == torch.bfloat16 and _interpreting():
         lowp = False
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_dv = max(16, triton.next_power_of_2(head_dim_v))
+    block_m = max(16, triton.next_power_of_2(max(1, candidate.tile_m)), min(triton.next_power_of_2(rows), 64))
+    block_n = max(16, triton.next_power_of_2(candidate.tile_n))
+    num_warps = max(1, candidate.tg_size // 32)
+    operand_bytes = 2 if lowp else 4
+    budget = _THREAD_BYTES_LOWP if lowp else _THREAD_BYTES_FP32
+
+    def thread_bytes():
+        kv = block_n * (block_d + block_dv) * operand_bytes
+        q_acc = block_m * (block_d + block_dv) * 4
+        return (kv + q_acc) / (32 * num_warps)
+
+    while thread_bytes() > budget:
+        if block_n > 32:
+            block_n //= 2
+        elif num_warps < 8:
+            num_warps *= 2
+        elif block_m > 16:
+            block_m //= 2
+        elif block_n > 16:
+            block_n //= 2
+        else:
+            break
     return dict(
         BLOCK_M=block_m,
-        BLOCK_N=max(16, triton.next_power_of_2(candidate.tile_n)),
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_DV=max(16, triton.next_power_of_2(head_dim_v)),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
         SPLIT_K=max(1, int(candidate.split_k)),
         SINGLE_PASS=int(candidate.split_k) <= 1 and not candidate.partial_reduce,
         DOT_LOWP=lowp,
-        num_warps=max(1, candidate.tg_size // 32),
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=1 if _interpreting() else 2,
     )
 
 
@@ -305,3 +337,113 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
             num_warps=4,
         )
     return out, lse
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                                 scale: Optional[float] = None, enable_gqa: bool = False, *,
+                                 candidate) -> torch.Tensor:
+    """torch SDPA (dropout 0) through the decode kernels: (N..., Hq, Lq, D) or (N, Lq, D) inputs.
+
+    Leading dims of query, key and value must match (the op routes batch broadcasting to torch); the
+    KV heads divide the query heads (enable_gqa, or a single KV head that torch broadcasts).
+    """
+    seq_q, seq_kv = query.shape[-2], key.shape[-2]
+    lead = query.shape[:-2] if query.dim() == 3 else query.shape[:-3]
+    if query.dim() == 3:  # (N, L, E): N sequences of one head each
+        q4, k4, v4 = query[None], key[None], value[None]
+    else:
+        q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (query, key, value))
+    mask4 = None
+    if attn_mask is not None:
+        mask4 = attn_mask.expand(*query.shape[:-1], seq_kv).reshape(q4.shape[0], q4.shape[1], seq_q, seq_kv)
+    out, _ = sdpa_decode(q4, k4, v4, attn_mask=mask4, causal="top_left" if is_causal else "none",
+                         scale=scale, candidate=candidate)
+    return out.reshape(*lead, *out.shape[1:]) if query.dim() > 3 else out[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Routing data (read by rlx_triton.router) and the compile audit's kernel list.
+# ---------------------------------------------------------------------------------------------------
+from rlx_triton.backends.triton.audit import AuditSpec  # noqa: E402
+from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant  # noqa: E402
+from rlx_triton.router.approvals import Approval  # noqa: E402
+from rlx_triton.router.coverage import Coverage  # noqa: E402
+
+COVERAGE = Coverage(
+    ops=frozenset({"scaled_dot_product_attention", "sdpa_decode"}),
+    devices=frozenset({"cuda", "cpu"}),
+    dtypes=frozenset({"float32", "float16", "bfloat16"}),
+    ranges={"seq_q": (1, MAX_SEQ_Q), "tokens": (1, MAX_SEQ_Q), "head_dim": (1, MAX_HEAD_DIM),
+            "head_dim_v": (1, MAX_HEAD_DIM), "seq_kv": (1, 2**31 - 1)},
+    features={
+        "mask": frozenset({"none", "bool", "float"}),  # float: same dtype as query, added to the scores
+        "causal": frozenset({"none", "top_left", "bottom_right"}),
+        "dropout": frozenset({False}),
+        "batch_broadcast": frozenset({False}),  # leading dims of key/value broadcast against query's
+    },
+)
+
+# Largest relative error (max |out - ref| / max |ref|) measured against float64 in the interpreter;
+# tests/triton/test_sdpa_decode.py re-measures every entry. The fp32 candidate (fp32 dot operands, ieee)
+# is measured on fp32 inputs and approved for every profile; the f16-KV candidates (fp16/bf16 dot
+# operands, probabilities rounded to the input dtype before the PV dot) are measured on fp16 inputs and
+# not approved for high_fidelity, where the router takes the fp32 candidate instead.
+_WHERE = "interpreter, tests/triton/test_sdpa_decode.py::test_approved_candidates_hold_their_error_bound"
+_F16_KV_PROFILES = frozenset({"ultra_low_latency", "balanced", "deterministic"})
+APPROVALS = {
+    variant.candidate().tag(): (
+        Approval(max_rel_err=1e-3, reference="float64", where=_WHERE, profiles=_F16_KV_PROFILES)
+        if variant.candidate().use_f16_kv else Approval(max_rel_err=1e-5, reference="float64", where=_WHERE))
+    for variant in SdpaDecodeVariant
+}
+
+# No measured per-device recipe yet (the GPU run is pending): the plan's launch rule picks candidates.
+RECIPES: dict = {}
+SPEED_EVIDENCE: dict = {}
+
+_AUDIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_SPLIT_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "SPLIT_K", "MASK_KIND", "CAUSAL",
+                     "HAS_SEQLENS", "SINGLE_PASS", "DOT_LOWP")
+_SPLIT_SIGNATURE = {name: ("constexpr" if name in _SPLIT_CONSTEXPRS else "i32")
+                    for name in _sdpa_decode_split_kernel.arg_names}
+_SPLIT_SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8",
+                         "seqlens_ptr": "*i32", "o_ptr": "*{dt}", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
+                         "part_lse_ptr": "*fp32", "qk_scale": "fp32"})
+
+
+def _audit_split_meta(rows: int, head_dim: int):
+    def meta(candidate, dt: str) -> dict:
+        m = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim, dtype=_AUDIT_DTYPES[dt])
+        m.update(MASK_KIND=MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True)
+        return m
+    return meta
+
+
+def _audit_merge_meta(candidate, dt: str) -> dict:
+    m = _meta(candidate, rows=4, head_dim=128, head_dim_v=128, dtype=_AUDIT_DTYPES[dt])
+    return dict(SPLIT_K=m["SPLIT_K"], BLOCK_N=m["BLOCK_N"], BLOCK_S=triton.next_power_of_2(m["SPLIT_K"]),
+                BLOCK_DV=m["BLOCK_DV"], HAS_SEQLENS=True, num_warps=4, num_stages=1)
+
+
+_CANDIDATES = tuple(variant.candidate() for variant in SdpaDecodeVariant)
+_DEFAULT = SdpaDecodeVariant.DEFAULT.candidate()
+AUDIT_KERNELS = [
+    # Llama-3-8B decode: 4 query heads per KV head, one token, head dim 128, mask + bottom-right causal
+    AuditSpec(name="sdpa_decode_split_d128", family="sdpa_decode", kernel=_sdpa_decode_split_kernel,
+              signature=_SPLIT_SIGNATURE, meta=_audit_split_meta(rows=4, head_dim=128),
+              candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp32", "fp16", "bf16"),
+              expects_mma=lambda cand, dt: bool(cand.use_f16_kv) and dt != "fp32"),
+    # head dim 256 with 16 packed rows (e.g. 8 heads per KV head x 2 tokens)
+    AuditSpec(name="sdpa_decode_split_d256", family="sdpa_decode", kernel=_sdpa_decode_split_kernel,
+              signature=_SPLIT_SIGNATURE, meta=_audit_split_meta(rows=16, head_dim=256),
+              candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp16", "bf16"),
+              expects_mma=lambda cand, dt: bool(cand.use_f16_kv)),
+    AuditSpec(name="sdpa_decode_merge", family="sdpa_decode", kernel=_sdpa_decode_merge_kernel,
+              signature={"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*{dt}", "lse_ptr": "*fp32",
+                         "seqlens_ptr": "*i32", "rows_per_batch": "i32", "seq_kv": "i32", "head_dim_v": "i32",
+                         "SPLIT_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_S": "constexpr",
+                         "BLOCK_DV": "constexpr", "HAS_SEQLENS": "constexpr"},
+              meta=_audit_merge_meta, candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp32", "fp16", "bf16"),
+              expects_mma=False),
+]
