@@ -11,6 +11,8 @@ RLX_TRITON_TUNE_CACHE_EVICTION                             keep-low | keep-high 
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -87,6 +89,43 @@ def settings_from(env: Mapping[str, str]) -> Settings:
 
 
 @functools.lru_cache(maxsize=1)
-def settings() -> Settings:
-    """The process-wide settings, read from os.environ on first use."""
+def _environment_settings() -> Settings:
     return settings_from(os.environ)
+
+
+_overrides: list = []
+
+
+def settings() -> Settings:
+    """The process-wide settings, read from os.environ on first use (innermost `override_settings` wins)."""
+    return _overrides[-1] if _overrides else _environment_settings()
+
+
+@contextlib.contextmanager
+def override_settings(**changes):
+    """Replaces some settings inside a with-block (for tests and for applications that embed rlx_triton).
+
+    Plans and the winner table built from the old settings are dropped on entry and exit.
+    """
+    updated = dataclasses.replace(settings(), **changes)
+    _overrides.append(updated)
+    _forget_derived_state()
+    try:
+        yield updated
+    finally:
+        _overrides.remove(updated)
+        _forget_derived_state()
+
+
+def _forget_derived_state() -> None:
+    import sys
+
+    plans = sys.modules.get("rlx_triton.router.plans")
+    if plans is not None:
+        plans.reset()
+    route = sys.modules.get("rlx_triton.router.route")
+    if route is not None:
+        route.clear_route_cache()
+    device = sys.modules.get("rlx_triton.router.device")
+    if device is not None:
+        device.clear_device_cache()

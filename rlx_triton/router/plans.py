@@ -67,8 +67,8 @@ def winner_table():
     return _table
 
 
-def reset_for_tests() -> None:
-    """Forget cached plans and the winner table (tests that change settings call this)."""
+def reset() -> None:
+    """Forgets cached plans and the winner table (after the settings change)."""
     global _table
     plan_for.cache_clear()
     _table = None

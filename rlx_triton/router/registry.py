@@ -39,6 +39,13 @@ def register_backend(spec: BackendSpec) -> None:
         _backends[spec.name] = spec
 
 
+def unregister_backend(name: str) -> None:
+    with _lock:
+        _backends.pop(name, None)
+        for key in [key for key in _modules if key[0] == name]:
+            del _modules[key]
+
+
 def _ensure_loaded() -> None:
     global _loaded
     if not _loaded:

@@ -1,0 +1,72 @@
+"""Timing helpers shared by the benchmarks: side-by-side medians, CUDA-event timing, copy bandwidth.
+
+On a GPU, kernels are timed with triton.testing.do_bench (median of CUDA-event timings) or, for
+microsecond kernels, with CUDA-graph replay so launch overhead does not dominate. On the CPU the
+two sides are alternated call by call and the median wall time of each is reported.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Tuple
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_us(fn: Callable[[], object], device: torch.device, quick: bool = False, graph: bool = False) -> float:
+    """Median time of fn in microseconds."""
+    if device.type == "cuda":
+        import triton.testing
+
+        if graph:
+            return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=20 if quick else 100)
+        return 1e3 * triton.testing.do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
+                                             return_mode="median")
+    fn()
+    samples = []
+    for _ in range(3 if quick else 15):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(samples)
+
+
+def side_by_side(rlx: Callable[[], object], baseline: Callable[[], object], device: torch.device,
+                 quick: bool = False, graph: bool = False, rounds: int = 0) -> Tuple[float, float]:
+    """(rlx_us, baseline_us): warm both, then alternate rounds of each and take the median of each side."""
+    rlx()
+    baseline()
+    _sync(device)
+    rounds = rounds or (2 if quick else 5)
+    rlx_times, base_times = [], []
+    for _ in range(rounds):
+        rlx_times.append(time_us(rlx, device, quick, graph))
+        base_times.append(time_us(baseline, device, quick, graph))
+    return statistics.median(rlx_times), statistics.median(base_times)
+
+
+def copy_bandwidth_gbps(device: torch.device, quick: bool = False) -> float:
+    """Measured device-to-device copy bandwidth (bytes read + written per second) in GB/s."""
+    numel = (64 if quick else 256) * 2**20 // 4 if device.type == "cuda" else 16 * 2**20 // 4
+    src = torch.empty(numel, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    us = time_us(lambda: dst.copy_(src), device, quick)
+    return 2 * src.numel() * src.element_size() / (us * 1e-6) / 1e9
+
+
+def case(bench: str, shape: str, dtype, rlx_us: float, baseline: str, baseline_us: float,
+         bytes_moved: int = 0, **extra) -> dict:
+    """One result row with the keys bench/run.py writes to the results file."""
+    return {"bench": bench, "shape": shape, "dtype": str(dtype).replace("torch.", ""), "rlx_us": round(rlx_us, 3),
+            "baseline": baseline, "baseline_us": round(baseline_us, 3),
+            "speedup": round(baseline_us / rlx_us, 4) if rlx_us > 0 else None,
+            "gbps": round(bytes_moved / (rlx_us * 1e-6) / 1e9, 2) if bytes_moved and rlx_us > 0 else None, **extra}
+
+
+def bench_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

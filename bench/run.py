@@ -1,0 +1,159 @@
+"""Runs any subset of the benchmarks side by side in one process and writes the results file.
+
+    python bench/run.py [--quick] [--out bench/results] [NAME ...]
+
+Each bench module exposes run(quick) -> list of case dicts (bench, shape, dtype, rlx_us, baseline,
+baseline_us, speedup, gbps). Output: a markdown table on stdout and in <out>/<date>-<device>.md, a
+PNG plot of the speedup per case, and <out>/<date>-<device>.json with device, torch, triton, the
+measured copy bandwidth, the cases and a summary.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import math
+import sys
+import traceback
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BENCHES = {
+    "dispatch_overhead": "bench.dispatch_overhead",
+    "sdpa_decode": "bench.sdpa_decode",
+    "fbank": "bench.fbank",
+    "sincnet": "bench.sincnet",
+    "lstm": "bench.lstm",
+    "pyannote_segmentation": "bench.pyannote_segmentation",
+    "embedding": "bench.embedding",
+}
+# summary key -> bench name whose speedups it summarises (geometric mean)
+SPEEDUP_KEYS = {
+    "sdpa_decode_geomean_speedup": "sdpa_decode",
+    "fbank_speedup": "fbank",
+    "sincnet_speedup": "sincnet",
+    "lstm_speedup": "lstm",
+    "pyannote_segmentation_speedup": "pyannote_segmentation",
+    "embedding_speedup": "embedding",
+}
+
+
+def geomean(values: List[float]) -> Optional[float]:
+    values = [v for v in values if v and v > 0]
+    if not values:
+        return None
+    return round(math.exp(sum(math.log(v) for v in values) / len(values)), 4)
+
+
+def summarise(cases: List[dict], copy_gbps: float, device_type: str) -> Dict[str, Optional[float]]:
+    """The summary keys; a key is null where its bench did not run or was not measured on a GPU kernel."""
+    summary: Dict[str, Optional[float]] = {}
+    for key, bench in SPEEDUP_KEYS.items():
+        summary[key] = geomean([c["speedup"] for c in cases if c["bench"] == bench and c.get("backend") != "torch"])
+    big = [c["gbps"] for c in cases if c["bench"] == "sdpa_decode" and c.get("bw_case") and c.get("gbps")]
+    summary["decode_bw_fraction"] = round(sorted(big)[len(big) // 2] / copy_gbps, 4) if big and copy_gbps else None
+    if device_type != "cuda":
+        # CPU runs measure fallback paths and dispatch overhead only; no kernel speedup is claimed
+        summary.update({key: None for key in SPEEDUP_KEYS})
+        summary["decode_bw_fraction"] = None
+    return summary
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# rlx_triton benchmarks, {report['date']} on {report['device']}", "",
+             f"torch {report['torch']}, triton {report['triton']}, copy bandwidth {report['copy_gbps']:.1f} GB/s"
+             f"{' (quick mode)' if report['quick'] else ''}", "",
+             "| bench | shape | dtype | route | rlx us | baseline | baseline us | speedup | GB/s |",
+             "|---|---|---|---|---:|---|---:|---:|---:|"]
+    for c in report["cases"]:
+        speedup = f"{c['speedup']:.2f}x" if c.get("speedup") else "-"
+        lines.append(f"| {c['bench']} | {c['shape']} | {c['dtype']} | {c.get('backend', '-')} | {c['rlx_us']:.1f} | "
+                     f"{c['baseline']} | {c['baseline_us']:.1f} | {speedup} | {c.get('gbps') or '-'} |")
+    lines += ["", "## Summary", ""]
+    lines += [f"- {key}: {value if value is not None else 'not measured'}" for key, value in report["summary"].items()]
+    if report["errors"]:
+        lines += ["", "## Benchmarks that failed", ""] + [f"- {name}: {err}" for name, err in report["errors"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    cases = [c for c in report["cases"] if c.get("speedup")]
+    if not cases:
+        return False
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(cases)), 4))
+    ax.bar(range(len(cases)), [c["speedup"] for c in cases],
+           color=["tab:green" if c["speedup"] >= 1 else "tab:red" for c in cases])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([f"{c['bench']} {c['shape']} {c['dtype']}" for c in cases], rotation=90, fontsize=6)
+    ax.set_ylabel("speedup over baseline")
+    ax.set_title(f"rlx_triton on {report['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small case set, fewer repetitions")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("names", nargs="*", help=f"subset of {', '.join(BENCHES)}")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.names if name not in BENCHES]
+    if unknown:
+        print(f"bench/run.py: unknown bench {', '.join(unknown)}; choose from {', '.join(BENCHES)}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from bench.common import bench_device, copy_bandwidth_gbps
+
+    device = bench_device()
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    copy_gbps = copy_bandwidth_gbps(device, args.quick)
+    cases: List[dict] = []
+    errors: Dict[str, str] = {}
+    for name in args.names or list(BENCHES):
+        print(f"== {name}", file=sys.stderr, flush=True)
+        try:
+            cases.extend(importlib.import_module(BENCHES[name]).run(args.quick))
+        except Exception as error:  # one broken bench must not lose the others' results
+            traceback.print_exc()
+            errors[name] = f"{type(error).__name__}: {error}"
+    date = datetime.date.today().isoformat()
+    slug = "".join(ch if ch.isalnum() else "-" for ch in device_name).strip("-").lower()
+    report = {"date": date, "device": device_name, "torch": torch.__version__, "triton": triton_version,
+              "quick": args.quick, "copy_gbps": round(copy_gbps, 2), "cases": cases,
+              "summary": summarise(cases, copy_gbps, device.type), "errors": errors}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{date}-{slug}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    table = markdown(report)
+    stem.with_suffix(".md").write_text(table)
+    plot(report, stem.with_suffix(".png"))
+    print(table)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
