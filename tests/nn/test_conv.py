@@ -1,0 +1,93 @@
+"""rt.nn.SincNet.from_pyannote shares pyannote's parameters and gives its forward; rt.nn.Conv1d is a
+drop-in nn.Conv1d."""
+import pytest
+import torch
+import torch.nn as nn
+
+import rlx_triton as rt
+from rlx_triton.nn.conv import Conv1d, SincNet
+from rlx_triton.ops.conv import ConvEpilogue
+from tests.reference.conv import conv1d_float64, random_sincnet
+
+
+def test_from_pyannote_shares_parameters_and_state_dict_keys():
+    module = random_sincnet()
+    rlx = SincNet.from_pyannote(module)
+    assert list(rlx.state_dict()) == list(module.state_dict())
+    ours = dict(rlx.named_parameters())
+    for name, param in module.named_parameters():
+        assert ours[name] is param                      # the same nn.Parameter, not a copy
+    assert "conv1d.0.filterbank.low_hz_" in ours and "conv1d.0.filterbank.band_hz_" in ours
+    rlx.load_state_dict(random_sincnet(seed=1).state_dict())
+    assert torch.equal(module.norm1d[2].bias, random_sincnet(seed=1).norm1d[2].bias)
+
+
+def test_forward_on_triton_matches_the_pyannote_module():
+    module = random_sincnet()
+    rlx = SincNet.from_pyannote(module)
+    wav = torch.randn(1, 1, 3200)
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        out = rlx(wav)
+    with torch.no_grad():
+        ref = module(wav)
+    assert out.shape == ref.shape
+    assert ((out - ref).abs().max() / ref.abs().max()).item() <= 1e-4
+
+
+def test_sincnet_follows_weight_updates():
+    module = random_sincnet()
+    rlx = SincNet.from_pyannote(module)
+    wav = torch.randn(1, 1, 3200)
+    with torch.no_grad(), rt.use_backend("torch"):
+        before = rlx(wav)
+        module.conv1d[0].filterbank.band_hz_.mul_(1.5)   # shared parameter, changed in place
+        after = rlx(wav)
+        assert not torch.equal(before, after)
+        assert torch.equal(after, module(wav))
+
+
+def test_sincnet_training_falls_back_to_torch_and_has_gradients():
+    module = random_sincnet()
+    rlx = SincNet.from_pyannote(module)
+    rlx(torch.randn(1, 1, 3200)).sum().backward()
+    assert module.conv1d[0].filterbank.low_hz_.grad is not None
+
+
+def test_from_pyannote_refuses_what_it_does_not_reproduce():
+    module = random_sincnet()
+    module.streaming = True
+    with pytest.raises(ValueError, match="streaming"):
+        SincNet.from_pyannote(module)
+    module = random_sincnet()
+    module.norm1d[1] = nn.InstanceNorm1d(60, affine=False)
+    with pytest.raises(ValueError, match="InstanceNorm1d"):
+        SincNet.from_pyannote(module)
+    with pytest.raises(ValueError, match="not a pyannote SincNet"):
+        SincNet.from_pyannote(nn.Linear(2, 2))
+
+
+def test_conv1d_from_torch_shares_weights_and_matches():
+    torch_conv = nn.Conv1d(7, 11, 5, stride=2, padding=2, dilation=1)
+    conv = Conv1d.from_torch(torch_conv)
+    assert conv.weight is torch_conv.weight and conv.bias is torch_conv.bias
+    x = torch.randn(2, 7, 80)
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        out = conv(x)
+    assert torch.allclose(out, torch_conv(x), rtol=1e-5, atol=1e-5)
+
+
+def test_conv1d_with_a_fused_epilogue():
+    torch_conv = nn.Conv1d(7, 11, 5)
+    conv = Conv1d.from_torch(torch_conv, epilogue=ConvEpilogue(pool=3, negative_slope=0.01))
+    x = torch.randn(1, 7, 80)
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        out = conv(x)
+    ref = conv1d_float64(x, torch_conv.weight, torch_conv.bias, pool=3, negative_slope=0.01)
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_conv1d_grouped_runs_torch_forward():
+    torch_conv = nn.Conv1d(4, 8, 3, groups=2, padding_mode="reflect", padding=1)
+    conv = Conv1d.from_torch(torch_conv)
+    x = torch.randn(1, 4, 20)
+    assert torch.equal(conv(x), torch_conv(x))
