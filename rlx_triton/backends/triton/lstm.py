@@ -4,8 +4,8 @@
    GEMM, G[rows, D*4H] = X[rows, I] @ W_ih_cat^T + (b_ih + b_hh), with `tl.dot` at the candidate's
    precision ("ieee", "tf32x3" or "tf32").
 2. `_lstm_recurrence_kernel`: one program per (direction, batch tile) runs the recurrence over the
-   timesteps [step_begin, step_end). Each step streams W_hh tiles (BLOCK_H x BLOCK_H per gate) and
-   computes gates = G[t] + h_{t-1} @ W_hh^T in fp32 ("ieee" dot), then the cell update in fp32.
+   timesteps [step_begin, step_end). Each step streams W_hh tiles (BLOCK_K x BLOCK_H per gate) and
+   computes gates = G[t] + h_{t-1} @ W_hh^T (reduction in BLOCK_K chunks) in fp32 ("ieee" dot), then the cell update in fp32.
    The state never leaves the program's reach: h_{t-1} is re-read from the output row it wrote the
    step before (y[t-1], L1/L2 resident), c lives in the c_n output buffer and is updated in place.
    mode="persistent" launches it once with [0, T) (one barrier per step orders the CTA's own writes);
@@ -95,13 +95,14 @@ def _lstm_recurrence_kernel(
     T, B, H, step_begin, step_end,
     stride_gt, stride_gb,      # G rows: (t, b) -> row offset; columns: dir*4H + gate*H + unit
     stride_yt, stride_yb,      # y: (t, b) -> offset; columns: dir*H + unit
-    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """One program = one direction x one batch tile; loops over steps [step_begin, step_end)."""
     direction = tl.program_id(0)
     pid_b = tl.program_id(1)
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     offs_h = tl.arange(0, BLOCK_H)
+    offs_k = tl.arange(0, BLOCK_K)
     b_mask = offs_b < B
     b64 = offs_b.to(tl.int64)
 
@@ -117,10 +118,10 @@ def _lstm_recurrence_kernel(
         # else from the output row this program wrote the step before.
         t = s + direction * (T - 1 - 2 * s)
         t_prev = t - 1 + 2 * direction
-        step_vec = offs_h * 0 + s          # the step as a tensor, so it combines with masks
+        step_vec = offs_k * 0 + s          # the step as a tensor, so it combines with masks
         first = (step_vec == 0)[None, :]
         later = (step_vec > 0)[None, :]
-        last = (step_vec == T - 1)[None, :]
+        last = ((offs_h * 0 + s) == T - 1)[None, :]
         for j0 in range(0, H, BLOCK_H):
             unit = j0 + offs_h
             h_mask = unit < H
@@ -128,8 +129,8 @@ def _lstm_recurrence_kernel(
             acc_f = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
             acc_g = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
             acc_o = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
-            for k0 in range(0, H, BLOCK_H):
-                k_idx = k0 + offs_h
+            for k0 in range(0, H, BLOCK_K):
+                k_idx = k0 + offs_k
                 k_mask = k_idx < H
                 state_mask = b_mask[:, None] & k_mask[None, :]
                 h_from_h0 = tl.load(h0_dir + b64[:, None] * H + k_idx[None, :],
@@ -204,10 +205,16 @@ def _proj_meta(candidate) -> dict:
 
 
 def _rec_meta(candidate) -> dict:
+    """BLOCK_B = batch_tile; BLOCK_H = hidden_tile capped so the four fp32 gate accumulators
+    (4 x BLOCK_B x BLOCK_H) take at most 16 registers per thread each (BLOCK_B*BLOCK_H <= 4*tg_size;
+    larger tiles spill on sm_90); W_hh is streamed in BLOCK_K=16 x BLOCK_H tiles per gate. The time
+    loop is not software-pipelined (each step depends on the last): `stages` is the GEMM's only."""
+    num_warps = max(1, candidate.tg_size // 32)
     block_b = max(16, int(candidate.batch_tile))
     block_h = max(16, int(candidate.hidden_tile))
-    return dict(BLOCK_B=block_b, BLOCK_H=block_h, num_warps=max(1, candidate.tg_size // 32),
-                num_stages=max(1, candidate.stages))
+    while block_h > 16 and block_b * block_h > 4 * 32 * num_warps:
+        block_h //= 2
+    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=16, num_warps=num_warps, num_stages=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,12 +238,12 @@ def _layer_weights(flat_weights: Sequence[torch.Tensor], has_biases: bool, layer
 
 def lstm(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: List[torch.Tensor],
          *, has_biases: bool, num_layers: int, dropout: float, training: bool, bidirectional: bool,
-         batch_first: bool, candidate) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+         batch_first: bool, proj_size: int = 0, candidate) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """nn.LSTM's forward (torch.lstm's arguments) on Triton kernels; returns (output, (h_n, c_n)).
 
     input: (T, B, I), or (B, T, I) when batch_first, or unbatched (T, I). hx: (h0, c0), each
     (layers*D, B, H) (or (layers*D, H) unbatched), or None for zeros. dropout/training are accepted
-    for signature parity; covered requests have no active dropout.
+    for signature parity; covered requests have no active dropout and proj_size == 0.
     """
     unbatched = input.dim() == 2
     x = input.unsqueeze(1 if not batch_first else 0) if unbatched else input
@@ -327,7 +334,9 @@ _WHERE = "interpreter, tests/triton/test_lstm.py (1-2 layers, bi, hidden 7..33, 
 def _approvals() -> dict:
     table = {}
     for cand in _all_candidates():
-        bound = 1e-5 if cand.precision == "ieee" else (2e-5 if cand.precision == "tf32x3" else 1e-3)
+        if cand.precision == "tf32":
+            continue  # no retained accuracy evidence: TF32 moves diarization error rates (notes, speakrs)
+        bound = 1e-5 if cand.precision == "ieee" else 2e-5
         table[_tag(cand)] = Approval(max_rel_err=bound, reference="float64", where=_WHERE)
     return table
 
@@ -357,14 +366,15 @@ def _audit_kernels() -> list:
                        "HAS_BIAS": "constexpr", "PRECISION": "constexpr",
                        "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"},
             meta=lambda cand, dt: dict(HAS_BIAS=True, **_proj_meta(cand)),
-            candidates=cands, default=default, dtypes=("fp32",), expects_mma=True),
+            candidates=cands, default=default, dtypes=("fp32",),
+            expects_mma=lambda cand, dt: cand.precision != "ieee"),
         AuditSpec(
             name="lstm_recurrence", family="lstm", kernel=_lstm_recurrence_kernel,
             signature={"g_ptr": "*fp32", "whh_ptr": "*fp32", "h0_ptr": "*fp32", "c_ptr": "*fp32",
                        "y_ptr": "*fp32", "hn_ptr": "*fp32",
                        "T": "i32", "B": "i32", "H": "i32", "step_begin": "i32", "step_end": "i32",
                        "stride_gt": "i32", "stride_gb": "i32", "stride_yt": "i32", "stride_yb": "i32",
-                       "BLOCK_B": "constexpr", "BLOCK_H": "constexpr"},
+                       "BLOCK_B": "constexpr", "BLOCK_H": "constexpr", "BLOCK_K": "constexpr"},
             meta=lambda cand, dt: _rec_meta(cand),
             candidates=cands, default=default, dtypes=("fp32",), expects_mma=False),
     ]

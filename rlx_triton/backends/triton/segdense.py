@@ -214,11 +214,11 @@ COVERAGE = Coverage(
     devices=frozenset({"cuda", "cpu"}),
     dtypes=frozenset({"float32"}),
     ranges={"classes": (1, MAX_CLASSES), "in_features": (1, MAX_FEATURES), "hidden": (0, MAX_FEATURES),
-            "layers": (0, 8), "rows": (0, 1 << 31)},
+            "rows": (0, (1 << 31) - 1)},
     features={
         "activation": frozenset(ACTIVATIONS),
-        "negative_slope": frozenset({0.01}),
-        "requires_grad": frozenset({False}),
+        "linear_layers": frozenset(range(0, 9)),
+        "requires_grad": frozenset({False}),   # forward-only kernel: autograd goes to torch
     },
 )
 
@@ -228,7 +228,9 @@ _WHERE = "interpreter, tests/triton/test_segdense.py (vs float64)"
 def _approvals() -> dict:
     table = {}
     for cand in _all_candidates():
-        bound = 1e-5 if cand.precision == "ieee" else (2e-5 if cand.precision == "tf32x3" else 1e-3)
+        if cand.precision == "tf32":
+            continue  # no retained accuracy evidence: TF32 moves diarization error rates (notes, speakrs)
+        bound = 1e-5 if cand.precision == "ieee" else 2e-5
         table[_tag(cand)] = Approval(max_rel_err=bound, reference="float64", where=_WHERE)
     return table
 
@@ -258,7 +260,8 @@ def _audit_kernels() -> list:
                    "PRECISION": "constexpr", "BLOCK_R": "constexpr", "BLOCK_N": "constexpr",
                    "BLOCK_K": "constexpr", "BLOCK_C": "constexpr"},
         meta=lambda cand, dt: dict(NUM_LINEAR=2, ACTIVATION=2, **_meta(cand, 7)),
-        candidates=cands, default=default, dtypes=("fp32",), expects_mma=True)]
+        expects_mma=lambda cand, dt: cand.precision != "ieee",
+        candidates=cands, default=default, dtypes=("fp32",))]
 
 
 AUDIT_KERNELS = _audit_kernels()

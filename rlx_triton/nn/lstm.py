@@ -1,0 +1,48 @@
+"""rlx_triton.nn.LSTM: a drop-in nn.LSTM whose forward runs through the routed `lstm` op.
+
+It *is* an nn.LSTM (same constructor, parameters, state_dict keys weight_ih_l0, ...), so it loads
+any nn.LSTM checkpoint; only forward changes: covered calls run the Triton kernels, everything else
+(autograd, training with dropout, proj_size, packed sequences) falls back to torch's LSTM.
+
+    fast = rlx_triton.nn.LSTM.from_torch(model.lstm)   # shares model.lstm's Parameter objects
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from rlx_triton.ops import lstm as lstm_op
+
+
+class LSTM(nn.LSTM):
+    """nn.LSTM with a routed forward (Triton kernels where covered, torch otherwise)."""
+
+    @classmethod
+    def from_torch(cls, lstm: nn.LSTM) -> "LSTM":
+        """An rlx LSTM sharing `lstm`'s Parameter objects (no copy; updates show in both)."""
+        if not isinstance(lstm, nn.LSTM):
+            raise TypeError(f"lstm must be a torch.nn.LSTM, got {type(lstm).__name__}")
+        new = cls.__new__(cls)
+        state = {}
+        for key, value in lstm.__dict__.items():
+            # the containers are copied, their contents (Parameters, buffers, hooks) are shared
+            state[key] = copy.copy(value) if isinstance(value, (dict, list)) else value
+        new.__dict__.update(state)
+        new._init_flat_weights()
+        return new
+
+    def _op_kwargs(self) -> dict:
+        return dict(has_biases=self.bias, num_layers=self.num_layers, dropout=float(self.dropout),
+                    training=self.training, bidirectional=self.bidirectional, batch_first=self.batch_first,
+                    proj_size=self.proj_size)
+
+    def forward(self, input, hx=None):
+        return lstm_op.lstm(input, hx, self._flat_weights, **self._op_kwargs())
+
+    def explain(self, input, hx=None):
+        """The Route forward(input, hx) takes, without running it."""
+        from rlx_triton.router import explain
+
+        return explain(lstm_op.lstm, input, hx, self._flat_weights, **self._op_kwargs())

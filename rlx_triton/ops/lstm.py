@@ -1,0 +1,121 @@
+"""Public lstm op: nn.LSTM's forward with torch.lstm's arguments, routed to a Triton kernel or torch.
+
+    output, (h_n, c_n) = lstm(x, None, module._flat_weights, num_layers=2, bidirectional=True,
+                              batch_first=True)
+
+The op validates its input (errors name the argument, before any launch), builds a routing Request
+and runs `lstm` of the backend module the router picks (`backends/triton/lstm.py`, or
+`backends/torch_ref/lstm.py`). Training with active dropout, proj_size > 0, packed sequences and
+autograd are typed refusals (Request features) that fall back to torch.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch.nn.utils.rnn import PackedSequence
+
+from rlx_triton.router import Request, route, routed_op
+
+FAMILY = "lstm"
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, num_layers: int = 1,
+                  dropout: float = 0.0, training: bool = False, bidirectional: bool = False,
+                  batch_first: bool = False, proj_size: int = 0) -> Request:
+    num_layers = _check_int("num_layers", num_layers, 1)
+    proj_size = _check_int("proj_size", proj_size, 0)
+    for name, value in (("has_biases", has_biases), ("training", training), ("bidirectional", bidirectional),
+                        ("batch_first", batch_first)):
+        _check_bool(name, value)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
+    packed = isinstance(input, PackedSequence)
+    data = input.data if packed else input
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor or PackedSequence, got {type(input).__name__}")
+    if data.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"input must be a floating tensor (float32, float16, bfloat16, float64), got {data.dtype}")
+    expected_dims = (2,) if packed else (2, 3)
+    if data.dim() not in expected_dims:
+        shape = "(seq, input_size) or " + ("(batch, seq, input_size)" if batch_first else "(seq, batch, input_size)")
+        raise ValueError(f"input must be {shape}, got shape {tuple(data.shape)}")
+
+    directions = 2 if bidirectional else 1
+    per_direction = (4 if has_biases else 2) + (1 if proj_size > 0 else 0)
+    weights = list(flat_weights)
+    if len(weights) != num_layers * directions * per_direction:
+        raise ValueError(f"flat_weights must hold {num_layers * directions * per_direction} tensors "
+                         f"(num_layers={num_layers} x directions={directions} x {per_direction}), got {len(weights)}")
+    for i, w in enumerate(weights):
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"flat_weights[{i}] must be a torch.Tensor, got {type(w).__name__}")
+        if w.device != data.device:
+            raise ValueError(f"flat_weights[{i}] is on {w.device} but input is on {data.device}")
+    w_ih0, w_hh0 = weights[0], weights[1]
+    hidden = w_hh0.shape[1] if proj_size == 0 else weights[per_direction - 1].shape[0]
+    if w_hh0.dim() != 2 or w_hh0.shape[0] != 4 * hidden:
+        raise ValueError(f"flat_weights[1] (weight_hh_l0) must be (4*hidden, hidden), got {tuple(w_hh0.shape)}")
+    input_size = data.shape[-1]
+    if w_ih0.dim() != 2 or tuple(w_ih0.shape) != (4 * hidden, input_size):
+        raise ValueError(f"flat_weights[0] (weight_ih_l0) must be (4*hidden={4 * hidden}, input_size={input_size}) "
+                         f"to match input's last dimension, got {tuple(w_ih0.shape)}")
+
+    if packed:
+        batch, seq = int(input.batch_sizes[0]), int(input.batch_sizes.numel())
+    elif data.dim() == 2:
+        batch, seq = 1, data.shape[0]
+    else:
+        batch, seq = (data.shape[0], data.shape[1]) if batch_first else (data.shape[1], data.shape[0])
+    if hx is not None:
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise TypeError("hx must be a tuple (h0, c0) or None")
+        h_size = proj_size if proj_size > 0 else hidden
+        unbatched = not packed and data.dim() == 2
+        for name, t, size in (("hx[0] (h0)", hx[0], h_size), ("hx[1] (c0)", hx[1], hidden)):
+            want = (num_layers * directions, size) if unbatched else (num_layers * directions, batch, size)
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+            if t.device != data.device:
+                raise ValueError(f"{name} is on {t.device} but input is on {data.device}")
+
+    tensors = [data, *weights] + ([] if hx is None else list(hx))
+    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    fields = {"batch": batch, "seq": seq, "input_size": input_size, "hidden": hidden, "layers": num_layers,
+              "directions": directions, "tokens": seq}
+    features = {"dropout_active": bool(training and dropout > 0 and num_layers > 1), "proj_size": proj_size,
+                "packed": packed, "has_biases": has_biases, "batch_first": batch_first,
+                "requires_grad": requires_grad}
+    return Request.make(FAMILY, op="lstm", tensor=data, fields=fields, features=features)
+
+
+@routed_op(_lstm_request)
+def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: Sequence[torch.Tensor], *,
+         has_biases: bool = True, num_layers: int = 1, dropout: float = 0.0, training: bool = False,
+         bidirectional: bool = False, batch_first: bool = False, proj_size: int = 0):
+    """(output, (h_n, c_n)) exactly as nn.LSTM returns them; flat_weights in nn.LSTM's _flat_weights order."""
+    request = _lstm_request(input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers,
+                            dropout=dropout, training=training, bidirectional=bidirectional,
+                            batch_first=batch_first, proj_size=proj_size)
+    r = route(request)
+    return r.module.lstm(input, None if hx is None else tuple(hx), list(flat_weights), has_biases=has_biases,
+                         num_layers=num_layers, dropout=float(dropout), training=training,
+                         bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size,
+                         candidate=r.candidate)

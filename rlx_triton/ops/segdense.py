@@ -1,0 +1,82 @@
+"""Public segdense op: pyannote's segmentation head (linear + leaky ReLU stack, classifier, activation).
+
+    scores = segdense(lstm_out, [l.weight for l in linears], [l.bias for l in linears],
+                      classifier.weight, classifier.bias, activation="log_softmax")
+
+Validates its input (errors name the argument, before any launch), builds a routing Request and
+runs `segdense` of the backend module the router picks (`backends/triton/segdense.py`, or
+`backends/torch_ref/segdense.py`). Autograd is a typed refusal that falls back to torch.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from rlx_triton.router import Request, route, routed_op
+
+FAMILY = "segdense"
+ACTIVATIONS = ("none", "sigmoid", "log_softmax")
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_matrix(name: str, w, rows_text: str, in_features: int, x: torch.Tensor) -> None:
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor ({rows_text}, {in_features}), got {type(w).__name__}")
+    if w.dim() != 2 or w.shape[1] != in_features:
+        raise ValueError(f"{name} must be ({rows_text}, {in_features}), got shape {tuple(w.shape)}")
+    if w.device != x.device:
+        raise ValueError(f"{name} is on {w.device} but x is on {x.device}")
+
+
+def _check_bias(name: str, b, size: int, x: torch.Tensor) -> None:
+    if b is None:
+        return
+    if not isinstance(b, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor ({size},) or None, got {type(b).__name__}")
+    if tuple(b.shape) != (size,):
+        raise ValueError(f"{name} must have shape ({size},), got {tuple(b.shape)}")
+    if b.device != x.device:
+        raise ValueError(f"{name} is on {b.device} but x is on {x.device}")
+
+
+def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[Optional[torch.Tensor]] = (),
+                      classifier_weight=None, classifier_bias=None, *, activation: str = "log_softmax") -> Request:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor (..., in_features), got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"x must be a floating tensor, got {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (..., in_features), got a scalar")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    weights, biases = list(weights), list(biases)
+    if len(biases) != len(weights):
+        raise ValueError(f"biases must hold one entry (tensor or None) per weight: {len(weights)}, got {len(biases)}")
+    features = x.shape[-1]
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        _check_matrix(f"weights[{i}]", w, "out_features", features, x)
+        _check_bias(f"biases[{i}]", b, w.shape[0], x)
+        features = w.shape[0]
+    _check_matrix("classifier_weight", classifier_weight, "classes", features, x)
+    _check_bias("classifier_bias", classifier_bias, classifier_weight.shape[0], x)
+
+    tensors = [x, *weights, classifier_weight] + [b for b in (*biases, classifier_bias) if b is not None]
+    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    hidden = max([w.shape[0] for w in weights], default=0)
+    fields = {"rows": rows, "in_features": x.shape[-1], "hidden": hidden,
+              "classes": classifier_weight.shape[0], "tokens": rows}
+    feats = {"activation": activation, "linear_layers": len(weights), "requires_grad": requires_grad}
+    return Request.make(FAMILY, op="segdense", tensor=x, fields=fields, features=feats)
+
+
+@routed_op(_segdense_request)
+def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[Optional[torch.Tensor]],
+             classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor] = None, *,
+             activation: str = "log_softmax") -> torch.Tensor:
+    """(..., in_features) -> (..., classes): leaky_relu(linear) per layer, classifier, activation."""
+    request = _segdense_request(x, weights, biases, classifier_weight, classifier_bias, activation=activation)
+    r = route(request)
+    return r.module.segdense(x, list(weights), list(biases), classifier_weight, classifier_bias,
+                             activation=activation, candidate=r.candidate)
