@@ -334,7 +334,8 @@ def _row_norm(x, weight, bias, *, eps, slope=None, out=None):
     scale = torch.empty(n_rows, device=x.device, dtype=torch.float32)
     shift = torch.empty(n_rows, device=x.device, dtype=torch.float32)
     BLOCK_L = min(_ROW_BLOCK_MAX, triton.next_power_of_2(max(L, 16)))
-    BLOCK_R = max(1, min(16, _ROW_TILE // BLOCK_L))   # short rows: several rows per program
+    # rows that fit a tile whole are packed several per program; long rows get a program each
+    BLOCK_R = max(1, min(16, _ROW_TILE // triton.next_power_of_2(max(L, 1))))
     target = out if out is not None else x
     _row_norm_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
         x, weight if weight is not None else scale, bias if bias is not None else shift,

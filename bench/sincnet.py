@@ -1,0 +1,95 @@
+"""SincNet stage: rt.nn.SincNet (Triton kernels) against pyannote's torch/cuDNN module sequence.
+
+Shape: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> (32, 60, 589), float32, TF32 off (pyannote's
+inference setting). Two baselines, side by side in one run:
+- "pyannote SincNet module": the module's own forward (rebuilds the sinc filters on every call);
+- "torch module sequence, cached filters": instance_norm, conv1d, abs, max_pool1d, instance_norm,
+  leaky_relu, ... with the filters built once, i.e. the cuDNN work alone.
+On CPU: 1 chunk, the rlx op routed to its torch fallback (the interpreter is not a speed
+path), so the numbers are context for the dispatch cost, not a kernel claim.
+The pyannote module is pyannote.audio's when installed, else the structural copy in tests/reference/conv.py.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _pyannote_sincnet():
+    try:
+        from pyannote.audio.models.blocks.sincnet import SincNet  # type: ignore
+        module = SincNet(sample_rate=16000, stride=10)
+    except ImportError:
+        from tests.reference.conv import random_sincnet
+        return random_sincnet(stride=10)
+    return module.eval()
+
+
+def _cached_sequence(module):
+    """The module's forward as plain torch ops with the sinc filters computed once."""
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        filters = module.conv1d[0].filterbank.filters()
+    convs = list(module.conv1d)[1:]
+
+    def forward(wav):
+        h = F.instance_norm(wav, weight=module.wav_norm1d.weight, bias=module.wav_norm1d.bias)
+        h = F.max_pool1d(F.conv1d(h, filters, stride=10).abs(), 3, 3)
+        h = F.leaky_relu(F.instance_norm(h, weight=module.norm1d[0].weight, bias=module.norm1d[0].bias))
+        for i, conv in enumerate(convs):
+            h = F.max_pool1d(conv(h), 3, 3)
+            h = F.leaky_relu(F.instance_norm(h, weight=module.norm1d[i + 1].weight, bias=module.norm1d[i + 1].bias))
+        return h
+
+    return forward
+
+
+def run(quick: bool = False) -> list:
+    import rlx_triton as rt
+    from bench.common import bench_device, case, side_by_side
+    from rlx_triton.config import settings
+    from rlx_triton.nn.conv import SincNet
+
+    device = bench_device()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    batch = 32 if device.type == "cuda" else 1
+    samples = 160000
+    module = _pyannote_sincnet().to(device)
+    rlx = SincNet.from_pyannote(module)
+    wav = torch.randn(batch, 1, samples, device=device)
+    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
+
+    with torch.inference_mode(), rt.use_backend(backend):
+        route = rt.explain(rt.ops.conv.sincnet, wav, rlx.filters(), module.wav_norm1d.weight,
+                           module.wav_norm1d.bias, [c.weight for c in list(module.conv1d)[1:]],
+                           [c.bias for c in list(module.conv1d)[1:]], [n.weight for n in module.norm1d],
+                           [n.bias for n in module.norm1d])
+        out = rlx(wav)
+        ref = module(wav)
+        rel_err = ((out - ref).abs().max() / ref.abs().max()).item()
+        frames = out.shape[-1]
+        moved = wav.numel() * wav.element_size() + out.numel() * out.element_size()
+        shape = f"({batch}, 1, {samples}) -> ({batch}, {out.shape[1]}, {frames}) {device.type}"
+        cases = []
+        sequence = _cached_sequence(module)
+        for name, baseline in (("pyannote SincNet module", lambda: module(wav)),
+                               ("torch module sequence, cached filters", lambda: sequence(wav))):
+            rlx_us, base_us = side_by_side(lambda: rlx(wav), baseline, device, quick=quick)
+            cases.append(case("sincnet", shape, wav.dtype, rlx_us, name, base_us, bytes_moved=moved,
+                              backend=route.backend, candidate=route.candidate_tag,
+                              max_rel_err=float(f"{rel_err:.3g}")))
+    return cases
+
+
+if __name__ == "__main__":
+    for row in run(quick="--quick" in sys.argv):
+        print(row)
