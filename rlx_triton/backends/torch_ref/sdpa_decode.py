@@ -64,3 +64,12 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     probs = probs.reshape(batch, num_kv_heads, group * seq_q, seq_kv)
     out = torch.matmul(probs, value.to(compute)).view(batch, num_heads, seq_q, value.shape[-1])
     return out.to(query.dtype), lse.to(torch.float32)
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                                 scale: Optional[float] = None, enable_gqa: bool = False, *,
+                                 candidate=None) -> torch.Tensor:
+    """torch's own SDPA (dropout 0), called through torch._C so that rt.patch_sdpa() never recurses."""
+    return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
+                                                     is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

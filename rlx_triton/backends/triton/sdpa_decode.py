@@ -375,12 +375,15 @@ COVERAGE = Coverage(
     devices=frozenset({"cuda", "cpu"}),
     dtypes=frozenset({"float32", "float16", "bfloat16"}),
     ranges={"seq_q": (1, MAX_SEQ_Q), "tokens": (1, MAX_SEQ_Q), "head_dim": (1, MAX_HEAD_DIM),
-            "head_dim_v": (1, MAX_HEAD_DIM), "seq_kv": (1, 2**31 - 1)},
+            "head_dim_v": (1, MAX_HEAD_DIM), "seq_kv": (1, 2**31 - 1),
+            "batch": (1, 2**31 - 1), "num_heads": (1, 2**31 - 1)},
     features={
         "mask": frozenset({"none", "bool", "float"}),  # float: same dtype as query, added to the scores
         "causal": frozenset({"none", "top_left", "bottom_right"}),
         "dropout": frozenset({False}),
-        "batch_broadcast": frozenset({False}),  # leading dims of key/value broadcast against query's
+        # "batched": query, key and value share their leading dims ((N..., H, L, E) or (N, L, E));
+        # "broadcast" (leading dims broadcast against each other) and "unbatched" (fewer than 3 dims) go to torch
+        "layout": frozenset({"batched"}),
     },
 )
 

@@ -1,0 +1,290 @@
+"""rt.scaled_dot_product_attention, rt.sdpa_decode and rt.patch_sdpa: routing, torch semantics, validation,
+torch.library registration (opcheck, torch.compile), and the GPU checks (CUDA graphs, every dtype)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rlx_triton as rt
+from rlx_triton.ops.sdpa_decode import AttentionInputError
+from tests.reference.sdpa_decode import attention_reference
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def qkv(*shape_q, kv_heads=None, seq_kv=23, head_dim_v=None, dtype=torch.float32, device="cpu"):
+    """query (..., H, Lq, D); key/value (..., Hkv, S, D/Dv)."""
+    *lead, heads, seq_q, head_dim = shape_q
+    kv_heads = heads if kv_heads is None else kv_heads
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    make = lambda *s: torch.randn(*s, device=device).to(dtype)  # noqa: E731
+    return make(*shape_q), make(*lead, kv_heads, seq_kv, head_dim), make(*lead, kv_heads, seq_kv, head_dim_v)
+
+
+def torch_sdpa64(q, k, v, **kw):
+    mask = kw.pop("attn_mask", None)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.double()
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, **kw)
+
+
+def assert_like_torch(out, q, k, v, **kw):
+    expected = torch_sdpa64(q, k, v, **kw)
+    assert out.shape == expected.shape and out.dtype == q.dtype
+    tol = TOL[q.dtype]
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * 4)
+
+
+# --- routing -------------------------------------------------------------------------------------
+def test_decode_shaped_calls_route_to_the_triton_kernel():
+    q, k, v = qkv(2, 8, 1, 64, kv_heads=2, dtype=torch.float16)
+    with rt.use_backend("triton"):
+        assert rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=True).backend == "triton"
+        assert rt.explain(rt.sdpa_decode, q, k, v).backend == "triton"
+
+
+def test_long_queries_and_dropout_route_to_torch():
+    q, k, v = qkv(1, 2, 17, 16)
+    with rt.use_backend("triton"):
+        long_route = rt.explain(rt.scaled_dot_product_attention, q, k, v)
+        assert long_route.backend == "torch" and "seq_q=17" in str(long_route.skipped_reasons["triton"])
+        q, k, v = qkv(1, 2, 1, 16)
+        assert rt.explain(rt.scaled_dot_product_attention, q, k, v, dropout_p=0.5).backend == "torch"
+
+
+def test_uncovered_requests_fall_back_to_torch_with_the_same_values():
+    q, k, v = qkv(1, 2, 20, 16)  # 20 query tokens: prefill, not decode
+    with rt.use_backend("triton"):
+        out = rt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_strict_mode_raises_missing_kernel_for_uncovered_requests():
+    q, k, v = qkv(1, 2, 20, 16)
+    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel):
+        rt.scaled_dot_product_attention(q, k, v)
+
+
+# --- torch semantics through the kernel ----------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_gqa_decode_matches_torch(dtype):
+    q, k, v = qkv(2, 8, 1, 80, kv_heads=2, seq_kv=45, dtype=dtype)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert_like_torch(out, q, k, v, enable_gqa=True)
+
+
+def test_single_kv_head_broadcasts_without_enable_gqa():
+    q, k, v = qkv(1, 4, 2, 16, kv_heads=1)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v)
+    assert_like_torch(out, q, k, v)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32], ids=["bool", "float"])
+def test_masks_match_torch(mask_dtype):
+    q, k, v = qkv(2, 4, 3, 16)
+    mask = torch.rand(2, 1, 3, 23) > 0.3 if mask_dtype == torch.bool else torch.randn(3, 23)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_like_torch(out, q, k, v, attn_mask=mask)
+
+
+def test_is_causal_is_top_left_like_torch():
+    q, k, v = qkv(1, 2, 4, 16, seq_kv=9)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert_like_torch(out, q, k, v, is_causal=True)
+
+
+def test_fully_masked_rows_give_zero_like_torch():
+    q, k, v = qkv(1, 2, 2, 16)
+    mask = torch.ones(2, 23, dtype=torch.bool)
+    mask[1] = False
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert (out[:, :, 1] == 0).all()
+    assert_like_torch(out, q, k, v, attn_mask=mask)
+
+
+def test_custom_scale_and_value_head_dim():
+    q, k, v = qkv(1, 2, 1, 24, head_dim_v=40)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v, scale=0.2)
+    assert_like_torch(out, q, k, v, scale=0.2)
+
+
+@pytest.mark.parametrize("shape", [(6, 1, 16), (2, 3, 2, 1, 16)], ids=["3d", "5d"])
+def test_any_leading_batch_dims(shape):
+    q, k, v = qkv(*shape)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v)
+    assert_like_torch(out, q, k, v)
+
+
+def test_strided_query_from_a_transposed_layout():
+    q = torch.randn(2, 1, 4, 16).transpose(1, 2)  # (B, H, 1, D) view of (B, 1, H, D)
+    _, k, v = qkv(2, 4, 1, 16)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v)
+    assert_like_torch(out, q, k, v)
+
+
+# --- validation ----------------------------------------------------------------------------------
+def test_non_tensor_query_is_a_type_error():
+    _, k, v = qkv(1, 2, 1, 16)
+    with pytest.raises(TypeError, match="query"):
+        rt.scaled_dot_product_attention([1.0], k, v)
+
+
+def test_mixed_dtypes_raise_like_torch():
+    q, k, v = qkv(1, 2, 1, 16)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        rt.scaled_dot_product_attention(q, k.half(), v)
+    with pytest.raises(ValueError, match="key"):
+        rt.scaled_dot_product_attention(q, k.half(), v)
+
+
+def test_mismatched_head_dim_names_key():
+    q, k, v = qkv(1, 2, 1, 16)
+    with pytest.raises(AttentionInputError, match="key"):
+        rt.scaled_dot_product_attention(q, k[..., :8], v)
+
+
+def test_gqa_heads_must_divide():
+    q, k, v = qkv(1, 4, 1, 16, kv_heads=3)
+    with pytest.raises(AttentionInputError, match="divide"):
+        rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def test_mask_must_broadcast():
+    q, k, v = qkv(1, 2, 3, 16)
+    with pytest.raises(AttentionInputError, match="attn_mask"):
+        rt.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(4, 23, dtype=torch.bool))
+
+
+def test_dropout_must_be_a_probability():
+    q, k, v = qkv(1, 2, 1, 16)
+    with pytest.raises(ValueError, match="dropout_p"):
+        rt.scaled_dot_product_attention(q, k, v, dropout_p=1.5)
+
+
+# --- sdpa_decode ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_sdpa_decode_with_ragged_cache_lengths(dtype):
+    q, k, v = qkv(3, 4, 3, 16, kv_heads=2, seq_kv=40, dtype=dtype)
+    lengths = torch.tensor([40, 7, 2], dtype=torch.int32)
+    with rt.use_backend("triton", strict=True):
+        out, lse = rt.sdpa_decode(q, k, v, lengths, return_lse=True)
+    ref_out, ref_lse = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    torch.testing.assert_close(out.double(), ref_out, rtol=TOL[dtype], atol=TOL[dtype] * 4)
+    assert lse.shape == (3, 4, 3) and lse.dtype == torch.float32
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))  # length 2 < 3 tokens: the first sees nothing
+
+
+def test_sdpa_decode_fallback_equals_kernel():
+    q, k, v = qkv(2, 2, 2, 16, seq_kv=30)
+    lengths = torch.tensor([30, 9])
+    with rt.use_backend("triton", strict=True):
+        kernel = rt.sdpa_decode(q, k, v, lengths, scale=0.3)
+    with rt.use_backend("torch"):
+        library = rt.sdpa_decode(q, k, v, lengths, scale=0.3)
+    torch.testing.assert_close(kernel, library, rtol=1e-5, atol=1e-5)
+
+
+def test_sdpa_decode_single_token_without_lengths_is_plain_attention():
+    q, k, v = qkv(2, 4, 1, 16, kv_heads=1)
+    out = rt.sdpa_decode(q, k, v)
+    assert_like_torch(out, q, k, v)
+
+
+@pytest.mark.parametrize("lengths,error,match", [
+    (torch.tensor([5.0, 6.0]), TypeError, "cache_seqlens must be int32 or int64"),
+    (torch.tensor([5, 6, 7]), ValueError, r"cache_seqlens must have shape \(B,\)"),
+    (torch.tensor([0, 6]), ValueError, r"cache_seqlens entry must be in \[1, S_max=23\]"),
+    (torch.tensor([5, 24]), ValueError, r"cache_seqlens entry must be in \[1, S_max=23\]"),
+], ids=["dtype", "shape", "zero", "past-end"])
+def test_sdpa_decode_rejects_bad_cache_seqlens(lengths, error, match):
+    q, k, v = qkv(2, 2, 1, 16)
+    with pytest.raises(error, match=match):
+        rt.sdpa_decode(q, k, v, lengths)
+
+
+def test_sdpa_decode_needs_4d_caches():
+    q, k, v = qkv(2, 2, 1, 16)
+    with pytest.raises(ValueError, match="k_cache must be 4-D"):
+        rt.sdpa_decode(q, k[0], v)
+
+
+# --- patch_sdpa ----------------------------------------------------------------------------------
+def test_patch_sdpa_replaces_and_restores_torch_function():
+    original = F.scaled_dot_product_attention
+    with rt.patch_sdpa():
+        assert F.scaled_dot_product_attention is rt.scaled_dot_product_attention
+        q, k, v = qkv(1, 2, 1, 16)
+        assert_like_torch(F.scaled_dot_product_attention(q, k, v), q, k, v)
+    assert F.scaled_dot_product_attention is original
+
+
+# --- torch.library -------------------------------------------------------------------------------
+def test_opcheck_sdpa():
+    q, k, v = qkv(1, 4, 2, 16, kv_heads=2, seq_kv=9)
+    torch.library.opcheck(torch.ops.rlx_triton.sdpa.default, (q, k, v, None, True, None, True))
+
+
+def test_opcheck_sdpa_decode():
+    q, k, v = qkv(2, 2, 2, 16, seq_kv=9)
+    torch.library.opcheck(torch.ops.rlx_triton.sdpa_decode.default, (q, k, v, torch.tensor([9, 4]), 0.25))
+
+
+def test_torch_compile_fullgraph_on_cpu():
+    q, k, v = qkv(2, 4, 1, 16, kv_heads=2, seq_kv=12)
+    lengths = torch.tensor([12, 5])
+
+    def step(q, k, v, lengths):
+        attn = rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        decoded = rt.sdpa_decode(q, k, v, lengths)
+        return attn + decoded
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, lengths), step(q, k, v, lengths))
+
+
+# --- GPU -----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_cuda_every_dtype_against_float64(dtype):
+    q, k, v = qkv(4, 32, 1, 128, kv_heads=8, seq_kv=1000, dtype=dtype, device="cuda")
+    lengths = torch.tensor([1000, 1, 513, 64], device="cuda", dtype=torch.int32)
+    with rt.use_backend("triton", strict=True):
+        out = rt.sdpa_decode(q, k, v, lengths)
+    ref, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=TOL[dtype], atol=TOL[dtype] * 4)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_after_warm_up():
+    q, k, v = qkv(2, 8, 1, 128, kv_heads=2, seq_kv=2048, dtype=torch.float16, device="cuda")
+    lengths = torch.tensor([2048, 700], device="cuda", dtype=torch.int32)
+    with rt.use_backend("triton", strict=True):
+        rt.sdpa_decode(q, k, v, lengths)  # warm-up: compile + route outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = rt.sdpa_decode(q, k, v, lengths)
+        lengths.copy_(torch.tensor([5, 2048], device="cuda", dtype=torch.int32))  # new lengths, same graph
+        graph.replay()
+    torch.cuda.synchronize()
+    ref, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+
+
+@pytest.mark.gpu
+def test_torch_compile_on_gpu():
+    q, k, v = qkv(2, 8, 1, 64, kv_heads=2, seq_kv=300, dtype=torch.bfloat16, device="cuda")
+    compiled = torch.compile(lambda q, k, v: rt.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                             fullgraph=True)
+    with rt.use_backend("triton", strict=True):
+        out = compiled(q, k, v)
+    assert_like_torch(out.cpu(), q.cpu(), k.cpu(), v.cpu(), enable_gqa=True)
