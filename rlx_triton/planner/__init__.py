@@ -63,6 +63,7 @@ from .policy import (
     TunePolicy,
     bucket_pow2,
 )
+from .tune_cache import TuneCache, TuneCacheEntry
 
 __all__ = [
     "FAMILIES",
@@ -108,6 +109,8 @@ __all__ = [
     "ShapeBucket",
     "ThreadPolicy",
     "TokenBucketStrategy",
+    "TuneCache",
+    "TuneCacheEntry",
     "TuneCacheEviction",
     "TuneCacheKey",
     "TunePolicy",

@@ -45,6 +45,9 @@ class FrozenFields(Mapping[str, int]):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("FrozenFields is immutable")
 
+    def __reduce__(self):
+        return (FrozenFields, (self._items,))
+
     def __repr__(self) -> str:
         return "{" + ", ".join(f"{k!r}: {v!r}" for k, v in self._items) + "}"
 

@@ -206,6 +206,31 @@ class Candidate:
         return self.tag()
 
 
+def int_field(prefix: str, legacy_default: Optional[int] = None) -> Any:
+    """A candidate field tagged `<prefix><value>`."""
+    return dataclasses.field(metadata={"tag": IntField("", prefix, legacy_default)})
+
+
+def flag_field(true_word: str, false_word: str) -> Any:
+    """A bool candidate field tagged by one of two words."""
+    return dataclasses.field(metadata={"tag": FlagField("", true_word, false_word)})
+
+
+def choice_field(*choices: str) -> Any:
+    """A string candidate field tagged by its value, one of `choices`."""
+    return dataclasses.field(metadata={"tag": ChoiceField("", tuple(choices))})
+
+
+def candidate_dataclass(cls: Type[C]) -> Type[C]:
+    """Makes `cls` a frozen dataclass and builds its `TAG` from the fields' tag spellings, in
+    declaration order, so each field is declared once."""
+    cls = dataclass(frozen=True)(cls)
+    cls.TAG = TagSpec(  # type: ignore[attr-defined]
+        tuple(dataclasses.replace(f.metadata["tag"], name=f.name) for f in dataclasses.fields(cls))
+    )
+    return cls
+
+
 # ---------------------------------------------------------------- variants
 
 
@@ -220,11 +245,14 @@ class CandidateVariant(enum.Enum):
 
 
 def define_variants(
-    name: str, module: str, table: Sequence[Tuple[str, Any]], *, fp32: str, default: str
+    candidate_type: type, table: Sequence[Tuple[str, Any]], *, fp32: str, default: str
 ) -> Type[CandidateVariant]:
-    """Builds the variants enum of a family. `ALL` keeps the table order, which is the plan order;
-    `FP32` (the accuracy-safe candidate) and `DEFAULT` (the default plan's choice) are enum aliases
-    of two table entries, so iteration and `ALL` list each candidate once."""
+    """Builds the variants enum of a family (`XCandidate` -> `XVariant`, in the candidate's module).
+    `ALL` keeps the table order, which is the plan order; `FP32` (the accuracy-safe candidate) and
+    `DEFAULT` (the default plan's choice) are enum aliases of two table entries, so iteration and
+    `ALL` list each candidate once."""
+    name = candidate_type.__name__.replace("Candidate", "Variant")
+    module = candidate_type.__module__
     by_name = dict(table)
     members = list(table) + [("FP32", by_name[fp32]), ("DEFAULT", by_name[default])]
     variants = CandidateVariant(name, members, module=module, qualname=name)  # type: ignore[call-overload]

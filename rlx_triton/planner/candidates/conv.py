@@ -23,40 +23,25 @@ Kernel name: `conv_batch{}_c_in{}_c_out{}_length{}_taps{}_stride{}_tokens{}_<tag
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 from ..policy import KernelFamily
 from . import base
 
 
-@dataclass(frozen=True)
+@base.candidate_dataclass
 class ConvCandidate(base.Candidate):
-    tile_pos: int
-    tile_co: int
-    tile_k: int
-    tg_size: int
-    stages: int
-    precision: str
-    fuse_epilogue: bool
+    """Tagged e.g. `tp64_tc32_tk32_tg128_ns2_ieee_fused`."""
 
-    # e.g. `tp64_tc32_tk32_tg128_ns2_ieee_fused`
-    TAG: ClassVar[base.TagSpec] = base.TagSpec(
-        (
-            base.IntField("tile_pos", "tp"),
-            base.IntField("tile_co", "tc"),
-            base.IntField("tile_k", "tk"),
-            base.IntField("tg_size", "tg"),
-            base.IntField("stages", "ns"),
-            base.ChoiceField("precision", ("ieee", "tf32x3", "tf32")),
-            base.FlagField("fuse_epilogue", "fused", "unfused"),
-        )
-    )
+    tile_pos: int = base.int_field("tp")
+    tile_co: int = base.int_field("tc")
+    tile_k: int = base.int_field("tk")
+    tg_size: int = base.int_field("tg")
+    stages: int = base.int_field("ns")
+    precision: str = base.choice_field("ieee", "tf32x3", "tf32")
+    fuse_epilogue: bool = base.flag_field("fused", "unfused")
 
 
 ConvVariant = base.define_variants(
-    "ConvVariant",
-    __name__,
+    ConvCandidate,
     (
         ("IEEE_P64_CO32", ConvCandidate(64, 32, 32, 128, 2, "ieee", True)),
         ("IEEE_P128_CO64", ConvCandidate(128, 64, 32, 256, 3, "ieee", True)),

@@ -19,36 +19,25 @@ Kernel name: `fbank_batch{}_samples{}_frames{}_window{}_bins{}_tokens{}_<tag>_<p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Mapping, Optional
+from typing import Mapping, Optional
 
 from ..policy import KernelFamily
 from . import base
 
 
-@dataclass(frozen=True)
+@base.candidate_dataclass
 class FbankCandidate(base.Candidate):
-    tile_frames: int
-    tile_freq: int
-    tg_size: int
-    stages: int
-    precision: str
+    """Tagged e.g. `fr32_fq64_tg128_ns2_ieee`."""
 
-    # e.g. `fr32_fq64_tg128_ns2_ieee`
-    TAG: ClassVar[base.TagSpec] = base.TagSpec(
-        (
-            base.IntField("tile_frames", "fr"),
-            base.IntField("tile_freq", "fq"),
-            base.IntField("tg_size", "tg"),
-            base.IntField("stages", "ns"),
-            base.ChoiceField("precision", ("ieee", "tf32x3")),
-        )
-    )
+    tile_frames: int = base.int_field("fr")
+    tile_freq: int = base.int_field("fq")
+    tg_size: int = base.int_field("tg")
+    stages: int = base.int_field("ns")
+    precision: str = base.choice_field("ieee", "tf32x3")
 
 
 FbankVariant = base.define_variants(
-    "FbankVariant",
-    __name__,
+    FbankCandidate,
     (
         ("IEEE_F32_Q64", FbankCandidate(32, 64, 128, 2, "ieee")),
         ("IEEE_F16_Q32", FbankCandidate(16, 32, 64, 2, "ieee")),

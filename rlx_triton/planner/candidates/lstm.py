@@ -20,38 +20,24 @@ Kernel name: `lstm_batch{}_seq{}_input_size{}_hidden{}_layers{}_directions{}_tok
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 from ..policy import KernelFamily
 from . import base
 
 
-@dataclass(frozen=True)
+@base.candidate_dataclass
 class LstmCandidate(base.Candidate):
-    batch_tile: int
-    hidden_tile: int
-    tg_size: int
-    stages: int
-    mode: str
-    precision: str
+    """Tagged e.g. `bt16_ht64_tg128_ns2_stepwise_ieee`."""
 
-    # e.g. `bt16_ht64_tg128_ns2_stepwise_ieee`
-    TAG: ClassVar[base.TagSpec] = base.TagSpec(
-        (
-            base.IntField("batch_tile", "bt"),
-            base.IntField("hidden_tile", "ht"),
-            base.IntField("tg_size", "tg"),
-            base.IntField("stages", "ns"),
-            base.ChoiceField("mode", ("persistent", "stepwise")),
-            base.ChoiceField("precision", ("ieee", "tf32x3", "tf32")),
-        )
-    )
+    batch_tile: int = base.int_field("bt")
+    hidden_tile: int = base.int_field("ht")
+    tg_size: int = base.int_field("tg")
+    stages: int = base.int_field("ns")
+    mode: str = base.choice_field("persistent", "stepwise")
+    precision: str = base.choice_field("ieee", "tf32x3", "tf32")
 
 
 LstmVariant = base.define_variants(
-    "LstmVariant",
-    __name__,
+    LstmCandidate,
     (
         ("STEPWISE_IEEE", LstmCandidate(16, 64, 128, 2, "stepwise", "ieee")),
         ("PERSISTENT_IEEE", LstmCandidate(16, 128, 256, 2, "persistent", "ieee")),

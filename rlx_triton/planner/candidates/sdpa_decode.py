@@ -23,8 +23,7 @@ Kernel name: `sdpa_decode_m{m}_tok{tokens}_b{batch}_h{num_heads}_d{head_dim}_sq{
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ..policy import (
     HybridPrecisionSpec,
@@ -37,46 +36,33 @@ from ..policy import (
 from .base import (
     Candidate,
     FamilySpec,
-    FlagField,
-    IntField,
     LaunchField,
-    TagSpec,
+    candidate_dataclass,
     check_staging,
     check_tg_limit,
     check_tg_set,
     define_variants,
     first_error,
+    flag_field,
+    int_field,
     is_pow2,
 )
 
 
-@dataclass(frozen=True)
+@candidate_dataclass
 class SdpaDecodeCandidate(Candidate):
-    split_k: int
-    tg_size: int
-    tile_m: int
-    tile_n: int
-    tile_k: int
-    pad_q: int
-    pad_kv: int
-    use_f16_kv: bool
-    partial_reduce: bool
+    """Tagged `skp{}_tg{}_tm{}_tn{}_tk{}_pq{}_pk{}_{f16kv|f32kv}_{partial|full}`; rows persisted before
+    the tile and padding fields existed parse with those fields set to 1."""
 
-    # `skp{}_tg{}_tm{}_tn{}_tk{}_pq{}_pk{}_{f16kv|f32kv}_{partial|full}`; rows persisted before the
-    # tile and padding fields existed parse with those fields set to 1.
-    TAG: ClassVar[TagSpec] = TagSpec(
-        (
-            IntField("split_k", "skp"),
-            IntField("tg_size", "tg"),
-            IntField("tile_m", "tm", legacy_default=1),
-            IntField("tile_n", "tn", legacy_default=1),
-            IntField("tile_k", "tk", legacy_default=1),
-            IntField("pad_q", "pq", legacy_default=1),
-            IntField("pad_kv", "pk", legacy_default=1),
-            FlagField("use_f16_kv", "f16kv", "f32kv"),
-            FlagField("partial_reduce", "partial", "full"),
-        )
-    )
+    split_k: int = int_field("skp")
+    tg_size: int = int_field("tg")
+    tile_m: int = int_field("tm", legacy_default=1)
+    tile_n: int = int_field("tn", legacy_default=1)
+    tile_k: int = int_field("tk", legacy_default=1)
+    pad_q: int = int_field("pq", legacy_default=1)
+    pad_kv: int = int_field("pk", legacy_default=1)
+    use_f16_kv: bool = flag_field("f16kv", "f32kv")
+    partial_reduce: bool = flag_field("partial", "full")
 
 
 def _sdpa(split_k, tg_size, tile_m, tile_n, tile_k, use_f16_kv, partial_reduce) -> SdpaDecodeCandidate:
@@ -87,8 +73,7 @@ def _sdpa(split_k, tg_size, tile_m, tile_n, tile_k, use_f16_kv, partial_reduce) 
 # 16 packed query rows per program make the dots tensor-core sized, and 16 splits fill an H100's
 # 132 SMs when batch * kv_heads is small.
 SdpaDecodeVariant = define_variants(
-    "SdpaDecodeVariant",
-    __name__,
+    SdpaDecodeCandidate,
     (
         ("BASE_F32", _sdpa(1, 128, 1, 64, 64, False, False)),
         ("BASE_F16_KV", _sdpa(1, 128, 1, 64, 64, True, False)),

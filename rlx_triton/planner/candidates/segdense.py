@@ -17,36 +17,23 @@ Kernel name: `segdense_rows{}_in_features{}_hidden{}_classes{}_tokens{}_<tag>_<p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 from ..policy import KernelFamily
 from . import base
 
 
-@dataclass(frozen=True)
+@base.candidate_dataclass
 class SegdenseCandidate(base.Candidate):
-    row_tile: int
-    tg_size: int
-    stages: int
-    precision: str
-    fused_activation: bool
+    """Tagged e.g. `rt32_tg128_ns2_ieee_fusedact`."""
 
-    # e.g. `rt32_tg128_ns2_ieee_fusedact`
-    TAG: ClassVar[base.TagSpec] = base.TagSpec(
-        (
-            base.IntField("row_tile", "rt"),
-            base.IntField("tg_size", "tg"),
-            base.IntField("stages", "ns"),
-            base.ChoiceField("precision", ("ieee", "tf32x3", "tf32")),
-            base.FlagField("fused_activation", "fusedact", "splitact"),
-        )
-    )
+    row_tile: int = base.int_field("rt")
+    tg_size: int = base.int_field("tg")
+    stages: int = base.int_field("ns")
+    precision: str = base.choice_field("ieee", "tf32x3", "tf32")
+    fused_activation: bool = base.flag_field("fusedact", "splitact")
 
 
 SegdenseVariant = base.define_variants(
-    "SegdenseVariant",
-    __name__,
+    SegdenseCandidate,
     (
         ("R32_IEEE", SegdenseCandidate(32, 128, 2, "ieee", True)),
         ("R16_IEEE", SegdenseCandidate(16, 64, 1, "ieee", True)),
