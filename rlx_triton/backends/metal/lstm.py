@@ -74,8 +74,11 @@ def layer_weights(flat_weights, *, has_biases: bool, layer: int, directions: int
 
 def lstm(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: List[torch.Tensor],
          *, has_biases: bool, num_layers: int, dropout: float, training: bool, bidirectional: bool,
-         batch_first: bool, candidate=None) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """nn.LSTM forward (dropout is never active here: the router sends training with dropout to torch)."""
+         batch_first: bool, proj_size: int = 0, candidate=None
+         ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """nn.LSTM forward. Dropout is never active here and proj_size is 0: COVERAGE sends those to torch."""
+    if proj_size:
+        raise ValueError(f"proj_size must be 0 on the Metal path, got {proj_size} (the torch fallback covers it)")
     unbatched = input.dim() == 2
     x = input.unsqueeze(0 if batch_first else 1) if unbatched else input
     if batch_first:

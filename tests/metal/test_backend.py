@@ -1,0 +1,145 @@
+"""The Metal backend as the router and the installed package see it: registration under the name
+"metal", the family modules' routing data and launcher signatures (the same as the torch_ref /
+triton modules of each family), the smoke-test gate, and the .metal files shipped in the wheel."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlx_triton.backends import metal as metal_backend
+from rlx_triton.backends.metal import library
+from rlx_triton.router import MissingKernel, Request, clear_route_cache, registry, route, use_backend
+from rlx_triton.router.coverage import BACKEND_UNAVAILABLE, Coverage
+from rlx_triton.router.device import clear_device_cache
+
+REPO = Path(__file__).resolve().parents[2]
+FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
+# each family's launcher functions, and the module whose signatures they match
+LAUNCHERS = {"sdpa_decode": ("torch_ref", ["sdpa_decode"]), "fbank": ("torch_ref", ["fbank"]),
+             "lstm": ("torch_ref", ["lstm"]), "segdense": ("torch_ref", ["segdense"]),
+             "conv": ("triton", ["conv1d", "sincnet"])}
+needs_no_apple_gpu = pytest.mark.skipif(torch.backends.mps.is_available(),
+                                        reason="checks the refusal on machines without an Apple GPU")
+
+
+def test_backend_registers_as_metal_with_every_family():
+    spec = registry.backend("metal")
+    assert spec.package == "rlx_triton.backends.metal"
+    assert sorted(spec.families) == sorted(FAMILIES) == sorted(metal_backend.FAMILIES)
+    assert not spec.is_library
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_module_declares_routing_data_for_mps_only(family):
+    module = importlib.import_module(f"rlx_triton.backends.metal.{family}")
+    assert isinstance(module.COVERAGE, Coverage) and module.COVERAGE.devices == frozenset({"mps"})
+    assert module.COVERAGE.dtypes == frozenset({"float32", "float16", "bfloat16"})
+    assert isinstance(module.RECIPES, dict) and isinstance(module.SPEED_EVIDENCE, dict)
+    assert module.APPROVALS, "every plan candidate computes in fp32 and is approved at the fp32 bound"
+    candidate_module = importlib.import_module(f"rlx_triton.planner.candidates.{family}")
+    candidate_types = [value for value in vars(candidate_module).values()
+                       if isinstance(value, type) and value.__module__ == candidate_module.__name__
+                       and hasattr(value, "from_tag")]
+    for tag in module.APPROVALS:
+        assert any(kind.from_tag(tag) is not None for kind in candidate_types), tag
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_launchers_have_the_signatures_of_the_family(family):
+    backend, names = LAUNCHERS[family]
+    if backend == "triton":
+        pytest.importorskip("triton")
+    metal_module = importlib.import_module(f"rlx_triton.backends.metal.{family}")
+    other = importlib.import_module(f"rlx_triton.backends.{backend}.{family}")
+    for name in names:
+        ours = inspect.signature(getattr(metal_module, name)).parameters
+        theirs = inspect.signature(getattr(other, name)).parameters
+        assert [(p.name, p.kind) for p in ours.values()] == [(p.name, p.kind) for p in theirs.values()], name
+
+
+@needs_no_apple_gpu
+def test_smoke_test_gate_names_why_metal_cannot_run_here():
+    assert "is_available" in library.smoke_test()
+    assert metal_backend.probe(type("Facts", (), {"kind": "cpu"})()) == "Metal shaders run on MPS devices, not cpu"
+
+
+@needs_no_apple_gpu
+def test_route_on_an_mps_request_skips_metal_with_the_smoke_test_reason():
+    clear_route_cache()
+    clear_device_cache()
+    request = Request.make("segdense", "segdense", device=torch.device("mps"), dtype=torch.float32,
+                           fields={"rows": 10, "in_features": 60, "hidden": 128, "classes": 7, "tokens": 10},
+                           features={"activation": "log_softmax", "linear_layers": 2, "requires_grad": False})
+    chosen = route(request)
+    assert chosen.backend == "torch"
+    refusal = chosen.skipped_reasons["metal"]
+    assert refusal.kind == BACKEND_UNAVAILABLE and "is_available" in refusal.reason
+    with use_backend("metal", strict=True), pytest.raises(MissingKernel):
+        route(request)
+
+
+def test_dispatch_checks_argument_kinds_before_any_launch():
+    signature = ("x:T", "out:float32", "n:long", "scale:float")
+    x, out = torch.zeros(4), torch.zeros(4)
+    assert library.ordered_arguments(signature, torch.float32, dict(scale=0.5, n=4, out=out, x=x)) == [x, out, 4, 0.5]
+    with pytest.raises(TypeError, match="n is a long scalar"):
+        library.ordered_arguments(signature, torch.float32, dict(x=x, out=out, n=4.0, scale=0.5))
+    with pytest.raises(TypeError, match="scale is a float scalar"):
+        library.ordered_arguments(signature, torch.float32, dict(x=x, out=out, n=4, scale=1))
+    with pytest.raises(TypeError, match="x must be torch.float16"):
+        library.ordered_arguments(signature, torch.float16, dict(x=x, out=out, n=4, scale=0.5))
+    with pytest.raises(ValueError, match="contiguous"):
+        library.ordered_arguments(signature, torch.float32,
+                                  dict(x=torch.zeros(4, 2).t(), out=out, n=4, scale=0.5))
+    with pytest.raises(TypeError, match="missing"):
+        library.ordered_arguments(signature, torch.float32, dict(x=x, out=out, n=4))
+
+
+def test_group_sizes_are_simd_multiples_within_the_limit():
+    assert library.group_size_for(100) == 96
+    assert library.group_size_for(1) == 32
+    assert library.group_size_for(4096) == 1024
+    assert library.group_size_for(256, largest=128) == 128
+    assert library.groups_for(1000, 128) == 8
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shader_sources_are_found_through_importlib_resources(family):
+    assert library.shader_path(family).is_file()
+    assert "kernel void" in library.shader_source(family)
+
+
+def test_wheel_ships_the_shaders_and_an_installed_package_finds_them(tmp_path):
+    """pip wheel . (from a copy of the tree), unpack it into a plain folder (what installing a pure
+    wheel does), and read the shaders from there through importlib.resources."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "metal", source / "metal")
+    shutil.copytree(REPO / "rlx_triton", source / "rlx_triton", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(pip + ["wheel", str(source), "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w")],
+                   check=True, capture_output=True, timeout=120)
+    wheel = next((tmp_path / "w").glob("*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for family in FAMILIES:
+        assert f"rlx_triton/metal/{family}.metal" in names
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    probe = ("import rlx_triton.backends.metal.library as l; "
+             "print(l.shader_path('sdpa_decode')); assert 'kernel void' in l.shader_source('sdpa_decode')")
+    result = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(target), "PATH": "/usr/bin"},
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(str(target))
