@@ -8,7 +8,6 @@ import pytest
 from rlx_triton.config import settings_from
 from rlx_triton.planner import (
     ConvVariant,
-    FrozenFields,
     KernelFamily,
     KernelPlanBuilder,
     LaunchBuilder,
