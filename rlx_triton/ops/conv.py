@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -101,7 +102,7 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
                  min_low_hz: float = 50, min_band_hz: float = 50) -> torch.Tensor:
     """asteroid ParamSincFB.filters(): (2 * n_pairs, 1, kernel_size) cos (even) then sin (odd) filters.
 
-    Built with torch ops in asteroid's exact order (so the result equals pyannote's filters), once per
+    Built with torch ops in asteroid's exact order (so float32 filters equal pyannote's), once per
     weight version: the cache key holds each parameter's data_ptr and `_version` (bumped by in-place
     updates such as optimizer steps or load_state_dict). When autograd needs the graph, it is rebuilt.
     """
@@ -121,19 +122,24 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
            low_hz_.dtype, extra, kernel_size, float(sample_rate), float(min_low_hz), float(min_band_hz))
     if not grad:
         cached = _FILTER_CACHE.get(key)
-        if cached is not None:
-            return cached
+        # a freed parameter's memory can be reused at version 0: the entry holds weak references to
+        # the parameters it was built from and counts only for those very tensors
+        if cached is not None and cached[0]() is low_hz_ and cached[1]() is band_hz_:
+            return cached[2]
     half = kernel_size // 2
     if window_ is None:
         n = torch.arange(kernel_size, dtype=torch.float64)
         window_ = (0.54 - 0.46 * torch.cos(2 * math.pi * n / (kernel_size - 1)))[:half].float()
     if n_ is None:
         n_ = 2 * math.pi * (torch.arange(-half, 0.0).view(1, -1) / sample_rate)
-    window_ = window_.to(low_hz_.device)
-    n_ = n_.to(low_hz_.device)
+    # float16/bfloat16 parameters: the phases (up to ~400 rad) need float32 math; the filters are
+    # rounded to the parameter dtype once at the end
+    math_dtype = torch.float32 if low_hz_.dtype in (torch.float16, torch.bfloat16) else low_hz_.dtype
+    window_ = window_.to(device=low_hz_.device, dtype=math_dtype)
+    n_ = n_.to(device=low_hz_.device, dtype=math_dtype)
     with torch.set_grad_enabled(grad):
-        low = min_low_hz + torch.abs(low_hz_)
-        high = torch.clamp(low + min_band_hz + torch.abs(band_hz_), min_low_hz, sample_rate / 2)
+        low = min_low_hz + torch.abs(low_hz_.to(math_dtype))
+        high = torch.clamp(low + min_band_hz + torch.abs(band_hz_.to(math_dtype)), min_low_hz, sample_rate / 2)
         band = (high - low)[:, 0]
         ft_low = torch.matmul(low, n_)
         ft_high = torch.matmul(high, n_)
@@ -144,11 +150,12 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
         pairs = low_hz_.shape[0]
         filters = torch.cat([(cos_bp / (2 * band[:, None])).view(pairs, 1, kernel_size),
                              (sin_bp / (2 * band[:, None])).view(pairs, 1, kernel_size)], dim=0)
+        filters = filters.to(low_hz_.dtype)
     if not grad:
         with _FILTER_LOCK:
             if len(_FILTER_CACHE) > 64:
                 _FILTER_CACHE.clear()
-            _FILTER_CACHE[key] = filters
+            _FILTER_CACHE[key] = (weakref.ref(low_hz_), weakref.ref(band_hz_), filters)
     return filters
 
 

@@ -30,7 +30,8 @@ def _block_params(module):
 def _run_sincnet(module, wav, candidate):
     p = _block_params(module)
     with torch.no_grad():
-        filters = sinc_filters(module.conv1d[0].filterbank.low_hz_, module.conv1d[0].filterbank.band_hz_)
+        fb = module.conv1d[0].filterbank
+        filters = sinc_filters(fb.low_hz_, fb.band_hz_, window_=fb.window_, n_=fb.n_)
         return tconv.sincnet(wav, filters, p["wav_norm_weight"], p["wav_norm_bias"], p["conv_weights"],
                              p["conv_biases"], p["norm_weights"], p["norm_biases"], candidate=candidate)
 
@@ -147,6 +148,15 @@ def test_sincnet_matches_the_pyannote_module(batch, samples):
     assert out.shape == ref32.shape
     assert rel_err(out, ref32) <= 1e-4
     assert rel_err(out, ref64) <= 1e-4
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 1.6e-2)])
+def test_sincnet_in_half_precision_keeps_float32_intermediates(dtype, tol):
+    module = random_sincnet().to(dtype)
+    wav = torch.randn(1, 1, 3200).to(dtype)
+    out = _run_sincnet(module, wav, WIDE)
+    assert out.dtype == dtype
+    assert rel_err(out, sincnet_float64(module, wav)) <= tol
 
 
 def test_sincnet_on_silence_is_finite_and_matches():
