@@ -102,6 +102,10 @@ def _sdpa_request(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                   enable_gqa=False) -> Request:
     """Validates a torch-SDPA call and reduces it to a routing Request (what explain() shows)."""
     _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+
+
+def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> Request:
     layout = _sdpa_layout(query, key, value)
     seq_q, seq_kv, head_dim, head_dim_v = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
     if query.dim() == 3:
@@ -133,7 +137,7 @@ def _sdpa_request(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 @torch.library.custom_op("rlx_triton::sdpa", mutates_args=())
 def _sdpa_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
              is_causal: bool, scale: Optional[float], enable_gqa: bool) -> torch.Tensor:
-    chosen = route(_sdpa_request(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa))
+    chosen = route(_build_sdpa_request(query, key, value, attn_mask, 0.0, is_causal, enable_gqa))
     out = chosen.module.scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
                                                      candidate=chosen.candidate)
     return out.contiguous()

@@ -1,0 +1,134 @@
+"""Decode attention: rt.scaled_dot_product_attention (split-K Triton kernel) against torch's SDPA, side by side.
+
+    python bench/sdpa_decode.py [--quick]
+
+On a GPU every case runs one query token per sequence against a KV cache: Llama-3-8B-like GQA
+(32 query / 8 KV heads, D 128) over batch {1, 4, 16, 64} x KV length {512, 4k, 16k, 64k}, MHA, MQA, and
+D in {64, 96, 256}, in fp16 and bf16. The baseline is the fastest torch variant measured in the same
+run: SDPA forced to each backend (flash, efficient, cudnn, math) with enable_gqa, and on KV heads
+repeated beforehand (repeat not timed); variants that refuse a case are skipped. Times are CUDA-graph
+replays (the op routes once, at capture). GB/s counts K and V read plus q and out; `bw_case` marks
+cases with batch x KV heads x KV length >= 2^20, where the target is >= 80% of the copy bandwidth.
+On the CPU (--quick) tiny shapes report the route taken and the timing of the path that runs there.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+KV_BYTES_LIMIT = 24 * 2**30  # skip cases whose K+V would not fit comfortably
+
+
+def cases(quick: bool) -> List[dict]:
+    """Case descriptions: batch, heads, kv_heads, head_dim, seq_kv, dtype, label."""
+    if not torch.cuda.is_available():
+        return [dict(label="gqa", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32),
+                dict(label="mha", batch=2, heads=4, kv_heads=4, head_dim=64, seq_kv=128, dtype=torch.float32)]
+    out: List[dict] = []
+    dtypes = (torch.float16,) if quick else (torch.float16, torch.bfloat16)
+    batches = (1, 16) if quick else (1, 4, 16, 64)
+    lengths = (4096, 65536) if quick else (512, 4096, 16384, 65536)
+    for dtype in dtypes:
+        for batch in batches:
+            for seq_kv in lengths:
+                out.append(dict(label="llama3-8b-gqa", batch=batch, heads=32, kv_heads=8, head_dim=128,
+                                seq_kv=seq_kv, dtype=dtype))
+        for batch, seq_kv in ((1, 16384), (16, 4096)) if not quick else ((16, 4096),):
+            out.append(dict(label="mha", batch=batch, heads=32, kv_heads=32, head_dim=128, seq_kv=seq_kv, dtype=dtype))
+        for batch, seq_kv in ((1, 65536), (16, 16384), (64, 4096)) if not quick else ((16, 16384),):
+            out.append(dict(label="mqa", batch=batch, heads=32, kv_heads=1, head_dim=128, seq_kv=seq_kv, dtype=dtype))
+        for head_dim in (64, 96, 256) if not quick else (96,):
+            for seq_kv in (4096, 16384) if not quick else (16384,):
+                out.append(dict(label=f"gqa-d{head_dim}", batch=4, heads=32, kv_heads=8, head_dim=head_dim,
+                                seq_kv=seq_kv, dtype=dtype))
+    itemsize = 2
+    return [c for c in out if 2 * c["batch"] * c["kv_heads"] * c["seq_kv"] * c["head_dim"] * itemsize <= KV_BYTES_LIMIT]
+
+
+def _torch_variants(q, k, v) -> Dict[str, Callable[[], torch.Tensor]]:
+    """Every torch way to compute the case: each SDPA backend, with enable_gqa and on repeated KV heads."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    group = q.shape[1] // k.shape[1]
+    k_rep = k.repeat_interleave(group, dim=1) if group > 1 else k
+    v_rep = v.repeat_interleave(group, dim=1) if group > 1 else v
+    variants: Dict[str, Callable[[], torch.Tensor]] = {}
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    for name, backend in backends.items():
+        def gqa(backend=backend):
+            with sdpa_kernel([backend]):
+                return sdpa(q, k, v, enable_gqa=group > 1)
+
+        def repeated(backend=backend):
+            with sdpa_kernel([backend]):
+                return sdpa(q, k_rep, v_rep)
+
+        variants[f"sdpa[{name}]+enable_gqa" if group > 1 else f"sdpa[{name}]"] = gqa
+        if group > 1:
+            variants[f"sdpa[{name}] repeated kv"] = repeated
+    return variants
+
+
+def _time(fn, device, quick) -> Optional[float]:
+    from bench.common import time_us
+
+    try:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            try:
+                return time_us(fn, device, quick, graph=True)
+            except Exception:
+                return time_us(fn, device, quick, graph=False)
+        return time_us(fn, device, quick)
+    except Exception:
+        return None
+
+
+def run(quick: bool = False) -> List[dict]:
+    import rlx_triton as rt
+    from bench.common import bench_device, case
+
+    device = bench_device()
+    results: List[dict] = []
+    for spec in cases(quick):
+        batch, heads, kv_heads, dim, seq_kv, dtype = (spec[key] for key in
+                                                      ("batch", "heads", "kv_heads", "head_dim", "seq_kv", "dtype"))
+        q = torch.randn(batch, heads, 1, dim, device=device, dtype=dtype)
+        k = torch.randn(batch, kv_heads, seq_kv, dim, device=device, dtype=dtype)
+        v = torch.randn(batch, kv_heads, seq_kv, dim, device=device, dtype=dtype)
+        gqa = kv_heads != heads
+        with rt.use_backend("auto"):
+            chosen = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
+            rlx_us = _time(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), device, quick)
+        baselines = {name: _time(fn, device, quick) for name, fn in _torch_variants(q, k, v).items()}
+        measured = {name: us for name, us in baselines.items() if us is not None}
+        best = min(measured, key=measured.get)
+        moved = (k.numel() + v.numel() + 2 * q.numel()) * q.element_size()
+        shape = f"{spec['label']} b{batch} h{heads}/{kv_heads} d{dim} kv{seq_kv}"
+        results.append(case("sdpa_decode", shape, dtype, rlx_us or float("nan"), best, measured[best],
+                            bytes_moved=moved, backend=chosen.backend, candidate=chosen.candidate_tag,
+                            bw_case=batch * kv_heads * seq_kv >= 2**20,
+                            torch_us={name: (round(us, 3) if us else None) for name, us in baselines.items()}))
+        del q, k, v
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv[1:]
+    for row in run(quick):
+        speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
+        print(f"{row['shape']:<40} {row['dtype']:<9} route={row['backend']:<6} rlx {row['rlx_us']:>9.1f} us  "
+              f"best torch {row['baseline']:<32} {row['baseline_us']:>9.1f} us  {speedup:>7}  "
+              f"{row['gbps'] or '-'} GB/s")
