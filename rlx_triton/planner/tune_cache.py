@@ -134,15 +134,14 @@ def parse_table(text: str) -> ParsedTable:
     entries: Dict[TuneCacheKey, TuneCacheEntry] = {}
     skipped = 0
     for line in text.splitlines():
-        stripped = line.strip("\r\n")
-        if not stripped.strip():
+        if not line.strip():
             continue
-        if stripped.startswith("#"):
-            version = _HEADER_VERSION.match(stripped)
+        if line.startswith("#"):
+            version = _HEADER_VERSION.match(line)
             if version and int(version.group(1)) != TABLE_VERSION:
                 return ParsedTable({}, 0, int(version.group(1)))
             continue
-        entry = parse_row(stripped)
+        entry = parse_row(line)
         if entry is None:
             skipped += 1
             continue
@@ -187,8 +186,9 @@ def trim(entries: Dict[TuneCacheKey, TuneCacheEntry], max_entries: int, eviction
 
 
 class TuneCache:
-    """Winners keyed by `TuneCacheKey`. `load`: read the file on first use; `persist`: write every
-    record to it. Thread-safe within a process; cooperative between processes (see module doc)."""
+    """Winners keyed by `TuneCacheKey`. `load`: read the file on first use (without it, lookups see
+    only this process's records); `persist`: write each new winner to the file. Thread-safe within a
+    process; cooperative between processes (see the module doc)."""
 
     def __init__(
         self,
@@ -244,16 +244,18 @@ class TuneCache:
             return entry.tag
 
     def record(self, key: TuneCacheKey, tag: str) -> None:
-        """Stores `tag` as the winner of `key`, trims, and persists when enabled."""
+        """Stores `tag` as the winner of `key`, trims, and persists when enabled and the winner changed."""
         if not isinstance(key, TuneCacheKey):
             raise TypeError(f"key must be a TuneCacheKey, got {type(key).__name__}")
         if not isinstance(tag, str) or FAMILIES[key.family].candidate_type.from_tag(tag) is None:
             raise ValueError(f"tag {tag!r} is not a {key.family.value} candidate tag")
         with self._lock:
             self._ensure_loaded()
+            unchanged = key in self._entries and self._entries[key].tag == tag
             self._tick += 1
             self._entries[key] = TuneCacheEntry(key, tag, self._tick)
-            if self.persist:
+            # as in RLX, re-recording the same winner only counts as a use: no file write
+            if self.persist and not unchanged:
                 self._persist(key)
             self._entries = trim(self._entries, self.max_entries, self.eviction)
 

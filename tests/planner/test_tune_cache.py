@@ -171,6 +171,18 @@ def test_load_false_reads_nothing_but_persist_keeps_the_file_rows(path):
     assert {e.key for e in TuneCache(path).entries()} == {key(1), key(2)}
 
 
+def test_recording_the_same_winner_again_only_counts_as_a_use(path):
+    table = TuneCache(path)
+    table.record(key(1), PARTIAL)
+    before = os.stat(path).st_mtime_ns, open(path).read()
+    os.utime(path, ns=(0, 0))
+    table.record(key(1), PARTIAL)
+    assert os.stat(path).st_mtime_ns == 0 and open(path).read() == before[1]
+    assert table.entries()[0].tick == 2
+    table.record(key(1), BASE)
+    assert TuneCache(path).lookup(key(1)) == BASE
+
+
 def test_persist_false_writes_nothing(path):
     table = TuneCache(path, persist=False)
     table.record(key(1), PARTIAL)
