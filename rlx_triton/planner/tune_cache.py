@@ -133,7 +133,9 @@ def parse_table(text: str) -> ParsedTable:
     changed); a file without a header is read row by row (legacy files)."""
     entries: Dict[TuneCacheKey, TuneCacheEntry] = {}
     skipped = 0
-    for line in text.splitlines():
+    # split on '\n' only: str.splitlines would also break rows at characters a fingerprint may hold
+    for line in text.split("\n"):
+        line = line.rstrip("\r")
         if not line.strip():
             continue
         if line.startswith("#"):

@@ -44,8 +44,8 @@ def path(tmp_path):
 
 
 def read_rows(path):
-    with open(path) as handle:
-        lines = handle.read().splitlines()
+    with open(path, encoding="utf-8", newline="") as handle:
+        lines = handle.read().rstrip("\n").split("\n")
     assert lines[0] == tc.HEADER
     return [tc.parse_row(line) for line in lines[1:]]
 
@@ -54,11 +54,11 @@ def test_record_persists_and_a_new_table_loads_it(path):
     table = TuneCache(path)
     assert table.lookup(key()) is None and len(table) == 0
     table.record(key(1), PARTIAL)
-    table.record(key(2, device="weird\tdevice\nname%"), BASE)
+    table.record(key(2, device="weird\tdevice\nname%\r\x85\u2028\x0c"), BASE)
     assert table.lookup(key(1)) == PARTIAL
     fresh = TuneCache(path)
     assert len(fresh) == 2 and fresh.path == path
-    assert fresh.lookup(key(2, device="weird\tdevice\nname%")) == BASE
+    assert fresh.lookup(key(2, device="weird\tdevice\nname%\r\x85\u2028\x0c")) == BASE
     assert [e.tag for e in fresh.entries()] == [PARTIAL, BASE]  # lowest buckets first
     assert all(row is not None for row in read_rows(path))
 
