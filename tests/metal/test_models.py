@@ -93,6 +93,17 @@ def test_decode_half_inputs_accumulate_in_fp32(emulated_metal):
     assert_matches_float64(out, expected, rtol=1e-3)
 
 
+@pytest.mark.parametrize("shape_q, shape_kv", [((3, 2, 40), (3, 50, 40)), ((2, 3, 4, 2, 16), (2, 3, 4, 70, 16))],
+                         ids=["N-L-E", "leading-dims"])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_torch_sdpa_entry_point_matches_float64(emulated_metal, shape_q, shape_kv, is_causal):
+    q, k, v = torch.randn(shape_q), torch.randn(shape_kv), torch.randn(shape_kv)
+    out = metal_sdpa.scaled_dot_product_attention(q, k, v, is_causal=is_causal, candidate=SPLIT_KV)
+    expected = ref_sdpa.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=is_causal)
+    assert out.shape == expected.shape
+    assert_matches_float64(out, expected, reduced=shape_kv[-2])
+
+
 @pytest.mark.parametrize("batch, heads, seq_kv, tile_n, tile_k, split_k, expected", [
     (1, 32, 4096, 128, 64, 64, 4),     # occupancy: ceil(128 / 32) partitions
     (1, 1, 4096, 128, 64, 64, 64),     # keys: 4096 / 64, clamped to 64

@@ -48,6 +48,7 @@ COVERAGE = Coverage(
         "subtract_mean": frozenset({True, False}),
         "remove_dc_offset": frozenset({True, False}),
         "vtln": frozenset({True, False}),
+        "requires_grad": frozenset({False}),  # forward-only kernel: autograd goes to torch
     },
 )
 APPROVALS = _candidates.approvals(FAMILY, where="NumPy model of the shader, tests/metal/test_models.py; "

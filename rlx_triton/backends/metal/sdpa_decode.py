@@ -1,7 +1,8 @@
 """Metal launcher of the sdpa_decode family (metal/sdpa_decode.metal): decode attention of a few
 query tokens against a KV cache, one pass or split-KV (partial pass + combine pass).
 
-Same function and signature as backends/torch_ref/sdpa_decode.py and the Triton launcher.
+Same functions and signatures as backends/torch_ref/sdpa_decode.py and the Triton launcher
+(`sdpa_decode`, and `scaled_dot_product_attention` for torch's SDPA entry point).
 Candidate -> launch: tg_size -> threadgroup size (multiple of 32, at most 256 = 8 simdgroups);
 split_k <= 1 with partial_reduce False -> the one-pass kernel; otherwise the split-KV pass with
 RLX's partition rule (`split_kv_partitions`, capped by split_k) and the combine pass.
@@ -40,17 +41,17 @@ KERNEL_ARGUMENTS = {
 }
 
 COVERAGE = Coverage(
-    ops=None,
+    ops=frozenset({"scaled_dot_product_attention", "sdpa_decode"}),
     devices=frozenset({"mps"}),
     dtypes=frozenset({"float32", "float16", "bfloat16"}),
-    ranges={"head_dim": (1, MAX_HEAD_DIM), "head_dim_v": (1, MAX_HEAD_DIM), "seq_q": (1, MAX_SEQ_Q),
-            "tokens": (1, MAX_SEQ_Q), "seq_kv": (1, 1 << 31), "batch": (1, 1 << 20)},
+    ranges={"seq_q": (1, MAX_SEQ_Q), "tokens": (1, MAX_SEQ_Q), "head_dim": (1, MAX_HEAD_DIM),
+            "head_dim_v": (1, MAX_HEAD_DIM), "seq_kv": (1, 2**31 - 1), "batch": (1, 2**31 - 1),
+            "num_heads": (1, 2**31 - 1)},
     features={
-        "attn_mask": frozenset({"none", "bool", "float"}),
+        "mask": frozenset({"none", "bool", "float"}),  # expanded to an additive float32 (B, Hq, Lq, S) mask
         "causal": frozenset(CAUSAL_MODES),
         "dropout": frozenset({False}),
-        "requires_grad": frozenset({False}),
-        "return_lse": frozenset({True, False}),
+        "layout": frozenset({"batched"}),  # query, key and value share their leading dims
     },
 )
 APPROVALS = _candidates.approvals(FAMILY, where="NumPy model of the shader, tests/metal/test_models.py; "
@@ -146,3 +147,22 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                      partial_max_sum=partial_max_sum, out=out, lse=lse, head_dim_v=head_dim_v,
                      partitions=shape.partitions)
     return out, lse
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                                 scale: Optional[float] = None, enable_gqa: bool = False, *,
+                                 candidate=None) -> torch.Tensor:
+    """torch SDPA (dropout 0) through the decode kernels: (N..., Hq, Lq, D) or (N, Lq, D) inputs with the
+    same leading dims; the KV heads divide the query heads (enable_gqa, or one KV head)."""
+    seq_q, seq_kv = query.shape[-2], key.shape[-2]
+    if query.dim() == 3:  # (N, L, E): N sequences of one head each
+        q4, k4, v4 = query[None], key[None], value[None]
+    else:
+        q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (query, key, value))
+    mask4 = None
+    if attn_mask is not None:
+        mask4 = attn_mask.expand(*query.shape[:-1], seq_kv).reshape(q4.shape[0], q4.shape[1], seq_q, seq_kv)
+    out, _ = sdpa_decode(q4, k4, v4, attn_mask=mask4, causal="top_left" if is_causal else "none", scale=scale,
+                         candidate=candidate)
+    return out.reshape(*query.shape[:-3], *out.shape[1:]) if query.dim() > 3 else out[0]
