@@ -95,6 +95,12 @@ class _HeadLinears(nn.ModuleList):
     def layers(self) -> List[nn.Module]:
         return list(self._modules.values())
 
+    def __repr__(self) -> str:
+        return nn.Module.__repr__(self)
+
+    def extra_repr(self) -> str:
+        return "run by the fused head (classifier)"
+
 
 def _swap_sincnet(model: nn.Module) -> None:
     if _class_name(model.sincnet) != "SincNet" or not importlib.util.find_spec("rlx_triton.nn.conv"):
@@ -105,7 +111,10 @@ def _swap_sincnet(model: nn.Module) -> None:
         return
     if isinstance(model.sincnet, SincNet):
         return
-    model.sincnet = SincNet.from_pyannote(model.sincnet)
+    try:
+        model.sincnet = SincNet.from_pyannote(model.sincnet)
+    except ValueError:  # a SincNet configuration the rlx forward does not reproduce stays as it is
+        return
 
 
 def _swap_lstm(model: nn.Module) -> None:
@@ -205,8 +214,28 @@ def optimize(model):
     return model
 
 
-def _is_rlx_module(module: nn.Module) -> bool:
-    return type(module).__module__.startswith("rlx_triton.") and callable(getattr(module, "explain", None))
+def _sincnet_route(module: nn.Module, waveforms: torch.Tensor):
+    """The route of rlx SincNet's forward: the same `ops.conv.sincnet` call, explained."""
+    from rlx_triton.ops import conv as conv_ops
+    from rlx_triton.router import explain as explain_op
+
+    convs, norms = list(module.conv1d)[1:], list(module.norm1d)
+    return explain_op(conv_ops.sincnet, waveforms, module.filters(), module.wav_norm1d.weight,
+                      module.wav_norm1d.bias, [c.weight for c in convs], [c.bias for c in convs],
+                      [n.weight for n in norms], [n.bias for n in norms], stride=module.conv1d[0].stride,
+                      pool=module.pool1d[0].kernel_size, eps=module.wav_norm1d.eps,
+                      negative_slope=module.negative_slope, sample_rate=int(module.sample_rate))
+
+
+def _route_of(module: nn.Module):
+    """The module's own `explain` if it has one, else a known forward's route, else None."""
+    if not type(module).__module__.startswith("rlx_triton."):
+        return None
+    if callable(getattr(module, "explain", None)):
+        return module.explain
+    if type(module).__module__ == "rlx_triton.nn.conv" and type(module).__name__ == "SincNet":
+        return lambda waveforms: _sincnet_route(module, waveforms)
+    return None
 
 
 def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:
@@ -217,16 +246,17 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:
     routes: Dict[str, Any] = {}
     handles = []
 
-    def hook_for(path: str):
+    def hook_for(path: str, explain_call):
         def hook(module, args, kw):
-            route = module.explain(*args, **kw)
+            route = explain_call(*args, **kw)
             routes[path if path not in routes else f"{path}#{sum(k.startswith(path) for k in routes)}"] = route
 
         return hook
 
     for path, module in model.named_modules():
-        if _is_rlx_module(module):
-            handles.append(module.register_forward_pre_hook(hook_for(path), with_kwargs=True))
+        explain_call = _route_of(module)
+        if explain_call is not None:
+            handles.append(module.register_forward_pre_hook(hook_for(path, explain_call), with_kwargs=True))
     try:
         with torch.no_grad():
             model(*inputs, **kwargs)

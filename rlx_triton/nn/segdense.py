@@ -72,7 +72,7 @@ class SegDense(nn.Module):
         return self.linear if "linear" in self._modules else self._linears
 
     def _args(self, x):
-        linears = list(self.linears)
+        linears = list(self.linears._modules.values())  # not iter(): the owner's list may hide its items
         return (x, [l.weight for l in linears], [l.bias for l in linears], self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -68,9 +68,11 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
         if w.device != data.device:
             raise ValueError(f"flat_weights[{i}] is on {w.device} but input is on {data.device}")
     w_ih0, w_hh0 = weights[0], weights[1]
-    hidden = w_hh0.shape[1] if proj_size == 0 else weights[per_direction - 1].shape[0]
-    if w_hh0.dim() != 2 or w_hh0.shape[0] != 4 * hidden:
-        raise ValueError(f"flat_weights[1] (weight_hh_l0) must be (4*hidden, hidden), got {tuple(w_hh0.shape)}")
+    hidden = w_hh0.shape[0] // 4 if w_hh0.dim() == 2 else 0
+    h_size = proj_size if proj_size > 0 else hidden
+    if w_hh0.dim() != 2 or hidden < 1 or tuple(w_hh0.shape) != (4 * hidden, h_size):
+        raise ValueError(f"flat_weights[1] (weight_hh_l0) must be (4*hidden, {'proj_size' if proj_size else 'hidden'}), "
+                         f"got {tuple(w_hh0.shape)}")
     input_size = data.shape[-1]
     if w_ih0.dim() != 2 or tuple(w_ih0.shape) != (4 * hidden, input_size):
         raise ValueError(f"flat_weights[0] (weight_ih_l0) must be (4*hidden={4 * hidden}, input_size={input_size}) "
@@ -85,7 +87,6 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
     if hx is not None:
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise TypeError("hx must be a tuple (h0, c0) or None")
-        h_size = proj_size if proj_size > 0 else hidden
         unbatched = not packed and data.dim() == 2
         for name, t, size in (("hx[0] (h0)", hx[0], h_size), ("hx[1] (c0)", hx[1], hidden)):
             want = (num_layers * directions, size) if unbatched else (num_layers * directions, batch, size)

@@ -1,0 +1,84 @@
+"""The public lstm op: input validation names the argument, covered calls run the Triton kernel and
+equal nn.LSTM, and every refusal (autograd, training dropout, proj_size, packed input, hidden > 512,
+half dtypes) falls back to torch with a typed reason."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+import rlx_triton as rt
+from rlx_triton.ops.lstm import lstm
+
+
+def call(module, x, hx=None, **overrides):
+    kwargs = dict(has_biases=module.bias, num_layers=module.num_layers, dropout=module.dropout,
+                  training=module.training, bidirectional=module.bidirectional, batch_first=module.batch_first,
+                  proj_size=module.proj_size)
+    kwargs.update(overrides)
+    return x, hx, module._flat_weights, kwargs
+
+
+def explain(module, x, hx=None, **overrides):
+    x, hx, weights, kwargs = call(module, x, hx, **overrides)
+    return rt.explain(lstm, x, hx, weights, **kwargs)
+
+
+@pytest.fixture
+def bilstm():
+    return torch.nn.LSTM(4, 8, 2, bidirectional=True, batch_first=True).eval()
+
+
+def test_covered_call_runs_the_triton_kernel_and_equals_nn_lstm(bilstm):
+    x = torch.randn(2, 3, 4)
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        x, hx, weights, kwargs = call(bilstm, x)
+        out, (h, c) = lstm(x, hx, weights, **kwargs)
+        want, (want_h, want_c) = bilstm(x)
+    for got, ref in ((out, want), (h, want_h), (c, want_c)):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert explain(bilstm, torch.randn(2, 3, 4)).backend == "torch"  # grad mode on: autograd goes to torch
+
+
+@pytest.mark.parametrize("case,feature", [
+    ("grad", "requires_grad"), ("train-dropout", "dropout_active"), ("proj", "proj_size"), ("packed", "packed")])
+def test_refusals_go_to_torch_with_a_typed_reason(case, feature):
+    module = torch.nn.LSTM(4, 8, 2, bidirectional=True, batch_first=True, dropout=0.5 if case == "train-dropout" else 0.0,
+                           proj_size=3 if case == "proj" else 0)
+    module.train(case == "train-dropout")
+    x = torch.randn(2, 3, 4)
+    if case == "packed":
+        x = pack_padded_sequence(x, torch.tensor([3, 2]), batch_first=True)
+    with torch.set_grad_enabled(case == "grad"):
+        route = explain(module, x)
+        out = lstm(*call(module, x)[:3], **call(module, x)[3])
+    assert route.backend == "torch"
+    assert feature in str(route.skipped_reasons["triton"])
+    assert (out[0].data if case == "packed" else out[0]).shape[-1] == (3 if case == "proj" else 8) * 2
+
+
+def test_wide_hidden_and_half_dtypes_are_refused():
+    wide = torch.nn.LSTM(2, 513, 1).eval()
+    with torch.no_grad():
+        assert explain(wide, torch.randn(1, 1, 2)).skipped_reasons["triton"].field == "hidden"
+        half = torch.nn.LSTM(2, 4, 1).eval().to(torch.bfloat16)
+        assert "dtype" in str(explain(half, torch.randn(1, 1, 2, dtype=torch.bfloat16)).skipped_reasons["triton"])
+
+
+def test_bad_input_errors_name_the_argument(bilstm):
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(TypeError, match="input"):
+        lstm("x", None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True)
+    with pytest.raises(ValueError, match="input"):
+        lstm(torch.randn(2, 3, 4, 1), None, bilstm._flat_weights, num_layers=2, bidirectional=True)
+    with pytest.raises(ValueError, match="flat_weights"):
+        lstm(x, None, bilstm._flat_weights[:4], num_layers=2, bidirectional=True, batch_first=True)
+    with pytest.raises(ValueError, match="weight_ih_l0"):
+        lstm(torch.randn(2, 3, 5), None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True)
+    with pytest.raises(ValueError, match="h0"):
+        lstm(x, (torch.zeros(4, 3, 8), torch.zeros(4, 2, 8)), bilstm._flat_weights, num_layers=2,
+             bidirectional=True, batch_first=True)
+    with pytest.raises(ValueError, match="dropout"):
+        lstm(x, None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True, dropout=2.0)
+    with pytest.raises(TypeError, match="num_layers"):
+        lstm(x, None, bilstm._flat_weights, num_layers=2.0, bidirectional=True, batch_first=True)

@@ -1,0 +1,45 @@
+"""The public segdense op: validation names the argument; covered calls run the Triton kernel;
+autograd falls back to torch with a typed reason."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlx_triton as rt
+from rlx_triton.ops.segdense import segdense
+from tests.reference.segdense import random_head, segdense_float64
+
+
+def test_covered_call_runs_the_triton_kernel():
+    x, head = torch.randn(2, 5, 12), random_head(12, [8, 8], 7)
+    with rt.use_backend("triton", strict=True):
+        got = segdense(x, *head, activation="log_softmax")
+    torch.testing.assert_close(got.double(), segdense_float64(x, *head, "log_softmax"), rtol=1e-5, atol=1e-5)
+    assert rt.explain(segdense, x, *head, activation="sigmoid").backend == "triton"
+
+
+def test_autograd_goes_to_torch():
+    x, head = torch.randn(3, 12), random_head(12, [8], 3)
+    head[0][0].requires_grad_(True)
+    route = rt.explain(segdense, x, *head, activation="sigmoid")
+    assert route.backend == "torch" and "requires_grad" in str(route.skipped_reasons["triton"])
+    segdense(x, *head, activation="sigmoid").sum().backward()
+    assert head[0][0].grad is not None
+
+
+def test_bad_input_errors_name_the_argument():
+    x, (ws, bs, wc, bc) = torch.randn(3, 12), random_head(12, [8], 3)
+    with pytest.raises(TypeError, match="x"):
+        segdense([1.0], ws, bs, wc, bc)
+    with pytest.raises(ValueError, match=r"weights\[0\]"):
+        segdense(torch.randn(3, 11), ws, bs, wc, bc)
+    with pytest.raises(ValueError, match=r"biases\[0\]"):
+        segdense(x, ws, [torch.zeros(5)], wc, bc)
+    with pytest.raises(ValueError, match="classifier_weight"):
+        segdense(x, ws, bs, torch.randn(3, 12), bc)
+    with pytest.raises(ValueError, match="classifier_bias"):
+        segdense(x, ws, bs, wc, torch.zeros(4))
+    with pytest.raises(ValueError, match="activation"):
+        segdense(x, ws, bs, wc, bc, activation="softmax")
+    with pytest.raises(ValueError, match="biases"):
+        segdense(x, ws, [], wc, bc)
