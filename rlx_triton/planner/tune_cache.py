@@ -334,7 +334,7 @@ class TuneCache:
                         merged[key] = entry
                 merged = trim(merged, self.max_entries, self.eviction)
                 _atomic_write(self._path, directory, render_table(merged))
-        except OSError as err:
+        except (OSError, UnicodeError) as err:  # UnicodeError: a fingerprint with lone surrogates
             self._warn_once("tune cache %s could not be written (%s); winners stay in memory", self._path, err)
             return
         if self.load:

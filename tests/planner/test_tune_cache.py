@@ -1,9 +1,12 @@
 """The persisted winner table: format, legacy rows, robustness, eviction, settings, concurrency."""
+import dataclasses
 import logging
 import multiprocessing
 import os
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlx_triton.config import settings_from
 from rlx_triton.planner import (
@@ -86,6 +89,20 @@ def test_row_text_round_trip_keeps_ticks():
     assert row.split("\t") == ["1", "sdpa_decode", "balanced", "3", "m_bucket=0,seq_kv_bucket=7", "sm90", "0x10",
                                PARTIAL, "42"]
     assert tc.parse_row(row) == entry
+
+
+@given(device=st.text(), env_mask=st.integers(0, 2**64 - 1), tick=st.integers(0, 2**63))
+def test_any_fingerprint_and_mask_round_trip(device, env_mask, tick):
+    entry = tc.TuneCacheEntry(dataclasses.replace(key(2, 5, device=device), env_mask=env_mask), BASE, tick)
+    text = tc.render_table({entry.key: entry})
+    assert tc.parse_table(text).entries == {entry.key: entry}
+
+
+def test_unencodable_fingerprint_is_kept_in_memory(path, caplog):
+    table = TuneCache(path)
+    with caplog.at_level(logging.WARNING, logger=tc.__name__):
+        table.record(key(device="\udc80"), PARTIAL)
+    assert table.lookup(key(device="\udc80")) == PARTIAL and len(caplog.records) == 1
 
 
 def test_legacy_rows_without_tick_load_with_tick_zero(path):
