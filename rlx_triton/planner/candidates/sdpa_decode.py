@@ -1,11 +1,11 @@
 """SDPA decode candidates: the seed's `SdpaDecodeCandidate`, its named variants and its rules.
 
 Field -> Triton meta-parameter (CUDA):
-- `split_k`: number of KV splits, a fixed grid dimension (grid = (batch * kv_heads, split_k)); each
-  program reduces seq_kv / split_k keys, partials are merged in a second pass.
+- `split_k`: SPLIT_K, the maximum number of KV splits, a fixed grid dimension (grid =
+  (batch * kv_heads * query-row blocks, split_k)); each program reduces its share of seq_kv.
 - `tg_size`: threads per program; `num_warps = tg_size // 32`.
-- `tile_m`: BLOCK_M, query rows per program (GQA group x query tokens packed into one tile; tl.dot
-  needs >= 16, tile_m == 1 selects the elementwise GEMV path).
+- `tile_m`: the least BLOCK_M, query rows per program (GQA group x query tokens packed into one
+  tile); the launcher raises it to at least 16, the smallest tl.dot tile.
 - `tile_n`: BLOCK_N, KV rows loaded per loop iteration.
 - `tile_k`: upper-bound hint for BLOCK_D (head_dim is padded to the next power of two anyway).
 - `pad_q`, `pad_kv`: sequence padding factors (query / KV length rounded up to a multiple).
