@@ -199,3 +199,31 @@ def test_fp32_candidate_is_approved_for_high_fidelity_and_f16_kv_ones_are_not():
 
     for tag, approval in tk.APPROVALS.items():
         assert approval.covers_profile("high_fidelity") == (tag == FP32_VARIANT.candidate().tag())
+
+
+def test_top_left_causal_with_a_long_cache_reads_only_the_first_keys():
+    q, k, v = make_qkv(1, 2, 1, 3, 70, 16)
+    k[:, :, 3:] = float("nan")  # keys no token may see under top-left alignment
+    out, _ = tk.sdpa_decode(q, k, v, causal="top_left", candidate=candidate())
+    ref, _ = attention_reference(q, k[:, :, :3], v[:, :, :3], causal="top_left")
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_meta_maps_the_candidate_fields():
+    meta = tk._meta(candidate(split_k=4, tile_n=64, tg_size=128), rows=4, head_dim=40, head_dim_v=40,
+                    dtype=torch.float16)
+    assert (meta["SPLIT_K"], meta["BLOCK_N"], meta["num_warps"]) == (4, 64, 4)
+    assert (meta["BLOCK_M"], meta["BLOCK_D"], meta["BLOCK_DV"]) == (16, 64, 64)
+    assert meta["DOT_LOWP"] and not meta["SINGLE_PASS"]
+    single = tk._meta(candidate(split_k=1, partial_reduce=False, use_f16_kv=False), rows=1, head_dim=8,
+                      head_dim_v=8, dtype=torch.float16)
+    assert single["SINGLE_PASS"] and not single["DOT_LOWP"] and single["BLOCK_D"] == 16
+
+
+@pytest.mark.parametrize("head_dim,rows", [(128, 4), (256, 64)])
+def test_meta_shrinks_tiles_to_the_register_budget(head_dim, rows):
+    meta = tk._meta(candidate(tile_n=128, tg_size=128, tile_m=64), rows=rows, head_dim=head_dim,
+                    head_dim_v=head_dim, dtype=torch.float16)
+    width = meta["BLOCK_D"] + meta["BLOCK_DV"]
+    per_thread = (meta["BLOCK_N"] * width * 2 + meta["BLOCK_M"] * width * 4) / (32 * meta["num_warps"])
+    assert per_thread <= tk._THREAD_BYTES_LOWP and meta["BLOCK_M"] >= 16 and meta["BLOCK_N"] >= 16

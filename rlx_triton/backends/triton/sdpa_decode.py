@@ -290,6 +290,12 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
+    if causal == "top_left" and cache_seqlens is None and seq_q < seq_kv:
+        # token i sees keys 0..i only: the keys past Lq are never needed (views, no copy)
+        key, value = key[:, :, :seq_q], value[:, :, :seq_q]
+        if attn_mask is not None and attn_mask.shape[-1] != 1:
+            attn_mask = attn_mask[..., :seq_q]
+        seq_kv = seq_q
 
     rows = group * seq_q
     meta = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype)
