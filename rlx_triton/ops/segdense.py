@@ -64,7 +64,7 @@ def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[
     tensors = [x, *weights, classifier_weight] + [b for b in (*biases, classifier_bias) if b is not None]
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    hidden = max([w.shape[0] for w in weights], default=0)
+    hidden = max([w.shape[0] for w in weights], default=x.shape[-1])   # widest input of a layer after the first
     fields = {"rows": rows, "in_features": x.shape[-1], "hidden": hidden,
               "classes": classifier_weight.shape[0], "tokens": rows}
     feats = {"activation": activation, "linear_layers": len(weights), "requires_grad": requires_grad}

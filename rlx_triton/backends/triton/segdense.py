@@ -213,7 +213,7 @@ COVERAGE = Coverage(
     ops=frozenset({"segdense"}),
     devices=frozenset({"cuda", "cpu"}),
     dtypes=frozenset({"float32"}),
-    ranges={"classes": (1, MAX_CLASSES), "in_features": (1, MAX_FEATURES), "hidden": (0, MAX_FEATURES),
+    ranges={"classes": (1, MAX_CLASSES), "in_features": (1, MAX_FEATURES), "hidden": (1, MAX_FEATURES),
             "rows": (0, (1 << 31) - 1)},
     features={
         "activation": frozenset(ACTIVATIONS),

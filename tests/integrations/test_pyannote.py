@@ -1,0 +1,110 @@
+"""rt.integrations.pyannote: optimize() recognises PyanNet by structure and swaps in rlx modules in
+place (same outputs within 1e-4 with the torch fallback and with the Triton kernels forced, same
+state_dict keys, shared parameters); unknown models are unchanged; pipelines are walked; explain()
+reports the route of every swapped module; other modules register recognisers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlx_triton as rt
+from rlx_triton.integrations import pyannote
+from rlx_triton.nn import LSTM, SegDense
+from tests.reference.pyannote_models import SpeakerDiarization, make_pyannet
+
+SAMPLES = 2000   # the shortest audio the tiny tests need: 4 output frames
+
+
+def waveforms(batch=2):
+    return torch.randn(batch, 1, SAMPLES)
+
+
+def test_optimized_pyannet_gives_the_same_output_with_the_torch_fallback():
+    model = make_pyannet()
+    x = waveforms()
+    with torch.no_grad():
+        want = model(x)
+        keys = list(model.state_dict())
+        params = {name: p for name, p in model.named_parameters()}
+        assert pyannote.optimize(model) is model
+        with rt.use_backend("torch"):
+            got = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert isinstance(model.lstm, LSTM) and isinstance(model.classifier, SegDense)
+    assert list(model.state_dict()) == keys
+    assert all(p is params[name] for name, p in model.named_parameters())
+
+
+def test_optimized_pyannet_gives_the_same_output_on_the_triton_kernels():
+    model = make_pyannet()
+    x = waveforms()
+    with torch.no_grad():
+        want = model(x)
+        pyannote.optimize(model)
+        with rt.use_backend("triton", strict=True):
+            got = model(x)
+    assert got.shape == (2, 4, 7)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("monolithic", [True, False], ids=["monolithic", "layer-list"])
+def test_lstm_stack_forms_and_the_multilabel_head(monolithic):
+    model = make_pyannet(hidden=8, monolithic=monolithic, linear_layers=1, linear_hidden=8, powerset=False)
+    feats = torch.randn(2, 3, 60)
+    with torch.no_grad():
+        want = model.classifier(torch.nn.functional.leaky_relu(model.linear[0](
+            model.lstm(feats)[0] if monolithic else model.lstm[1](model.lstm[0](feats)[0])[0])))
+        want = model.activation(want)
+        pyannote.optimize(model)
+        lstms = [model.lstm] if monolithic else list(model.lstm)
+        assert all(isinstance(m, LSTM) for m in lstms)
+        with rt.use_backend("triton", strict=True):
+            out = feats
+            for m in lstms:
+                out = m(out)[0]
+            got = model.activation(model.classifier(out))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_models_and_modules_are_unchanged():
+    plain = torch.nn.Sequential(torch.nn.LSTM(3, 4), torch.nn.Linear(4, 2))
+    assert pyannote.optimize(plain) is plain
+    assert type(plain[0]) is torch.nn.LSTM and type(plain[1]) is torch.nn.Linear
+    assert pyannote.optimize(object()) is not None
+
+
+def test_a_pipeline_has_every_model_it_holds_optimized():
+    model = make_pyannet(hidden=8, linear_hidden=8)
+    pipeline = SpeakerDiarization(model)
+    assert pyannote.optimize(pipeline) is pipeline
+    assert isinstance(pipeline._segmentation.model.lstm, LSTM)
+
+
+def test_explain_reports_each_swapped_module_route():
+    model = pyannote.optimize(make_pyannet(hidden=8, linear_hidden=8))
+    with rt.use_backend("torch"):
+        routes = pyannote.explain(model, waveforms(1))
+    assert {"lstm", "classifier"} <= set(routes)
+    assert all(route.backend == "torch" for route in routes.values())
+
+
+def test_registered_recognisers_run_first_and_see_every_module():
+    seen = []
+
+    class Marker(torch.nn.Module):
+        pass
+
+    def swap(module):
+        seen.append(module)
+        return torch.nn.Identity()
+
+    pyannote.register_recogniser("test-marker", lambda m: isinstance(m, Marker), swap)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(Marker()))
+        pyannote.optimize(model)
+        assert isinstance(model[1][0], torch.nn.Identity) and len(seen) == 1
+        assert "test-marker" in [r.name for r in pyannote.recognisers()]
+    finally:
+        pyannote._RECOGNISERS.pop("test-marker")
+    with pytest.raises(ValueError):
+        pyannote.register_recogniser("", lambda m: False, lambda m: m)

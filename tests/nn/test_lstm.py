@@ -1,0 +1,49 @@
+"""rlx_triton.nn.LSTM is a drop-in nn.LSTM: from_torch shares the Parameter objects and state_dict
+keys, forward equals nn.LSTM (Triton kernel under no_grad, torch for autograd and training dropout)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlx_triton as rt
+from rlx_triton.nn import LSTM
+
+
+@pytest.fixture
+def source():
+    return torch.nn.LSTM(5, 8, 2, bidirectional=True, batch_first=True).eval()
+
+
+def test_from_torch_shares_parameters_and_state_dict_keys(source):
+    fast = LSTM.from_torch(source)
+    assert isinstance(fast, torch.nn.LSTM)
+    assert list(fast.state_dict()) == list(source.state_dict())
+    for (name, p), (_, q) in zip(fast.named_parameters(), source.named_parameters()):
+        assert p is q, name
+    with torch.no_grad():
+        source.weight_hh_l1.add_(1.0)
+    assert torch.equal(fast.weight_hh_l1, source.weight_hh_l1)
+    fast.load_state_dict(source.state_dict())
+
+
+def test_forward_equals_nn_lstm_on_the_triton_kernel(source):
+    fast = LSTM.from_torch(source)
+    x = torch.randn(2, 3, 5)
+    hx = (torch.randn(4, 2, 8), torch.randn(4, 2, 8))
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        out, (h, c) = fast(x, hx)
+    want, (want_h, want_c) = source(x, hx)
+    for got, ref in ((out, want), (h, want_h), (c, want_c)):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert fast.explain(x, hx).backend == "torch"       # grad mode on
+    with torch.no_grad():
+        assert fast.explain(x, hx).backend == "triton"
+
+
+def test_constructed_directly_and_trained_through_torch():
+    fast = LSTM(3, 4, 2, dropout=0.5).train()
+    x = torch.randn(5, 2, 3)
+    assert fast.explain(x).backend == "torch"
+    out, _ = fast(x)
+    out.sum().backward()
+    assert fast.weight_ih_l0.grad is not None
