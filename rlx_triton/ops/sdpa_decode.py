@@ -77,9 +77,9 @@ def _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, en
                                       f"equal and divide the query heads, got query {heads}, key {kv_heads}, "
                                       f"value {value.shape[-3]}")
     if attn_mask is not None:
-        if attn_mask.dtype != torch.bool and attn_mask.dtype != query.dtype:
-            raise AttentionInputError(f"{op}: attn_mask must be bool or match query's dtype {query.dtype}, "
-                                      f"got {attn_mask.dtype}")
+        if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+            raise AttentionInputError(f"{op}: expected attn_mask dtype to be bool or float or to match query's "
+                                      f"dtype {query.dtype}, got {attn_mask.dtype}")
         target = (*query.shape[:-1], key.shape[-2])
         try:
             if torch.broadcast_shapes(attn_mask.shape, target) != torch.Size(target):

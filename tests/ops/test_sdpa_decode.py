@@ -91,6 +91,20 @@ def test_masks_match_torch(mask_dtype):
     assert_like_torch(out, q, k, v, attn_mask=mask)
 
 
+def test_float32_mask_with_half_inputs_is_accepted_like_torch():
+    q, k, v = qkv(1, 2, 1, 16, dtype=torch.float16)
+    mask = torch.randn(1, 23)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert_like_torch(out, q, k, v, attn_mask=mask)
+
+
+def test_mask_of_another_float_dtype_is_rejected_like_torch():
+    q, k, v = qkv(1, 2, 1, 16)
+    with pytest.raises(RuntimeError, match="attn_mask dtype"):
+        rt.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(1, 23, dtype=torch.float64))
+
+
 def test_is_causal_is_top_left_like_torch():
     q, k, v = qkv(1, 2, 4, 16, seq_kv=9)
     with rt.use_backend("triton", strict=True):
