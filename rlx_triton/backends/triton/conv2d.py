@@ -67,30 +67,31 @@ def _conv2d_kernel(
     mask_co = offs_co < c_out
     offs_k = tl.arange(0, BLOCK_K)
     plane = height * width
+    ih_base = oh * stride - padding
+    iw_base = ow * stride - padding
+    w_co = w_ptr + offs_co.to(tl.int64) * stride_wo
+    x_ci = offs_k * plane  # channel offsets of one chunk
+    w_ci = offs_k * stride_wi
 
     # Reduction over taps (kh, kw), then input channels in BLOCK_K chunks: per tap the input row of
     # each output pixel is one address, so the patch gather is a [BLOCK_P] address + channel offsets.
     acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.float32)
-    for tap in range(0, KH * KW):
-        kh = tap // KW
-        kw = tap % KW
-        ih = oh * stride - padding + kh
-        iw = ow * stride - padding + kw
-        mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
-        x_tap = x_pixel_base + ih * width + iw
-        w_tap = w_ptr + kh * stride_wh + kw * stride_ww
-        for ci0 in range(0, c_in, BLOCK_K):
-            ci = ci0 + offs_k
-            mask_ci = ci < c_in
-            # Input patch [BLOCK_P, BLOCK_K].
-            mask_x = mask_pix[:, None] & mask_ci[None, :]
-            x_tile = tl.load(x_tap[:, None] + ci[None, :] * plane, mask=mask_x,
-                             other=0.0).to(tl.float32)
-            # Weight tile [BLOCK_K, BLOCK_CO].
-            mask_w = mask_ci[:, None] & mask_co[None, :]
-            w_tile = tl.load(w_tap + ci[:, None] * stride_wi + offs_co[None, :] * stride_wo, mask=mask_w,
-                             other=0.0).to(tl.float32)
-            acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
+    for kh in range(0, KH):
+        ih = ih_base + kh
+        row_ok = mask_p & (ih >= 0) & (ih < height)
+        x_row = x_pixel_base + ih * width
+        for kw in range(0, KW):
+            iw = iw_base + kw
+            mask_pix = row_ok & (iw >= 0) & (iw < width)  # zero padding outside the image
+            x_ptrs = (x_row + iw)[:, None] + x_ci[None, :]  # input patch [BLOCK_P, BLOCK_K]
+            w_ptrs = (w_co + kh * stride_wh + kw * stride_ww)[None, :] + w_ci[:, None]  # weights [BLOCK_K, BLOCK_CO]
+            for ci0 in range(0, c_in, BLOCK_K):
+                mask_ci = offs_k < c_in - ci0
+                x_tile = tl.load(x_ptrs, mask=mask_pix[:, None] & mask_ci[None, :], other=0.0).to(tl.float32)
+                w_tile = tl.load(w_ptrs, mask=mask_ci[:, None] & mask_co[None, :], other=0.0).to(tl.float32)
+                acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
+                x_ptrs += BLOCK_K * plane
+                w_ptrs += BLOCK_K * stride_wi
 
     # Epilogue: bias (folded BatchNorm shift), residual, ReLU.
     if HAS_BIAS:
@@ -388,7 +389,17 @@ def _approvals() -> dict:
 
 
 APPROVALS = _approvals()
-RECIPES: dict = {}  # no measured device recipe yet: bench/embedding.py on a GPU will supply one
+
+
+def _recipes() -> dict:
+    """Device class -> candidate tag. GPU classes have none until bench/embedding.py measures them. In the
+    interpreter the cost is per program, so the widest ieee tile wins (measured on a 2x4x16x48 3x3 conv:
+    128x64 tiles 1.5 s, 64x32 tiles 2.5 s)."""
+    wide = candidate_tag(make_candidate(tile_pos=128, tile_co=64, tile_k=32, tg_size=256, stages=3))
+    return {"interpreter": wide} if wide in {candidate_tag(c) for c in all_candidates()} else {}
+
+
+RECIPES = _recipes()
 SPEED_EVIDENCE: dict = {}
 
 

@@ -1,0 +1,151 @@
+"""Triton conv2d / linear / stats_pool kernels (interpreter on CPU) against float64 references.
+
+Each test runs one candidate (the interpreter recipe, widest ieee tiles); the sweep test runs every conv
+candidate of the plan and re-measures its accuracy approval.
+"""
+import pytest
+import torch
+
+from rlx_triton.backends.triton import conv2d as K
+from tests.reference.conv2d import (TF32_RTOL, assert_close_ref, conv2d64, linear64, rel_err, stats_pool64)
+
+CAND = K.make_candidate(tile_pos=128, tile_co=64, tile_k=32, tg_size=256, stages=3)
+
+# (batch, c_in, c_out, height, width, kernel, stride, padding): ResNet trunk geometry plus odd sizes
+SHAPES = [
+    (1, 1, 7, 7, 9, 3, 1, 1),     # the stem: one input channel
+    (2, 5, 7, 9, 11, 3, 1, 1),
+    (1, 7, 33, 8, 7, 3, 2, 1),    # downsampling 3x3
+    (2, 17, 6, 5, 9, 1, 2, 0),    # downsampling shortcut 1x1
+    (1, 33, 17, 3, 5, 1, 1, 0),
+    (3, 3, 4, 1, 1, 3, 1, 1),     # 1x1 image, 3x3 kernel: only the centre tap is inside
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "bias_residual_relu"])
+def test_conv2d_matches_float64(shape, epilogue):
+    b, ci, co, h, w, k, s, p = shape
+    x = torch.randn(b, ci, h, w)
+    weight = torch.randn(co, ci, k, k)
+    bias = torch.randn(co) if epilogue != "plain" else None
+    out_h, out_w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    residual = torch.randn(b, co, out_h, out_w) if epilogue == "bias_residual_relu" else None
+    relu = epilogue != "plain"
+    y = K.conv2d(x, weight, bias, stride=s, padding=p, residual=residual, relu=relu, candidate=CAND)
+    ref = conv2d64(x, weight, bias, stride=s, padding=p, residual=residual, relu=relu)
+    assert y.shape == ref.shape and y.dtype == torch.float32
+    assert_close_ref(y, ref, torch.float32, ci * k * k)
+
+
+def test_conv2d_reads_a_channel_last_weight_through_its_strides():
+    x, weight = torch.randn(2, 6, 7, 5), torch.randn(9, 6, 3, 3)
+    packed = weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)  # c_out contiguous
+    y = K.conv2d(x, packed, None, stride=1, padding=1, candidate=CAND)
+    assert_close_ref(y, conv2d64(x, weight, padding=1), torch.float32, 54)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_conv2d_half_inputs_accumulate_in_fp32_and_return_their_dtype(dtype):
+    x = torch.randn(2, 8, 6, 7).to(dtype)
+    weight, bias = torch.randn(5, 8, 3, 3), torch.randn(5)
+    residual = torch.randn(2, 5, 3, 4).to(dtype)
+    y = K.conv2d(x, weight, bias, stride=2, padding=1, residual=residual, relu=True, candidate=CAND)
+    assert y.dtype == dtype
+    ref = conv2d64(x, weight, bias, stride=2, padding=1, residual=residual, relu=True)
+    assert_close_ref(y, ref, dtype, 72)
+
+
+def test_unfused_epilogue_gives_the_fused_result():
+    x, weight, bias = torch.randn(2, 6, 7, 9), torch.randn(10, 6, 3, 3), torch.randn(10)
+    residual = torch.randn(2, 10, 7, 9)
+    fused = K.conv2d(x, weight, bias, stride=1, padding=1, residual=residual, relu=True, candidate=CAND)
+    split = K.make_candidate(tile_pos=64, tile_co=16, tile_k=16, fuse_epilogue=False)
+    unfused = K.conv2d(x, weight, bias, stride=1, padding=1, residual=residual, relu=True, candidate=split)
+    torch.testing.assert_close(unfused, fused, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,inp,out", [(1, 16, 7), (3, 333, 17), (33, 80, 64)])
+def test_linear_is_a_one_pixel_conv(rows, inp, out):
+    x, weight, bias = torch.randn(rows, inp), torch.randn(out, inp), torch.randn(out)
+    y = K.linear(x, weight, bias, candidate=CAND)
+    assert y.shape == (rows, out)
+    assert_close_ref(y, linear64(x, weight, bias), torch.float32, inp)
+
+
+@pytest.mark.parametrize("batch,features,frames", [(1, 1, 1), (2, 7, 33), (3, 80, 130)])
+def test_stats_pool_is_mean_and_unbiased_std(batch, features, frames):
+    x = torch.randn(batch, features, frames) * 3 + 1
+    y = K.stats_pool(x)
+    assert y.shape == (batch, 2 * features)
+    assert_close_ref(y, stats_pool64(x), torch.float32, frames)
+
+
+def test_stats_pool_of_one_frame_has_zero_std():
+    y = K.stats_pool(torch.randn(2, 5, 1))
+    assert torch.equal(y[:, 5:], torch.zeros(2, 5))
+
+
+@pytest.mark.parametrize("speakers", [1, 3])
+def test_weighted_stats_pool_follows_pyannote(speakers):
+    x = torch.randn(2, 9, 70)
+    weights = torch.rand(2, speakers, 70)
+    weights[:, :, :20] = 0.0  # inactive frames
+    y = K.stats_pool(x, weights)
+    assert y.shape == (2, speakers, 18)
+    assert_close_ref(y, stats_pool64(x, weights), torch.float32, 70)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_stats_pool_half_inputs(dtype):
+    x = torch.randn(2, 6, 40).to(dtype)
+    weights = torch.rand(2, 1, 40).to(dtype)
+    y = K.stats_pool(x, weights)
+    assert y.dtype == dtype
+    assert_close_ref(y, stats_pool64(x, weights), dtype, 40)
+
+
+def test_every_conv_candidate_meets_its_approval():
+    """The sweep: every conv candidate of the plan runs conv2d (3x3 stride 2 + residual + relu, and a 1x1
+    projection); approved candidates must hold their stated bound, the others the TF32 tolerance."""
+    x, weight, bias = torch.randn(2, 19, 9, 7), torch.randn(21, 19, 3, 3), torch.randn(21)
+    residual = torch.randn(2, 21, 5, 4)
+    ref = conv2d64(x, weight, bias, stride=2, padding=1, residual=residual, relu=True)
+    rows, proj = torch.randn(5, 70), torch.randn(9, 70)
+    ref_proj = linear64(rows, proj)
+    candidates = K.all_candidates()
+    assert len(candidates) >= 2
+    for cand in candidates:
+        y = K.conv2d(x, weight, bias, stride=2, padding=1, residual=residual, relu=True, candidate=cand)
+        err = max(rel_err(y, ref), rel_err(K.linear(rows, proj, candidate=cand), ref_proj))
+        approval = K.APPROVALS.get(K.candidate_tag(cand))
+        bound = approval.max_rel_err if approval is not None else TF32_RTOL
+        assert err <= bound, f"{K.candidate_tag(cand)}: rel err {err:.2e} > {bound:.1e}"
+
+
+def test_only_true_fp32_candidates_are_approved():
+    for cand in K.all_candidates():
+        assert (K.candidate_tag(cand) in K.APPROVALS) == (cand.precision in ("ieee", "tf32x3"))
+
+
+def test_audit_specs_list_every_constexpr_and_every_candidate():
+    for spec in K.AUDIT_KERNELS:
+        constexprs = {name for name, kind in spec.signature.items() if kind == "constexpr"}
+        for cand in spec.candidates:
+            meta = spec.meta(cand, "fp32")
+            assert constexprs == set(meta) - {"num_warps", "num_stages"}, spec.name
+        assert len(spec.candidates) == len(K.all_candidates())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3", "tf32"])
+def test_gpu_precision_errors_on_a_trunk_layer(precision):
+    """On CUDA the dot really rounds: approved precisions must hold their bound on a layer3-sized conv."""
+    x = torch.randn(4, 128, 20, 125, device="cuda")
+    weight, bias = torch.randn(128, 128, 3, 3, device="cuda") / 34, torch.randn(128, device="cuda")
+    cand = K.make_candidate(tile_pos=128, tile_co=64, tile_k=32, tg_size=256, stages=3, precision=precision)
+    y = K.conv2d(x, weight, bias, stride=1, padding=1, relu=True, candidate=cand)
+    ref = conv2d64(x.cpu(), weight.cpu(), bias.cpu(), padding=1, relu=True)
+    approval = K.APPROVALS.get(K.candidate_tag(cand))
+    bound = approval.max_rel_err if approval is not None else TF32_RTOL
+    assert rel_err(y.cpu(), ref) <= bound
