@@ -227,3 +227,8 @@ def test_meta_shrinks_tiles_to_the_register_budget(head_dim, rows):
     width = meta["BLOCK_D"] + meta["BLOCK_DV"]
     per_thread = (meta["BLOCK_N"] * width * 2 + meta["BLOCK_M"] * width * 4) / (32 * meta["num_warps"])
     assert per_thread <= tk._THREAD_BYTES_LOWP and meta["BLOCK_M"] >= 16 and meta["BLOCK_N"] >= 16
+
+
+def test_two_stage_with_a_single_split():
+    q, k, v = make_qkv(1, 2, 1, 1, 30, 16)
+    run_and_check(q, k, v, cand=candidate(split_k=1, partial_reduce=True))
