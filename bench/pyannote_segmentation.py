@@ -1,0 +1,72 @@
+"""PyanNet forward (pyannote segmentation-3.0 shape): stock model with TF32 off vs rt.integrations.pyannote.optimize.
+
+Shape: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> (32, 589, 7); SincNet, a 4-layer
+bidirectional LSTM (hidden 128), two linear layers (128) and the powerset classifier (7 classes,
+log-softmax); random weights. The model is pyannote.audio's PyanNet when installed, else the
+structural copy in tests/reference/pyannote_models.py. On CPU (quick): 1 chunk of 2 s, routed to
+the torch fallback (the interpreter is not a speed path): context for the dispatch cost only.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _pyannet():
+    try:
+        from pyannote.audio.core.task import Problem, Resolution, Specifications  # type: ignore
+        from pyannote.audio.models.segmentation import PyanNet  # type: ignore
+    except ImportError:
+        from tests.reference.pyannote_models import make_pyannet
+        return make_pyannet(hidden=128, lstm_layers=4, linear_layers=2, linear_hidden=128, powerset=True)
+    model = PyanNet(sincnet={"stride": 10}, lstm={"hidden_size": 128, "num_layers": 4, "bidirectional": True,
+                                                  "monolithic": True, "dropout": 0.0},
+                    linear={"hidden_size": 128, "num_layers": 2}, sample_rate=16000, num_channels=1)
+    model.specifications = Specifications(problem=Problem.MONO_LABEL_CLASSIFICATION, resolution=Resolution.FRAME,
+                                          duration=10.0, classes=["speaker#1", "speaker#2", "speaker#3"],
+                                          powerset_max_classes=2, permutation_invariant=True)
+    model.build()
+    return model.eval()
+
+
+def run(quick: bool = False) -> list:
+    import rlx_triton as rt
+    from bench.common import bench_device, case, side_by_side
+    from rlx_triton.config import settings
+    from rlx_triton.integrations import pyannote
+
+    device = bench_device()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        batch, samples = 32, 160000
+    else:
+        batch, samples = 1, 32000
+    stock = _pyannet().to(device)
+    fast = pyannote.optimize(copy.deepcopy(stock))
+    wav = torch.randn(batch, 1, samples, device=device)
+    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
+    with torch.inference_mode(), rt.use_backend(backend):
+        routes = pyannote.explain(fast, wav)
+        ref = stock(wav)
+        out = fast(wav)
+        max_abs_err = (out - ref).abs().max().item()
+        moved = wav.numel() * wav.element_size() + out.numel() * out.element_size()
+        rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), device, quick=quick)
+    shape = f"({batch}, 1, {samples}) -> {tuple(out.shape)} {device.type}"
+    summary = ", ".join(f"{path}={route.backend}" for path, route in routes.items())
+    return [case("pyannote_segmentation", shape, wav.dtype, rlx_us, "PyanNet (torch, TF32 off)", base_us,
+                 bytes_moved=moved, backend="+".join(sorted({r.backend for r in routes.values()})) or "torch",
+                 routes=summary, max_abs_err=float(f"{max_abs_err:.3g}"))]
+
+
+if __name__ == "__main__":
+    for row in run(quick="--quick" in sys.argv):
+        print(row)
