@@ -1,12 +1,19 @@
-"""Fixtures of the Metal tests: `emulated_metal` routes the launchers' kernel dispatch to the NumPy
-shader models (tests/metal/shader_models.py) on CPU, after the real argument checks, and checks
-the launch geometry (threads = groups x group_size covers the kernel's work items)."""
+"""Fixtures of the Metal tests. Both route the launchers' kernel dispatch to the CPU, after the
+real argument checks and a check of the launch geometry (threads = groups x group_size covers the
+kernel's work items):
+  emulated_metal  to the NumPy shader models (tests/metal/shader_models.py);
+  executed_metal  to the shader sources themselves, compiled for the CPU (tests/metal/shader_exec.py).
+"""
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
 
 import pytest
 
+from rlx_triton.backends import metal as metal_backend
 from rlx_triton.backends.metal import library
-from tests.metal import shader_models
+from tests.metal import msl_source, shader_exec, shader_models
 
 # work items each kernel's grid must cover: one thread per element, or one threadgroup per row
 THREAD_PER_ELEMENT = {
@@ -32,20 +39,50 @@ class Launches(list):
         return [name for name, _, _ in self]
 
 
+def _checked_launch(launches, base, dtype, signature, groups, group_size, values):
+    """The real argument checks and the geometry checks; returns (ordered arguments, group size)."""
+    ordered = library.ordered_arguments(signature, dtype, values)
+    size = library.group_size_for(group_size)
+    assert size % library.SIMD_WIDTH == 0 and 0 < size <= 1024
+    if base in THREAD_PER_ELEMENT:
+        assert groups * size >= THREAD_PER_ELEMENT[base](values) > (groups - 1) * size
+    else:
+        assert groups == GROUP_PER_ROW[base](values)
+    launches.append((library.kernel_name(base, dtype), groups, size))
+    return ordered, size
+
+
 @pytest.fixture
 def emulated_metal(monkeypatch):
     launches = Launches()
 
     def dispatch(family, base, dtype, signature, *, groups, group_size, **values):
-        library.ordered_arguments(signature, dtype, values)  # the real kind/dtype/contiguity checks
-        size = library.group_size_for(group_size)
-        assert size % library.SIMD_WIDTH == 0 and 0 < size <= 1024
-        if base in THREAD_PER_ELEMENT:
-            assert groups * size >= THREAD_PER_ELEMENT[base](values) > (groups - 1) * size
-        else:
-            assert groups == GROUP_PER_ROW[base](values)
-        launches.append((library.kernel_name(base, dtype), groups, size))
+        _, size = _checked_launch(launches, base, dtype, signature, groups, group_size, values)
         shader_models.MODELS[base](groups=groups, group_size=size, **values)
+
+    monkeypatch.setattr(library, "dispatch", dispatch)
+    return launches
+
+
+@pytest.fixture(scope="session")
+def cpu_shader_libraries(tmp_path_factory):
+    """Every family's shader compiled for the CPU once per test session."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found")
+    build_dir = Path(tmp_path_factory.mktemp("metal_cpu"))
+    return {family: (lib, msl_source.kernels((shader_exec.REPO / "metal" / f"{family}.metal").read_text()))
+            for family, lib in shader_exec.build(metal_backend.FAMILIES, build_dir).items()}
+
+
+@pytest.fixture
+def executed_metal(monkeypatch, cpu_shader_libraries):
+    launches = Launches()
+
+    def dispatch(family, base, dtype, signature, *, groups, group_size, **values):
+        ordered, size = _checked_launch(launches, base, dtype, signature, groups, group_size, values)
+        cpu_library, kernels = cpu_shader_libraries[family]
+        shader_exec.run(cpu_library, kernels[library.kernel_name(base, dtype)], ordered, groups=groups,
+                        group_size=size)
 
     monkeypatch.setattr(library, "dispatch", dispatch)
     return launches

@@ -13,6 +13,7 @@ from typing import Dict, List, Tuple
 
 _DEFINE = re.compile(r"#define\s+(\w+)\((\w+),\s*(\w+)\)\s*(.*)")
 _KERNEL = re.compile(r"kernel\s+void\s+(\w+)\s*\(")
+_BUILTIN = re.compile(r"^uint\s+\w+\s*\[\[(?P<attribute>\w+)\]\]$")
 _BUFFER = re.compile(r"^(?P<type>.+?)\s*(?P<ref>[*&])\s*(?P<name>\w+)\s*\[\[buffer\((?P<index>\d+)\)\]\]$")
 
 
@@ -29,6 +30,7 @@ class Kernel:
     name: str
     arguments: Tuple[BufferArgument, ...]
     min_metal_version: int  # 310 for kernels inside `#if __METAL_VERSION__ >= 310`, else 0
+    builtins: Tuple[str, ...] = ()  # thread-position attributes of the trailing uint parameters, in order
 
 
 def _join_continuations(source: str) -> List[str]:
@@ -71,14 +73,20 @@ def _kernels_in(body: str, element: str, min_version: int) -> Dict[str, Kernel]:
         while depth:
             depth += {"(": 1, ")": -1}.get(body[end], 0)
             end += 1
-        arguments = []
+        arguments, builtins = [], []
         for parameter in _split_parameters(body[start:end - 1]):
             buffer = _BUFFER.match(parameter)
             if buffer is None:
-                continue  # thread-position built-ins
+                builtin = _BUILTIN.match(parameter)
+                if builtin is None:
+                    raise ValueError(f"{match.group(1)}: unrecognised parameter {parameter!r}")
+                builtins.append(builtin["attribute"])
+                continue
+            if builtins:
+                raise ValueError(f"{match.group(1)}: buffer {buffer['name']} follows the thread-position parameters")
             kind, writable = _argument_kind(buffer["type"], buffer["ref"], element)
             arguments.append(BufferArgument(int(buffer["index"]), buffer["name"], kind, writable))
-        kernels[match.group(1)] = Kernel(match.group(1), tuple(arguments), min_version)
+        kernels[match.group(1)] = Kernel(match.group(1), tuple(arguments), min_version, tuple(builtins))
     return kernels
 
 
