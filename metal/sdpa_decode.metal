@@ -25,13 +25,18 @@ constant constexpr int SDPA_MAX_PER_LANE = 8;      // head dims up to 32 * 8 = 2
 constant constexpr int SDPA_MAX_SIMDGROUPS = 8;    // threadgroups up to 256 threads
 constant constexpr int SDPA_MAX_HEAD_DIM = SDPA_LANES * SDPA_MAX_PER_LANE;
 
+// The smaller of two 64-bit ints (written out: no reliance on 64-bit overloads of metal::min).
+inline long sdpa_min(long a, long b) {
+  return a < b ? a : b;
+}
+
 // The key range [0, end) that query row i of sequence b may attend to.
 inline long sdpa_key_end(long valid_keys, long query_index, long query_len, long causal_mode) {
   if (causal_mode == 1) {
-    return min(valid_keys, query_index + 1);
+    return sdpa_min(valid_keys, query_index + 1);
   }
   if (causal_mode == 2) {
-    return min(valid_keys, valid_keys - query_len + query_index + 1);
+    return sdpa_min(valid_keys, valid_keys - query_len + query_index + 1);
   }
   return valid_keys;
 }
@@ -176,7 +181,7 @@ inline void sdpa_decode_split_impl(
   long hkv = hq / (num_heads / num_kv_heads);
   long key_end = sdpa_key_end(seqlens[b], qi, query_len, causal_mode);
   long part_begin = partition * keys_per_partition;
-  long part_end = min(part_begin + keys_per_partition, key_end);
+  long part_end = sdpa_min(part_begin + keys_per_partition, key_end);
   device const T* key_head = key + (b * num_kv_heads + hkv) * seq_kv * head_dim;
   device const T* value_head = value + (b * num_kv_heads + hkv) * seq_kv * head_dim_v;
   float running_max;

@@ -123,7 +123,12 @@ def dispatch(family: str, base: str, dtype: torch.dtype, signature: Sequence[str
     """
     if groups <= 0:
         return
-    kernel = getattr(library(family), kernel_name(base, dtype))
+    name = kernel_name(base, dtype)
+    try:
+        kernel = getattr(library(family), name)
+    except (AttributeError, RuntimeError) as error:
+        hint = " (bfloat kernels need MSL 3.1: macOS 14 or later)" if dtype == torch.bfloat16 else ""
+        raise RuntimeError(f"Metal kernel {name} is not in the compiled {family} library{hint}") from error
     size = group_size_for(group_size, kernel)
     arguments = ordered_arguments(signature, dtype, values)
     kernel(*arguments, threads=groups * size, group_size=size)
