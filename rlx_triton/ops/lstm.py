@@ -67,6 +67,8 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
             raise TypeError(f"flat_weights[{i}] must be a torch.Tensor, got {type(w).__name__}")
         if w.device != data.device:
             raise ValueError(f"flat_weights[{i}] is on {w.device} but input is on {data.device}")
+        if w.dtype != data.dtype:
+            raise TypeError(f"flat_weights[{i}] is {w.dtype} but input is {data.dtype}: they must match")
     w_ih0, w_hh0 = weights[0], weights[1]
     hidden = w_hh0.shape[0] // 4 if w_hh0.dim() == 2 else 0
     h_size = proj_size if proj_size > 0 else hidden
@@ -96,6 +98,8 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
                 raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
             if t.device != data.device:
                 raise ValueError(f"{name} is on {t.device} but input is on {data.device}")
+            if t.dtype != data.dtype:
+                raise TypeError(f"{name} is {t.dtype} but input is {data.dtype}: they must match")
 
     tensors = [data, *weights] + ([] if hx is None else list(hx))
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)

@@ -80,5 +80,7 @@ def test_bad_input_errors_name_the_argument(bilstm):
              bidirectional=True, batch_first=True)
     with pytest.raises(ValueError, match="dropout"):
         lstm(x, None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True, dropout=2.0)
+    with pytest.raises(TypeError, match=r"flat_weights\[0\]"):
+        lstm(x.double(), None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True)
     with pytest.raises(TypeError, match="num_layers"):
         lstm(x, None, bilstm._flat_weights, num_layers=2.0, bidirectional=True, batch_first=True)
