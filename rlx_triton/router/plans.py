@@ -63,7 +63,7 @@ def winner_table():
             if _table is None:
                 from rlx_triton.planner.tune_cache import TuneCache
 
-                _table = TuneCache.from_settings(settings())
+                _table = TuneCache.from_settings(settings(), TunePolicy.balanced_defaults())
     return _table
 
 

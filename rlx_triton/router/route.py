@@ -15,14 +15,14 @@ exact launch fields that any ranged coverage named, so bucketing never widens a 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
 from rlx_triton.router.coverage import (BACKEND_UNAVAILABLE, NOT_APPROVED, NOT_SELECTED, SHAPE_UNIMPLEMENTED,
-                                        Refusal)
+                                        Coverage, Refusal)
 from rlx_triton.router.device import device_facts
 from rlx_triton.router.request import Request
 from rlx_triton.router.settings import BackendChoice, current_choice
@@ -86,7 +86,8 @@ class Route:
         return "\n".join(rows)
 
 
-_cache: Dict[tuple, Route] = {}
+# bucketed signature + backend choice -> (route, range checks that must still hold for an exact request)
+_cache: Dict[tuple, Tuple[Route, Tuple[Tuple[Coverage, str, bool], ...]]] = {}
 _cache_lock = threading.Lock()
 
 
@@ -95,38 +96,39 @@ def clear_route_cache() -> None:
         _cache.clear()
 
 
-def _still_valid(route: Route, request: Request) -> bool:
-    """A cached route holds for an exact request if no ranged-coverage verdict flips inside the bucket."""
-    fields = request.field_map
-    for name, refusal in route.skipped:
+def _range_checks(decided: Route) -> Tuple[Tuple[Coverage, str, bool], ...]:
+    """The ranged-coverage verdicts a decision rests on: (coverage, field, verdict it had)."""
+    checks = []
+    for name, refusal in decided.skipped:
         if refusal.field is not None:
-            module = registry.family_module(name, request.family, request.op)
-            if module.COVERAGE.range_holds(refusal.field, fields.get(refusal.field, 0)):
-                return False
-    if route.module is not None and route.backend != registry.library_backend().name:
-        coverage = route.module.COVERAGE
-        if not all(coverage.range_holds(name, value) for name, value in request.fields):
-            return False
-    return True
+            checks.append((registry.family_module(name, decided.family, decided.op).COVERAGE, refusal.field, False))
+    if decided.module is not None and decided.candidate is not None:
+        checks.extend((decided.module.COVERAGE, name, True) for name in decided.module.COVERAGE.ranges)
+    return tuple(checks)
 
 
 def route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
-    """The route for a request under the current backend choice (cached per bucketed signature)."""
+    """The route for a request under the current backend choice.
+
+    Decisions are cached per bucketed signature; `Route.request` is the request that made the
+    decision (one of the same bucket). A cached decision is used only if every ranged-coverage
+    verdict it rests on holds for the exact request too.
+    """
     choice = choice or current_choice()
     key = (request.bucket_signature(), choice)
-    cached = _cache.get(key)
-    if cached is not None and _still_valid(cached, request):
-        return cached if cached.request == request else _with_request(cached, request)
+    entry = _cache.get(key)
+    if entry is not None:
+        decided, checks = entry
+        if not checks:
+            return decided
+        fields = request.field_map
+        if all(coverage.range_holds(name, fields.get(name, 0)) == verdict for coverage, name, verdict in checks):
+            return decided
+        return _decide(request, choice)  # the bucket straddles a range bound: decide this one exactly
     decided = _decide(request, choice)
     with _cache_lock:
-        _cache[key] = decided
+        _cache[key] = (decided, _range_checks(decided))
     return decided
-
-
-def _with_request(route: Route, request: Request) -> Route:
-    from dataclasses import replace
-
-    return replace(route, request=request)
 
 
 def _decide(request: Request, choice: BackendChoice) -> Route:
@@ -231,4 +233,6 @@ def explain(op, *args, **kwargs) -> Route:
     build = getattr(op, "__rlx_request__", None)
     if build is None:
         raise TypeError(f"explain: {getattr(op, '__name__', op)!r} is not an rlx_triton op")
-    return route(build(*args, **kwargs))
+    request = build(*args, **kwargs)
+    decided = route(request)
+    return decided if decided.request == request else replace(decided, request=request)

@@ -1,0 +1,53 @@
+"""The ahead-of-time compile audit: records per variant, shared-memory limits, spill accounting."""
+import pytest
+
+from rlx_triton.backends.triton.audit import AuditRecord, failures, format_table, run_audit, triton_family_modules
+
+
+@pytest.fixture(scope="module")
+def fixture_records():
+    return run_audit(archs=(80, 90), modules=["tests.triton.audit_fixture"], workers=2)
+
+
+def by(records, kernel, arch):
+    return next(r for r in records if r.kernel == kernel and r.arch == arch)
+
+
+def test_each_variant_gets_one_record_per_arch(fixture_records):
+    assert sorted((r.kernel, r.arch) for r in fixture_records) == [
+        ("fixture_big_dot", "sm_80"), ("fixture_big_dot", "sm_90"),
+        ("fixture_scale", "sm_80"), ("fixture_scale", "sm_90")]
+
+
+def test_clean_kernel_reports_registers_no_spills_no_mma(fixture_records):
+    record = by(fixture_records, "fixture_scale", "sm_90")
+    assert record.ok and record.default
+    assert record.registers > 0 and record.spills == 0 and record.uses_mma is False
+
+
+def test_variant_over_the_shared_memory_limit_is_not_ok(fixture_records):
+    # a 256x256 fp16 dot pipelined over 4 stages needs far more than 163 KiB on sm_80
+    record = by(fixture_records, "fixture_big_dot", "sm_80")
+    assert not record.ok
+    assert "shared memory" in record.error and record.shared_bytes > 163 * 1024
+
+
+def test_failures_list_not_ok_variants_and_spilling_defaults():
+    fine = AuditRecord("f", "k", "c", "sm_90", "fp32", default=False, ok=True, spills=64)
+    spilling_default = AuditRecord("f", "k", "c", "sm_90", "fp32", default=True, ok=True, spills=64)
+    broken = AuditRecord("f", "k", "c", "sm_90", "fp32", default=False, ok=False, error="boom")
+    reasons = dict((id(r), why) for r, why in failures([fine, spilling_default, broken]))
+    assert id(fine) not in reasons
+    assert "spills 64 B" in reasons[id(spilling_default)]
+    assert reasons[id(broken)] == "boom"
+
+
+def test_table_marks_defaults_and_failures(fixture_records):
+    table = format_table(fixture_records)
+    assert "(default)" in table and "NO" in table
+
+
+def test_audit_covers_every_triton_family_module():
+    modules = triton_family_modules()
+    for family in ("sdpa_decode", "conv", "fbank", "lstm", "segdense", "conv2d"):
+        assert f"rlx_triton.backends.triton.{family}" in modules
