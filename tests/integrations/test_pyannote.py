@@ -108,3 +108,20 @@ def test_registered_recognisers_run_first_and_see_every_module():
         pyannote._RECOGNISERS.pop("test-marker")
     with pytest.raises(ValueError):
         pyannote.register_recogniser("", lambda m: False, lambda m: m)
+
+
+@pytest.mark.gpu
+def test_segmentation_3_0_shape_on_cuda_after_optimize():
+    """10 s chunks, 4-layer BiLSTM: the optimized model's routed kernels match the stock model (TF32 off)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda()
+    x = torch.randn(4, 1, 160000, device="cuda")
+    with torch.no_grad():
+        want = model(x)
+        pyannote.optimize(model)
+        routes = pyannote.explain(model, x)
+        got = model(x)
+    assert routes["lstm"].backend == "triton" and routes["classifier"].backend == "triton"
+    assert got.shape == (4, 589, 7)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -145,3 +145,20 @@ def test_audit_specs_cover_every_candidate():
         assert {c.tag() for c in spec.candidates} == {v.candidate().tag() for v in LstmVariant}
         meta = spec.meta(spec.default, "fp32")
         assert all(meta[k] >= 16 for k in meta if k.startswith("BLOCK_"))
+
+
+@pytest.mark.gpu
+def test_pyannote_shape_on_cuda_matches_float64_for_every_approved_candidate():
+    """segmentation-3.0's stack (batch 32, 589 steps, input 60, hidden 128, 4 layers, bi) on the GPU."""
+    device = torch.device("cuda")
+    module = make(60, 128, 4, bidirectional=True, batch_first=True).to(device).eval()
+    x = torch.randn(32, 589, 60, device=device)
+    with torch.no_grad():
+        ref = module.double()(x.double())
+        module.float()
+        by_tag = {v.candidate().tag(): v.candidate() for v in LstmVariant}
+        for tag in tk.APPROVALS:
+            out, (h, c) = run(module, x, cand=by_tag[tag])
+            torch.cuda.synchronize()
+            for got, want in ((out, ref[0]), (h, ref[1][0]), (c, ref[1][1])):
+                torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=tag)
