@@ -15,6 +15,9 @@ from rlx_triton.router.approvals import Approval
 # Metal kernels compute every candidate in fp32 (no TF32 exists on Apple GPUs), so one bound holds
 # for all of a family's candidates; the MPS tests re-measure it against float64.
 FP32_MAX_REL_ERR = 1e-5
+MEASURED_WHERE = ("float32 inputs vs float64: the shader sources run on the CPU (tests/metal/test_shaders_on_cpu.py) "
+                  "and NumPy models of them (tests/metal/test_models.py); re-measured on Apple GPUs by "
+                  "tests/metal/test_mps.py")
 
 
 def plan_candidates(family: str) -> List[object]:
@@ -37,7 +40,7 @@ def field(candidate, name: str, default):
     return default if value is None else value
 
 
-def approvals(family: str, where: str) -> Dict[str, Approval]:
+def approvals(family: str, where: str = MEASURED_WHERE) -> Dict[str, Approval]:
     """Approval of every plan candidate at the fp32 bound, with where it is measured."""
     table = {}
     for candidate in plan_candidates(family):

@@ -44,8 +44,7 @@ COVERAGE = Coverage(
         "sample_rate": frozenset({16000}),
     },
 )
-APPROVALS = _candidates.approvals(FAMILY, where="NumPy model of the shader, tests/metal/test_models.py; "
-                                                "re-measured on Apple GPUs by tests/metal/test_mps.py")
+APPROVALS = _candidates.approvals(FAMILY)
 RECIPES: dict = {}
 SPEED_EVIDENCE: dict = {}
 

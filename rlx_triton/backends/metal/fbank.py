@@ -51,8 +51,7 @@ COVERAGE = Coverage(
         "requires_grad": frozenset({False}),  # forward-only kernel: autograd goes to torch
     },
 )
-APPROVALS = _candidates.approvals(FAMILY, where="NumPy model of the shader, tests/metal/test_models.py; "
-                                                "re-measured on Apple GPUs by tests/metal/test_mps.py")
+APPROVALS = _candidates.approvals(FAMILY)
 RECIPES: dict = {}
 SPEED_EVIDENCE: dict = {}
 

@@ -47,8 +47,7 @@ COVERAGE = Coverage(
         "requires_grad": frozenset({False}),
     },
 )
-APPROVALS = _candidates.approvals(FAMILY, where="NumPy model of the shader, tests/metal/test_models.py; "
-                                                "re-measured on Apple GPUs by tests/metal/test_mps.py")
+APPROVALS = _candidates.approvals(FAMILY)
 RECIPES: dict = {}
 SPEED_EVIDENCE: dict = {}
 

@@ -54,8 +54,7 @@ COVERAGE = Coverage(
         "layout": frozenset({"batched"}),  # query, key and value share their leading dims
     },
 )
-APPROVALS = _candidates.approvals(FAMILY, where="NumPy model of the shader, tests/metal/test_models.py; "
-                                                "re-measured on Apple GPUs by tests/metal/test_mps.py")
+APPROVALS = _candidates.approvals(FAMILY)
 RECIPES: dict = {}
 SPEED_EVIDENCE: dict = {}
 
