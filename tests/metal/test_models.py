@@ -277,6 +277,18 @@ def test_every_plan_candidate_of_every_family_holds_the_approved_bound(emulated_
         out, _ = metal_lstm.lstm(x, None, list(module._flat_weights), candidate=candidate, **lstm_kwargs)
         assert_matches_float64(out, expected_lstm, reduced=6)
         swept += 1
-    for family in ("conv", "segdense"):
-        swept += len(plan_candidates(family))  # their launch geometry does not depend on the candidate's tiles
+    signal, taps, conv_bias = torch.randn(1, 3, 50), torch.randn(4, 3, 5), torch.randn(4)
+    expected_conv = F.conv1d(signal.double(), taps.double(), conv_bias.double())
+    for candidate in plan_candidates("conv"):
+        assert_matches_float64(metal_conv.conv1d(signal, taps, conv_bias, candidate=candidate), expected_conv,
+                               reduced=15)
+        swept += 1
+    rows, hidden_w, classifier_w = torch.randn(6, 8), torch.randn(5, 8), torch.randn(3, 5)
+    expected_head = ref_segdense.segdense(rows.double(), [hidden_w.double()], [None], classifier_w.double(), None,
+                                          activation="log_softmax")
+    for candidate in plan_candidates("segdense"):
+        head = metal_segdense.segdense(rows, [hidden_w], [None], classifier_w, None, activation="log_softmax",
+                                       candidate=candidate)
+        assert_matches_float64(head, expected_head, reduced=8)
+        swept += 1
     assert swept >= 5, "the planner's candidate modules are missing"
