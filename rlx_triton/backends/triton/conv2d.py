@@ -70,28 +70,28 @@ def _conv2d_kernel(
     ih_base = oh * stride - padding
     iw_base = ow * stride - padding
     w_co = w_ptr + offs_co.to(tl.int64) * stride_wo
-    x_ci = offs_k * plane  # channel offsets of one chunk
-    w_ci = offs_k * stride_wi
 
-    # Reduction over taps (kh, kw), then input channels in BLOCK_K chunks: per tap the input row of
-    # each output pixel is one address, so the patch gather is a [BLOCK_P] address + channel offsets.
+    # One flat loop over (tap, channel chunk): per tap the input row of each output pixel is one
+    # address, so the patch gather is a [BLOCK_P] address plus [BLOCK_K] channel offsets. Offsets
+    # inside one batch item (c_in * height * width) stay int32; the batch offset is int64 above.
+    n_chunks = tl.cdiv(c_in, BLOCK_K)
     acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.float32)
-    for kh in range(0, KH):
+    for it in range(0, KH * KW * n_chunks):
+        tap = it // n_chunks
+        ci = (it % n_chunks) * BLOCK_K + offs_k
+        kh = tap // KW
+        kw = tap % KW
         ih = ih_base + kh
-        row_ok = mask_p & (ih >= 0) & (ih < height)
-        x_row = x_pixel_base + ih * width
-        for kw in range(0, KW):
-            iw = iw_base + kw
-            mask_pix = row_ok & (iw >= 0) & (iw < width)  # zero padding outside the image
-            x_ptrs = (x_row + iw)[:, None] + x_ci[None, :]  # input patch [BLOCK_P, BLOCK_K]
-            w_ptrs = (w_co + kh * stride_wh + kw * stride_ww)[None, :] + w_ci[:, None]  # weights [BLOCK_K, BLOCK_CO]
-            for ci0 in range(0, c_in, BLOCK_K):
-                mask_ci = offs_k < c_in - ci0
-                x_tile = tl.load(x_ptrs, mask=mask_pix[:, None] & mask_ci[None, :], other=0.0).to(tl.float32)
-                w_tile = tl.load(w_ptrs, mask=mask_ci[:, None] & mask_co[None, :], other=0.0).to(tl.float32)
-                acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
-                x_ptrs += BLOCK_K * plane
-                w_ptrs += BLOCK_K * stride_wi
+        iw = iw_base + kw
+        mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
+        mask_ci = ci < c_in
+        # Input patch [BLOCK_P, BLOCK_K].
+        x_ptrs = (x_pixel_base + (ih * width + iw))[:, None] + (ci * plane)[None, :]
+        x_tile = tl.load(x_ptrs, mask=mask_pix[:, None] & mask_ci[None, :], other=0.0).to(tl.float32)
+        # Weight tile [BLOCK_K, BLOCK_CO].
+        w_ptrs = (w_co + (kh * stride_wh + kw * stride_ww))[None, :] + (ci * stride_wi)[:, None]
+        w_tile = tl.load(w_ptrs, mask=mask_ci[:, None] & mask_co[None, :], other=0.0).to(tl.float32)
+        acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
 
     # Epilogue: bias (folded BatchNorm shift), residual, ReLU.
     if HAS_BIAS:

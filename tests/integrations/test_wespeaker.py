@@ -1,0 +1,116 @@
+"""rt.integrations.pyannote.optimize on WeSpeaker ResNet embedding models (pyannote's structure, restated in
+tests/reference/wespeaker_models.py): recognised by structure, swapped in place, same embeddings."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import rlx_triton as rt
+from rlx_triton.integrations import pyannote
+from rlx_triton.integrations._wespeaker import is_wespeaker_model, is_wespeaker_trunk, optimize_wespeaker
+from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, Projection, StatsPool
+from tests.reference.conv2d import rel_err
+from tests.reference.fbank import speech_like
+from tests.reference.wespeaker_models import randomize, tiny_wespeaker
+
+SAMPLES = 4000  # 0.25 s at 16 kHz: 23 fbank frames, enough for three stride-2 stages
+
+
+def _waveforms(batch=2, samples=SAMPLES):
+    return speech_like(samples, batch=batch).float().unsqueeze(1)  # (batch, channel, samples)
+
+
+@pytest.fixture(scope="module")
+def stock_and_optimized():
+    stock = tiny_wespeaker(m_channels=4, num_mel_bins=16)
+    optimized = copy.deepcopy(stock)
+    assert pyannote.optimize(optimized) is optimized
+    return stock, optimized
+
+
+def test_recognised_by_structure_only():
+    model = tiny_wespeaker()
+    assert is_wespeaker_model(model) and is_wespeaker_trunk(model.resnet)
+    assert not is_wespeaker_model(model.resnet) and not is_wespeaker_trunk(nn.Sequential(nn.Conv2d(1, 1, 3)))
+    renamed = type("NotAResNet", (nn.Module,), {})()
+    assert not is_wespeaker_trunk(renamed)
+
+
+def test_optimize_swaps_front_end_trunk_pooling_and_projection(stock_and_optimized):
+    _, model = stock_and_optimized
+    resnet = model.resnet
+    assert isinstance(resnet.conv1, Conv2d) and isinstance(resnet.bn1, nn.Identity)
+    assert all(isinstance(block, BasicBlock) for layer in (resnet.layer1, resnet.layer2, resnet.layer3,
+                                                            resnet.layer4) for block in layer)
+    assert isinstance(resnet.pool, StatsPool) and isinstance(resnet.seg_1, Projection)
+    assert "rlx_front_end" in model._modules
+    assert resnet.num_frames(101) == tiny_wespeaker().resnet.num_frames(101)
+
+
+def test_optimize_wespeaker_lists_the_swapped_paths():
+    swapped = optimize_wespeaker(tiny_wespeaker())
+    assert swapped[:2] == ["compute_fbank", "resnet.conv1"]
+    assert "resnet.layer3.5" in swapped and swapped[-2:] == ["resnet.pool", "resnet.seg_1"]
+    with pytest.raises(TypeError, match="not a WeSpeaker"):
+        optimize_wespeaker(nn.Linear(2, 2))
+
+
+def test_embeddings_match_with_the_torch_fallback(stock_and_optimized):
+    stock, optimized = stock_and_optimized
+    wav = _waveforms()
+    with torch.no_grad():
+        expected = stock(wav)
+        with rt.use_backend("torch"):
+            got = optimized(wav)
+    assert got.shape == expected.shape == (2, 256)
+    assert rel_err(got, expected) < 1e-4
+
+
+def test_embeddings_match_with_triton_kernels_in_the_interpreter(stock_and_optimized):
+    stock, optimized = stock_and_optimized
+    wav = _waveforms()
+    with torch.no_grad():
+        expected = stock(wav)
+        with rt.use_backend("triton", strict=True):
+            got = optimized(wav)
+    assert rel_err(got, expected) < 1e-4
+
+
+def test_masked_embeddings_match_through_forward_embedding(stock_and_optimized):
+    """pyannote's pipeline path: forward_frames once, then forward_embedding(weights=speaker masks)."""
+    stock, optimized = stock_and_optimized
+    wav = _waveforms()
+    masks = (torch.rand(2, 3, 59) > 0.4).float()  # (batch, speakers, segmentation frames)
+    with torch.no_grad():
+        frames = stock.forward_frames(wav)  # the trunk is checked above; here the weighted pooling + projection
+        expected = stock.forward_embedding(frames, weights=masks)
+        with rt.use_backend("triton", strict=True):
+            got = optimized.forward_embedding(frames, weights=masks)
+    assert got.shape == (2, 3, 256)
+    assert rel_err(got, expected) < 1e-4
+
+
+def test_explain_lists_the_routes_of_every_swapped_module(stock_and_optimized):
+    _, optimized = stock_and_optimized
+    routes = pyannote.explain(optimized, _waveforms(batch=1))
+    assert "rlx_front_end" in routes and "resnet.conv1" in routes and "resnet.seg_1" in routes
+    assert routes["resnet.pool"].op == "stats_pool"
+    assert routes["resnet.layer2.0.conv2"].backend == "triton"
+
+
+def test_bottleneck_siblings_are_swapped_too():
+    stock = tiny_wespeaker(m_channels=4, num_mel_bins=16, bottleneck=True)
+    optimized = copy.deepcopy(stock)
+    pyannote.optimize(optimized)
+    assert isinstance(optimized.resnet.layer1[0], Bottleneck)
+    wav = _waveforms(batch=1)
+    with torch.no_grad(), rt.use_backend("torch"):
+        assert rel_err(optimized(wav), stock(wav)) < 1e-4
+
+
+def test_a_bare_trunk_inside_another_module_is_found():
+    holder = nn.Module()
+    holder.embedding = randomize(tiny_wespeaker().resnet)
+    pyannote.optimize(holder)
+    assert isinstance(holder.embedding.layer1[0], BasicBlock)

@@ -1,0 +1,121 @@
+"""Public 2-D ops of the conv family: validation before launch, routing, BatchNorm folding."""
+import pytest
+import torch
+
+import rlx_triton as rt
+from rlx_triton.ops import conv2d as ops
+from tests.reference.conv2d import assert_close_ref, conv2d64, linear64, stats_pool64
+from tests.reference.wespeaker_models import StatsPool as PyannoteStatsPool
+
+
+def _conv_args():
+    return torch.randn(2, 3, 9, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_conv2d_runs_on_the_chosen_backend(backend):
+    x, weight, bias = _conv_args()
+    residual = torch.randn(2, 4, 5, 4)
+    with rt.use_backend(backend, strict=True):
+        y = ops.conv2d(x, weight, bias, stride=2, padding=1, residual=residual, relu=True)
+    assert_close_ref(y, conv2d64(x, weight, bias, stride=2, padding=1, residual=residual, relu=True),
+                     torch.float32, 27)
+
+
+def test_conv2d_routes_to_triton_in_the_interpreter_with_a_true_fp32_candidate():
+    x, weight, bias = _conv_args()
+    route = rt.explain(ops.conv2d, x, weight, bias, padding=1, relu=True)
+    assert route.backend == "triton"
+    assert route.candidate.precision in ("ieee", "tf32x3")
+    assert route.approval is not None
+
+
+def test_float64_falls_back_to_torch_with_a_reason():
+    x, weight, bias = (t.double() for t in _conv_args())
+    route = rt.explain(ops.conv2d, x, weight, bias, padding=1)
+    assert route.backend == "torch"
+    assert "float64" in str(route.skipped_reasons["triton"])
+    torch.testing.assert_close(ops.conv2d(x, weight, bias, padding=1), conv2d64(x, weight, bias, padding=1))
+
+
+def test_dilated_or_wide_geometry_outside_coverage_falls_back():
+    x = torch.randn(1, 2, 12, 12)
+    route = rt.explain(ops.conv2d, x, torch.randn(3, 2, 9, 9), padding=4)
+    assert route.backend == "torch"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x, w, b: ops.conv2d(x[0], w, b), "x must be 4-D"),
+    (lambda x, w, b: ops.conv2d(x, w[:, :2], b), "weight must have c_in=3"),
+    (lambda x, w, b: ops.conv2d(x, w, b[:3]), "bias must have shape"),
+    (lambda x, w, b: ops.conv2d(x, w, b, stride=0), "stride must be >= 1"),
+    (lambda x, w, b: ops.conv2d(x, w, b, padding=-1), "padding must be >= 0"),
+    (lambda x, w, b: ops.conv2d(x, w, b, residual=torch.randn(2, 4, 9, 8)), "residual must have the output's shape"),
+    (lambda x, w, b: ops.conv2d(x[:, :, :2, :2], w, b), "smaller than the kernel"),
+    (lambda x, w, b: ops.conv2d(x, w, b, stride=(1, 2)), "stride must be one int"),
+])
+def test_conv2d_errors_name_the_argument(call, message):
+    x, weight, bias = _conv_args()
+    with pytest.raises(ValueError, match=message):
+        call(x, weight, bias)
+
+
+def test_conv2d_type_errors():
+    x, weight, bias = _conv_args()
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        ops.conv2d(x.numpy(), weight, bias)
+    with pytest.raises(TypeError, match="relu must be a bool"):
+        ops.conv2d(x, weight, bias, relu=1)
+    with pytest.raises(TypeError, match="x must be float32"):
+        ops.conv2d(x.int(), weight, bias)
+
+
+def test_linear_matches_float64_and_validates():
+    x, weight, bias = torch.randn(3, 50), torch.randn(6, 50), torch.randn(6)
+    with rt.use_backend("triton", strict=True):
+        assert_close_ref(ops.linear(x, weight, bias), linear64(x, weight, bias), torch.float32, 50)
+    with pytest.raises(ValueError, match="weight must have in_features=50"):
+        ops.linear(x, weight[:, :7])
+
+
+@pytest.mark.parametrize("weights_shape", [None, (2, 40), (2, 3, 40), (2, 3, 13)])
+def test_stats_pool_matches_pyannote_statspool(weights_shape):
+    """Weights with another frame count are nearest-interpolated, as pyannote does."""
+    x = torch.randn(2, 6, 40)
+    weights = None if weights_shape is None else torch.rand(*weights_shape)
+    with rt.use_backend("triton", strict=True):
+        y = ops.stats_pool(x, weights)
+    ref = PyannoteStatsPool()(x.double(), None if weights is None else weights.double())
+    assert y.shape == ref.shape
+    assert_close_ref(y, ref, torch.float32, 40)
+
+
+def test_stats_pool_errors_name_the_argument():
+    with pytest.raises(ValueError, match="sequences must be 3-D"):
+        ops.stats_pool(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="weights must have batch=2"):
+        ops.stats_pool(torch.randn(2, 3, 5), torch.rand(3, 5))
+    with pytest.raises(ValueError, match="weights must be"):
+        ops.stats_pool(torch.randn(2, 3, 5), torch.rand(2, 1, 1, 5))
+
+
+@pytest.mark.parametrize("bn_cls, shape", [(torch.nn.BatchNorm2d, (5, 3, 3, 3)), (torch.nn.BatchNorm1d, (5, 8))])
+def test_fold_batchnorm_equals_conv_then_eval_batchnorm(bn_cls, shape):
+    bn = bn_cls(5).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(5))
+        bn.running_var.copy_(torch.rand(5) + 0.5)
+        bn.weight.copy_(torch.rand(5) + 0.5)
+        bn.bias.copy_(torch.randn(5))
+    weight, bias = torch.randn(*shape), torch.randn(5)
+    w, b = ops.fold_batchnorm(weight, bias, bn)
+    if len(shape) == 4:
+        x = torch.randn(2, 3, 6, 6)
+        ref = bn(torch.nn.functional.conv2d(x, weight, bias))
+        out = torch.nn.functional.conv2d(x, w, b)
+    else:
+        x = torch.randn(4, 8)
+        ref, out = bn(torch.nn.functional.linear(x, weight, bias)), torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="bn has 5 features"):
+        ops.fold_batchnorm(weight[:4], None, bn)
