@@ -202,6 +202,13 @@ def test_every_conv_candidate_runs_and_every_approval_holds():
         assert err <= bound, (tconv.candidate_tag(candidate), err, bound)
 
 
+def test_gpu_dot_width_gives_the_same_sums(monkeypatch):
+    """On GPUs BLOCK_K is issued as 16-wide dots (DOT_K); the interpreter uses one dot per BLOCK_K.
+    Forcing the GPU width here checks the chunked loop too."""
+    monkeypatch.setattr(tconv, "_dot_k", lambda block_k, interpret: min(16, block_k))
+    assert _sweep_case(tconv.make_candidate(tile_k=64)) <= TOL[torch.float32]
+
+
 def test_approvals_name_only_true_fp32_candidates():
     assert tconv.APPROVALS, "the fp32 candidate must be approved"
     tags = {tconv.candidate_tag(c): c for c in tconv.all_candidates()}

@@ -23,7 +23,8 @@ weight version: they are 80 x 251 numbers computed once per parameter update, so
 nothing, and running asteroid's exact op sequence keeps them bit-identical to pyannote's.
 
 Candidate mapping (ConvCandidate): tile_pos -> BLOCK_P output positions per program (pooled
-positions when a pool is fused), tile_co -> BLOCK_CO, tile_k -> BLOCK_K, tg_size // 32 -> num_warps,
+positions when a pool is fused), tile_co -> BLOCK_CO, tile_k -> BLOCK_K (reduction per loop iteration,
+issued as 16-wide tl.dots on GPUs: DOT_K), tg_size // 32 -> num_warps,
 stages -> num_stages, precision -> tl.dot input_precision, fuse_epilogue -> abs/pool/leaky in the conv
 kernel (True) or in a separate `_epilogue_kernel` pass over the stored conv output (False).
 """
@@ -35,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx_triton.config import settings
 from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage
 
@@ -62,6 +64,7 @@ def _conv1d_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_CO: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DOT_K: tl.constexpr,
 ):
     # grid: (output position tiles, output channel tiles, batch)
     pid_p = tl.program_id(0)
@@ -79,33 +82,36 @@ def _conv1d_kernel(
     result = tl.full((BLOCK_P, BLOCK_CO), float("-inf"), dtype=tl.float32)
     for j in tl.static_range(POOL):
         conv_pos = offs_p * POOL + j                       # conv output position of pool phase j
-        in_start = conv_pos.to(tl.int64) * conv_stride - padding
+        in_start = conv_pos * conv_stride - padding        # < L_in + padding: fits int32
         acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.float32)
         for r0 in range(0, R, BLOCK_K):
-            offs_r = r0 + tl.arange(0, BLOCK_K)
-            r_mask = offs_r < R
-            ci = offs_r // TAPS
-            tap = offs_r % TAPS
+            # BLOCK_K per iteration, as DOT_K-wide dots: an fp32 FMA dot holds its whole K slice
+            # of both operands in registers, so narrow dots keep the pooled kernels spill-free
+            for kk in tl.static_range(0, BLOCK_K, DOT_K):
+                offs_r = r0 + kk + tl.arange(0, DOT_K)
+                r_mask = offs_r < R
+                ci = offs_r // TAPS
+                tap = offs_r % TAPS
 
-            # input tile X[p, r] = x[b, ci, start(p) + tap * dilation], zero outside the signal
-            pos = in_start[:, None] + (tap * dilation)[None, :]
-            x_mask = p_mask[:, None] & r_mask[None, :] & (pos >= 0) & (pos < L_in)
-            x_ptrs = x_base + ci.to(tl.int64)[None, :] * stride_xc + pos * stride_xl
-            x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
-            if IN_AFFINE:
-                scale = tl.load(in_scale_ptr + pid_b * C_in + ci, mask=r_mask, other=0.0)
-                shift = tl.load(in_shift_ptr + pid_b * C_in + ci, mask=r_mask, other=0.0)
-                x_tile = x_tile * scale[None, :] + shift[None, :]
-                if IN_LEAKY:
-                    x_tile = tl.where(x_tile >= 0, x_tile, x_tile * in_slope)
-                x_tile = tl.where(x_mask, x_tile, 0.0)    # padding is zero after the norm too
+                # input tile X[p, r] = x[b, ci, start(p) + tap * dilation], zero outside the signal
+                pos = in_start[:, None] + (tap * dilation)[None, :]
+                x_mask = p_mask[:, None] & r_mask[None, :] & (pos >= 0) & (pos < L_in)
+                x_ptrs = (x_base + ci.to(tl.int64) * stride_xc)[None, :] + pos * stride_xl
+                x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
+                if IN_AFFINE:
+                    scale = tl.load(in_scale_ptr + pid_b * C_in + ci, mask=r_mask, other=0.0)
+                    shift = tl.load(in_shift_ptr + pid_b * C_in + ci, mask=r_mask, other=0.0)
+                    x_tile = x_tile * scale[None, :] + shift[None, :]
+                    if IN_LEAKY:
+                        x_tile = tl.where(x_tile >= 0, x_tile, x_tile * in_slope)
+                    x_tile = tl.where(x_mask, x_tile, 0.0)    # padding is zero after the norm too
 
-            # weight tile W[r, co] from the contiguous (C_out, C_in * TAPS) weight
-            w_ptrs = w_ptr + offs_co[None, :] * R + offs_r[:, None]
-            w_mask = r_mask[:, None] & co_mask[None, :]
-            w_tile = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
+                # weight tile W[r, co] from the contiguous (C_out, C_in * TAPS) weight
+                w_ptrs = w_ptr + offs_co[None, :] * R + offs_r[:, None]
+                w_mask = r_mask[:, None] & co_mask[None, :]
+                w_tile = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
 
-            acc += tl.dot(x_tile, w_tile, input_precision=PRECISION)
+                acc += tl.dot(x_tile, w_tile, input_precision=PRECISION)
 
         if HAS_BIAS:
             bias = tl.load(bias_ptr + offs_co, mask=co_mask, other=0.0).to(tl.float32)
@@ -235,12 +241,20 @@ _ROW_BLOCK_MAX = 1024   # row chunk of the norm and epilogue kernels
 _ROW_TILE = 4096        # elements per norm program tile (BLOCK_R x BLOCK_L)
 
 
-def _meta(candidate) -> dict:
+def _dot_k(block_k: int, interpret: bool) -> int:
+    """K width of one tl.dot: 16 on GPUs (an fp32 FMA dot keeps its whole K slice of both operands in
+    registers; 16-wide dots keep the pooled kernels spill-free); the whole BLOCK_K in the interpreter,
+    where the sum is the same and each op costs per call."""
+    return block_k if interpret else min(16, block_k)
+
+
+def _meta(candidate, interpret: bool = False) -> dict:
     """ConvCandidate -> meta-parameters of `_conv1d_kernel`."""
     return dict(
         BLOCK_P=candidate.tile_pos,
         BLOCK_CO=candidate.tile_co,
         BLOCK_K=candidate.tile_k,
+        DOT_K=_dot_k(candidate.tile_k, interpret),
         PRECISION=candidate.precision,
         num_warps=max(1, candidate.tg_size // 32),
         num_stages=candidate.stages,
@@ -260,7 +274,7 @@ def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_,
     if out.numel() == 0:
         return out
     w2d = weight.reshape(C_out, C_in * taps).contiguous()
-    meta = _meta(candidate)
+    meta = _meta(candidate, interpret=settings().interpret)
     grid = (triton.cdiv(L_out, meta["BLOCK_P"]), triton.cdiv(C_out, meta["BLOCK_CO"]), B)
     _conv1d_kernel[grid](
         x, w2d,
@@ -487,7 +501,7 @@ def _audit_kernels() -> list:
         "in_slope": "fp32", "out_slope": "fp32",
         "TAPS": "constexpr", "POOL": "constexpr", "HAS_BIAS": "constexpr", "IN_AFFINE": "constexpr",
         "IN_LEAKY": "constexpr", "ABS": "constexpr", "OUT_LEAKY": "constexpr", "PRECISION": "constexpr",
-        "BLOCK_P": "constexpr", "BLOCK_CO": "constexpr", "BLOCK_K": "constexpr",
+        "BLOCK_P": "constexpr", "BLOCK_CO": "constexpr", "BLOCK_K": "constexpr", "DOT_K": "constexpr",
     }
     norm_signature = {
         "x_ptr": "*fp32", "gamma_ptr": "*fp32", "beta_ptr": "*fp32", "scale_ptr": "*fp32",
