@@ -210,10 +210,10 @@ def test_top_left_causal_with_a_long_cache_reads_only_the_first_keys():
 
 
 def test_meta_maps_the_candidate_fields():
-    meta = tk._meta(candidate(split_k=4, tile_n=64, tg_size=128), rows=4, head_dim=40, head_dim_v=40,
+    meta = tk._meta(candidate(split_k=4, tile_n=64, tg_size=128), rows=4, head_dim=24, head_dim_v=24,
                     dtype=torch.float16)
     assert (meta["SPLIT_K"], meta["BLOCK_N"], meta["num_warps"]) == (4, 64, 4)
-    assert (meta["BLOCK_M"], meta["BLOCK_D"], meta["BLOCK_DV"]) == (16, 64, 64)
+    assert (meta["BLOCK_M"], meta["BLOCK_D"], meta["BLOCK_DV"]) == (16, 32, 32)
     assert meta["DOT_LOWP"] and not meta["SINGLE_PASS"]
     single = tk._meta(candidate(split_k=1, partial_reduce=False, use_f16_kv=False), rows=1, head_dim=8,
                       head_dim_v=8, dtype=torch.float16)
@@ -225,7 +225,8 @@ def test_meta_shrinks_tiles_to_the_register_budget(head_dim, rows):
     meta = tk._meta(candidate(tile_n=128, tg_size=128, tile_m=64), rows=rows, head_dim=head_dim,
                     head_dim_v=head_dim, dtype=torch.float16)
     width = meta["BLOCK_D"] + meta["BLOCK_DV"]
-    per_thread = (meta["BLOCK_N"] * width * 2 + meta["BLOCK_M"] * width * 4) / (32 * meta["num_warps"])
+    tiles = meta["BLOCK_N"] * width * 2 + meta["BLOCK_M"] * width * 4 + meta["BLOCK_M"] * meta["BLOCK_N"] * 16
+    per_thread = tiles / (32 * meta["num_warps"])
     assert per_thread <= tk._THREAD_BYTES_LOWP and meta["BLOCK_M"] >= 16 and meta["BLOCK_N"] >= 16
 
 

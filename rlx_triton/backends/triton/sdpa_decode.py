@@ -208,10 +208,11 @@ def _interpreting() -> bool:
     return triton.knobs.runtime.interpret if hasattr(triton, "knobs") else False
 
 
-# Bytes of K/V tiles, q and the accumulator one thread may hold before ptxas spills (measured with the
-# audit on sm_90: fp16 operands spill above ~320 B/thread, fp32 ieee operands above ~256 B/thread).
-_THREAD_BYTES_LOWP = 320
-_THREAD_BYTES_FP32 = 256
+# Bytes of K/V tiles, q, the accumulator and the score tile (scores, probabilities, mask pointers) one
+# thread may hold before ptxas spills, measured with the audit (mask + causal + cache lengths, sm_80 and
+# sm_90): fp16/bf16 operands spill above ~300 B/thread, fp32 ieee operands above ~250 B/thread.
+_THREAD_BYTES_LOWP = 288
+_THREAD_BYTES_FP32 = 224
 
 
 def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtype) -> dict:
@@ -220,9 +221,9 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
     split_k -> SPLIT_K (grid dim 1, the maximum number of KV splits); tg_size // 32 -> num_warps;
     tile_n -> BLOCK_N; tile_m -> the least BLOCK_M (packed query rows: at least 16 for tl.dot, and up to
     64 so a whole GQA group x tokens shares one read of K/V); D and Dv -> next powers of two (>= 16).
-    The tiles are upper bounds: while K/V tiles, q and the accumulator exceed the per-thread register
-    budget, BLOCK_N halves down to 32, then num_warps doubles up to 8, then BLOCK_M and BLOCK_N halve
-    down to 16 (so no candidate spills on sm_80/sm_90).
+    The tiles are upper bounds: while K/V tiles, q, the accumulator and the score tile exceed the
+    per-thread register budget, BLOCK_N halves down to 32, then num_warps doubles up to 8, then BLOCK_M
+    and BLOCK_N halve down to 16, then num_warps doubles up to 16 (no candidate spills on sm_80/sm_90).
     use_f16_kv -> fp16/bf16 dot operands for 16-bit inputs; fp32 operands with ieee precision otherwise
     (bf16 under the interpreter also takes fp32 operands: the interpreter computes on raw bf16 bits).
     split_k == 1 with partial_reduce False -> single pass (no partials, no merge kernel).
@@ -241,7 +242,8 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
     def thread_bytes():
         kv = block_n * (block_d + block_dv) * operand_bytes
         q_acc = block_m * (block_d + block_dv) * 4
-        return (kv + q_acc) / (32 * num_warps)
+        scores = block_m * block_n * 16
+        return (kv + q_acc + scores) / (32 * num_warps)
 
     while thread_bytes() > budget:
         if block_n > 32:
@@ -252,6 +254,8 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
             block_m //= 2
         elif block_n > 16:
             block_n //= 2
+        elif num_warps < 16:
+            num_warps *= 2
         else:
             break
     return dict(
