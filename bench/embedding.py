@@ -1,0 +1,173 @@
+"""WeSpeaker ResNet34 embedding (pyannote's speaker-embedding model): stock (TF32 off) vs optimized.
+
+End to end: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> fbank (32, 998, 80) -> ResNet34 trunk
+(m_channels 32, blocks 3/4/6/3) -> TSTP (32, 5120) -> seg_1 (32, 256); random weights with
+non-trivial BatchNorm statistics. The stock model is pyannote.audio's WeSpeakerResNet34 when
+installed, else the structural copy in tests/reference/wespeaker_models.py with a batched torch
+kaldi fbank front end (what pyannote's vmap over torchaudio computes).
+
+Per layer: every distinct conv geometry of the trunk (conv -> BatchNorm -> [residual] -> ReLU, as
+the stock model runs it on cuDNN) against the rlx Conv2d with BatchNorm folded and the epilogue
+fused, plus the TSTP pooling and the 5120 -> 256 projection.
+
+On CPU: 1 chunk of 2 s (1 s with quick), routed to the torch fallback (the interpreter is not a speed path).
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import types
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _randomize(model: nn.Module) -> nn.Module:
+    from tests.reference.wespeaker_models import randomize
+
+    return randomize(model)
+
+
+def _stock_compute_fbank(self, waveforms: torch.Tensor) -> torch.Tensor:
+    """BaseWeSpeakerResNet.compute_fbank with the batched torch kaldi fbank (vmap's values)."""
+    import rlx_triton as rt
+
+    with rt.use_backend("torch"):
+        return self._bench_fbank(waveforms)
+
+
+def _wespeaker34() -> nn.Module:
+    try:
+        from pyannote.audio.models.embedding import WeSpeakerResNet34  # type: ignore
+        return _randomize(WeSpeakerResNet34())
+    except ImportError:
+        pass
+    from rlx_triton.nn.fbank import Fbank
+    from tests.reference.wespeaker_models import WeSpeakerResNet34
+
+    model = _randomize(WeSpeakerResNet34())
+    options = dict(model._fbank.keywords, input_scale=float(1 << 15), subtract_mean=True)
+    object.__setattr__(model, "_bench_fbank", Fbank(**options))
+    object.__setattr__(model, "compute_fbank", types.MethodType(_stock_compute_fbank, model))
+    return model
+
+
+def _layer_cases(batch: int, frames: int, m: int = 32, bins: int = 80):
+    """(name, c_in, c_out, height, width, kernel, stride, padding, residual) of each distinct trunk conv."""
+    rows = [("stem 3x3", 1, m, bins, frames, 3, 1, 1, False),
+            ("layer1 3x3", m, m, bins, frames, 3, 1, 1, True)]
+    h, w, c = bins, frames, m
+    for i in (2, 3, 4):
+        c2 = c * 2
+        h2, w2 = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+        rows += [(f"layer{i}.0 3x3/2", c, c2, h, w, 3, 2, 1, False),
+                 (f"layer{i}.0 shortcut 1x1/2", c, c2, h, w, 1, 2, 0, False),
+                 (f"layer{i} 3x3", c2, c2, h2, w2, 3, 1, 1, True)]
+        h, w, c = h2, w2, c2
+    return rows, (c, h, w)
+
+
+def run(quick: bool = False) -> list:
+    import rlx_triton as rt
+    from bench.common import bench_device, case, side_by_side
+    from rlx_triton.config import settings
+    from rlx_triton.integrations import pyannote
+    from rlx_triton.nn.conv2d import Conv2d, Projection, StatsPool
+
+    device = bench_device()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        batch, samples = 32, 160000
+    else:
+        batch, samples = 1, 16000 if quick else 32000
+    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
+    results = []
+    layer_baseline = "cuDNN conv+bn+relu (TF32 off)" if device.type == "cuda" else "torch CPU conv+bn+relu"
+
+    # End to end.
+    stock = _wespeaker34().to(device)
+    fast = pyannote.optimize(copy.deepcopy(stock))
+    wav = 0.1 * torch.randn(batch, 1, samples, device=device)
+    with torch.inference_mode(), rt.use_backend(backend):
+        routes = pyannote.explain(fast, wav)
+        ref = stock(wav)
+        out = fast(wav)
+        rel = ((out - ref).abs().max() / ref.abs().max()).item()
+        rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), device, quick=quick)
+    backends = sorted({r.backend for r in routes.values()}) or ["torch"]
+    results.append(case("embedding", f"({batch}, 1, {samples}) -> {tuple(out.shape)} {device.type}", wav.dtype,
+                        rlx_us, "WeSpeakerResNet34 (torch, TF32 off)", base_us,
+                        bytes_moved=wav.numel() * 4 + out.numel() * 4, backend="+".join(backends),
+                        max_rel_err=float(f"{rel:.3g}"), layer="end to end"))
+
+    # Per layer of the trunk against cuDNN conv + BatchNorm (+ residual) + ReLU.
+    frames = 1 + (samples - 400) // 160
+    rows, (c_last, h_last, w_last) = _layer_cases(batch, frames)
+    if quick:
+        rows = rows[:2] + rows[-3:]
+    with torch.inference_mode(), rt.use_backend(backend):
+        for name, c_in, c_out, h, w, k, s, p, with_residual in rows:
+            conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)
+            bn = nn.BatchNorm2d(c_out)
+            _randomize(nn.Sequential(conv, bn))
+            conv, bn = conv.to(device), bn.to(device)
+            x = torch.randn(batch, c_in, h, w, device=device)
+            fused = Conv2d.from_torch(conv, bn=bn, relu=True).to(device)
+            out_h, out_w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+            res = torch.randn(batch, c_out, out_h, out_w, device=device) if with_residual else None
+
+            def stock_layer():
+                y = bn(conv(x))
+                if res is not None:
+                    y = y + res
+                return torch.relu(y)
+
+            def fast_layer():
+                return fused(x, residual=res)
+
+            rel = ((fast_layer() - stock_layer()).abs().max() / stock_layer().abs().max()).item()
+            rlx_us, base_us = side_by_side(fast_layer, stock_layer, device, quick=quick)
+            moved = 4 * (x.numel() + batch * c_out * out_h * out_w * (2 if res is not None else 1)
+                         + conv.weight.numel())
+            route = fused.explain(x, residual=res)
+            results.append(case("embedding", f"{name} ({batch}, {c_in}, {h}, {w}) -> {c_out} {device.type}",
+                                torch.float32, rlx_us, layer_baseline, base_us, bytes_moved=moved,
+                                backend=route.backend, candidate=route.candidate_tag,
+                                max_rel_err=float(f"{rel:.3g}"), layer=name))
+
+        # TSTP pooling and the projection.
+        frames_4 = torch.randn(batch, c_last, h_last, w_last, device=device)
+        pool = StatsPool()
+        tstp = _tstp()
+        rlx_us, base_us = side_by_side(lambda: pool(frames_4), lambda: tstp(frames_4), device, quick=quick)
+        results.append(case("embedding", f"TSTP ({batch}, {c_last}, {h_last}, {w_last}) {device.type}",
+                            torch.float32, rlx_us, "torch mean+std", base_us, bytes_moved=frames_4.numel() * 4,
+                            backend=pool.explain(frames_4).backend, layer="pool"))
+        linear = nn.Linear(2 * c_last * h_last, 256).to(device)
+        proj = Projection.from_torch(linear).to(device)
+        stats = torch.randn(batch, 2 * c_last * h_last, device=device)
+        rlx_us, base_us = side_by_side(lambda: proj(stats), lambda: linear(stats), device, quick=quick)
+        results.append(case("embedding", f"seg_1 ({batch}, {stats.shape[1]}) -> 256 {device.type}", torch.float32,
+                            rlx_us, "torch linear (TF32 off)", base_us,
+                            bytes_moved=4 * (stats.numel() + linear.weight.numel() + batch * 256),
+                            backend=proj.explain(stats).backend, layer="seg_1"))
+    return results
+
+
+def _tstp() -> nn.Module:
+    try:
+        from pyannote.audio.models.embedding.wespeaker.resnet import TSTP  # type: ignore
+    except ImportError:
+        from tests.reference.wespeaker_models import TSTP
+    return TSTP()
+
+
+if __name__ == "__main__":
+    for row in run(quick="--quick" in sys.argv):
+        print(row)
