@@ -10,6 +10,10 @@ from rlx_triton.ops.conv import ConvEpilogue
 from tests.reference.conv import conv1d_float64, random_sincnet
 
 
+def test_public_names():
+    assert rt.nn.SincNet is SincNet and rt.nn.Conv1d is Conv1d
+
+
 def test_from_pyannote_shares_parameters_and_state_dict_keys():
     module = random_sincnet()
     rlx = SincNet.from_pyannote(module)

@@ -63,6 +63,14 @@ def test_conv1d_matches_float64(case):
     assert rel_err(out, ref) <= TOL[torch.float32]
 
 
+def test_conv1d_reads_strided_inputs():
+    x = torch.randn(2, 40, 7).transpose(1, 2)          # (2, 7, 40), length stride 7
+    w = torch.randn(5, 7, 3)
+    b = torch.randn(10)[::2]                              # non-contiguous bias
+    out = tconv.conv1d(x, w, b, 1, 1, 1, candidate=DEFAULT)
+    assert rel_err(out, conv1d_float64(x, w, b, 1, 1, 1)) <= TOL[torch.float32]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_conv1d_every_dtype(dtype):
     x = torch.randn(2, 7, 80).to(dtype)

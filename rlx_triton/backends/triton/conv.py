@@ -274,6 +274,7 @@ def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_,
     if out.numel() == 0:
         return out
     w2d = weight.reshape(C_out, C_in * taps).contiguous()
+    bias = bias.contiguous() if bias is not None else None
     meta = _meta(candidate, interpret=settings().interpret)
     grid = (triton.cdiv(L_out, meta["BLOCK_P"]), triton.cdiv(C_out, meta["BLOCK_CO"]), B)
     _conv1d_kernel[grid](
@@ -351,6 +352,8 @@ def _row_norm(x, weight, bias, *, eps, slope=None, out=None):
     # rows that fit a tile whole are packed several per program; long rows get a program each
     BLOCK_R = max(1, min(16, _ROW_TILE // triton.next_power_of_2(max(L, 1))))
     target = out if out is not None else x
+    weight = weight.contiguous() if weight is not None else None
+    bias = bias.contiguous() if bias is not None else None
     _row_norm_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
         x, weight if weight is not None else scale, bias if bias is not None else shift,
         scale, shift, target,
