@@ -1,18 +1,26 @@
 """Kaldi log-mel filterbank as one fused Triton kernel per tile of frames, plus the fbank routing data.
 
-`_fbank_frames_kernel` takes BLOCK_F frames of one waveform and does, in registers: framing (both
-snip_edges modes, Kaldi's [2,1,0,0,1,2] reflection when snip_edges=False), the optional input scale
-(WeSpeaker's x32768), DC removal, the log energy, pre-emphasis, the window, the real DFT as `tl.dot`
-against a precomputed cos/sin basis in true fp32 (input_precision "ieee" or "tf32x3", never plain
-tf32), power or magnitude, the mel projection (a second `tl.dot`), the log floor and the output
-column order (energy first, or last with htk_compat). `_fbank_cmn_kernel` is the tiny second pass
-for subtract_mean (mean over frames per column), used by torchaudio's subtract_mean and by the
-WeSpeaker front end's CMN.
+`_fbank_frames_kernel` takes BLOCK_F frames of one waveform (grid: frame tiles x batch) and does:
+framing (both snip_edges modes, Kaldi's [2,1,0,0,1,2] reflection when snip_edges=False), the
+optional input scale (WeSpeaker's x32768), DC removal, the log energy (raw or after the window),
+pre-emphasis, the window, the real DFT as `tl.dot` against a precomputed cos/sin basis in true fp32
+(input_precision "ieee" or "tf32x3", never plain tf32), power or magnitude, the mel projection (a
+second `tl.dot`), the log floor and the output column order (energy first, or last with htk_compat).
+The frames are never stored: each WINDOW_STEP-sample slice is rebuilt in registers from the
+waveform where a dot needs it (pass 1 sums the frame means, pass 2 the energies, pass 3 runs the
+DFT, BLOCK_K bins at a time, folding each bin chunk's power straight into the mel accumulator).
+`_fbank_cmn_kernel` is the tiny second pass for subtract_mean (the mean over frames per column),
+which torchaudio's subtract_mean and the WeSpeaker front end's CMN both are.
+
+Accuracy: the DFT basis is float64 split into a float32 (hi, lo) pair, so the basis carries no
+rounding; pre-emphasis is computed as (x[j] - x[j-1]) + (1 - c) * (x[j-1] - mean), which cancels the
+large common part exactly. Against float64 the kernel's features are as close as torchaudio's own
+float32 rfft path, or closer (tests/triton/test_fbank.py).
 
 Window and mel matrix come from rlx_triton.backends.torch_ref.fbank, built exactly as torchaudio
-builds them; the DFT basis is computed in float64 and rounded once. All three are cached per option
-set and device. dither > 0 is not covered here: torchaudio draws independent noise per frame sample,
-so the router sends such calls to the torch fallback (the `dither` feature below).
+builds them; all constants are cached per option set and device. dither > 0 is not covered here:
+torchaudio draws independent noise per frame sample, so the router sends such calls to the torch
+fallback (the `dither` feature below), as it does for calls that need autograd.
 """
 from __future__ import annotations
 

@@ -1,0 +1,89 @@
+"""Kaldi fbank: rt.nn.Fbank.wespeaker() (the fused Triton kernel) against the torch paths, side by side.
+
+Shape: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> (32, 998, 80) float32, pyannote's WeSpeaker
+front end (x32768, 80-bin hamming log-mel, mean over frames subtracted), TF32 off. Baselines, in
+the same run and on the same device:
+- "torch fallback": rlx_triton's own torch path (backends/torch_ref/fbank.py, batched rfft + matmul);
+- "torchaudio kaldi.fbank (vmap)": pyannote's exact call, torch.vmap over the batch, when torchaudio
+  is importable.
+On CPU (quick mode and under the interpreter): 2 chunks, and the rlx side routes to its torch
+fallback (the interpreter is not a speed path), so the numbers are context, not a kernel claim.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+WESPEAKER = dict(num_mel_bins=80, frame_length=25, frame_shift=10, round_to_power_of_two=True, snip_edges=True,
+                 dither=0.0, sample_frequency=16000, window_type="hamming", use_energy=False)
+
+
+def _torchaudio_front_end():
+    """pyannote's BaseWeSpeakerResNet.compute_fbank, or None without torchaudio."""
+    try:
+        from torchaudio.compliance import kaldi  # type: ignore
+    except ImportError:
+        return None
+
+    def compute(waveforms):
+        features = torch.vmap(lambda w: kaldi.fbank(w, **WESPEAKER))(waveforms * (1 << 15))
+        return features - torch.mean(features, dim=1, keepdim=True)
+
+    return compute
+
+
+def run(quick: bool = False) -> list:
+    import rlx_triton as rt
+    from bench.common import bench_device, case, side_by_side
+    from rlx_triton.config import settings
+
+    device = bench_device()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    batch = 32 if device.type == "cuda" and not quick else (8 if device.type == "cuda" else 2)
+    samples = 160000
+    gen = torch.Generator().manual_seed(0)
+    waves = (0.1 * torch.randn(batch, 1, samples, generator=gen)).to(device)
+    front_end = rt.nn.Fbank.wespeaker()
+    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
+
+    def rlx():
+        with rt.use_backend(backend):
+            return front_end(waves)
+
+    def torch_fallback():
+        with rt.use_backend("torch"):
+            return front_end(waves)
+
+    baselines = [("torch fallback", torch_fallback)]
+    torchaudio_fn = _torchaudio_front_end()
+    if torchaudio_fn is not None:
+        baselines.append(("torchaudio kaldi.fbank (vmap)", lambda: torchaudio_fn(waves)))
+
+    with torch.inference_mode():
+        with rt.use_backend(backend):
+            route = rt.explain(rt.fbank, waves, **WESPEAKER, subtract_mean=True, input_scale=32768.0)
+        out = rlx()
+        reference = baselines[-1][1]()
+        max_abs_err = (out - reference).abs().max().item()
+        moved = waves.numel() * waves.element_size() + out.numel() * out.element_size()
+        shape = f"({batch}, 1, {samples}) -> ({batch}, {out.shape[1]}, {out.shape[2]}) {device.type}"
+        cases = []
+        for name, baseline in baselines:
+            rlx_us, base_us = side_by_side(rlx, baseline, device, quick=quick)
+            cases.append(case("fbank", shape, waves.dtype, rlx_us, name, base_us, bytes_moved=moved,
+                              backend=route.backend, candidate=route.candidate_tag,
+                              max_abs_err=float(f"{max_abs_err:.3g}")))
+    return cases
+
+
+if __name__ == "__main__":
+    for row in run(quick="--quick" in sys.argv):
+        print(row)
