@@ -66,6 +66,19 @@ def test_lstm_stack_forms_and_the_multilabel_head(monolithic):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_optimize_is_idempotent_and_handles_a_head_without_linear_layers():
+    model = make_pyannet(hidden=8, linear_layers=0, powerset=False)
+    x = waveforms(1)
+    with torch.no_grad():
+        want = model(x)
+        pyannote.optimize(pyannote.optimize(model))
+        assert type(model.lstm) is LSTM
+        assert isinstance(model.classifier, SegDense) and model.classifier.activation == "sigmoid"
+        with rt.use_backend("torch"):
+            got = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_unknown_models_and_modules_are_unchanged():
     plain = torch.nn.Sequential(torch.nn.LSTM(3, 4), torch.nn.Linear(4, 2))
     assert pyannote.optimize(plain) is plain
