@@ -227,6 +227,7 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
     use_f16_kv -> fp16/bf16 dot operands for 16-bit inputs; fp32 operands with ieee precision otherwise
     (bf16 under the interpreter also takes fp32 operands: the interpreter computes on raw bf16 bits).
     split_k == 1 with partial_reduce False -> single pass (no partials, no merge kernel).
+    tile_k, pad_q and pad_kv need no mapping: D is padded to a power of two and every length is masked.
     """
     lowp = bool(candidate.use_f16_kv) and dtype in (torch.float16, torch.bfloat16)
     if dtype == torch.bfloat16 and _interpreting():
