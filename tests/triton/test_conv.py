@@ -130,6 +130,17 @@ def test_instance_norm_rows_give_scale_and_shift():
                    F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)) <= 1e-5
 
 
+def test_long_rows_use_chunked_statistics():
+    x = torch.randn(2, 1, 20000) * 3 + 5                  # > 16384 samples: chunked statistics
+    gamma, beta = torch.tensor([1.3]), torch.tensor([-0.2])
+    scale, shift = tconv._row_norm(x, gamma, beta, eps=1e-5)
+    x64 = x.double()
+    mean, var = x64.mean(-1).flatten(), x64.var(-1, unbiased=False).flatten()
+    ref_scale = 1.3 / torch.sqrt(var + 1e-5)
+    assert torch.allclose(scale.double(), ref_scale, rtol=1e-5)
+    assert torch.allclose(shift.double(), -0.2 - mean * ref_scale, rtol=1e-5, atol=1e-5)
+
+
 def test_conv_block_reads_the_previous_norm_and_leaky_in_its_prologue():
     module = random_sincnet()
     h = torch.randn(2, 80, 98).abs()
@@ -165,6 +176,16 @@ def test_sincnet_in_half_precision_keeps_float32_intermediates(dtype, tol):
     out = _run_sincnet(module, wav, WIDE)
     assert out.dtype == dtype
     assert rel_err(out, sincnet_float64(module, wav)) <= tol
+
+
+def test_sincnet_with_chunked_waveform_statistics(monkeypatch):
+    """Waveforms longer than _SPLIT_ROW_MIN (10 s chunks) take the chunked statistics path."""
+    monkeypatch.setattr(tconv, "_SPLIT_ROW_MIN", 1024)
+    monkeypatch.setattr(tconv, "_STATS_CHUNK", 1024)
+    module = random_sincnet()
+    wav = torch.randn(2, 1, 3200) + 0.5
+    out = _run_sincnet(module, wav, WIDE)
+    assert rel_err(out, sincnet_float64(module, wav)) <= 1e-4
 
 
 def test_sincnet_on_silence_is_finite_and_matches():

@@ -12,7 +12,8 @@ keeping the running max, so the un-pooled conv output (15975 x 80 per 10 s chunk
 
 Instance norm needs statistics over the whole pooled row, which one conv tile does not see; a
 per-(batch, channel) program (`_row_norm_kernel`) computes them (two passes over the row: mean, then
-centred variance, deterministic, no atomics) and either hands (scale, shift) to the next conv's
+centred variance, deterministic, no atomics; rows longer than 16384, i.e. the waveform, are split into
+chunks whose (mean, M2) one more small kernel merges) and either hands (scale, shift) to the next conv's
 prologue or, for the last block, writes leaky(x * scale + shift) itself.
 
 SincNet = 5 launches: waveform stats -> sinc conv|abs|pool -> stats -> conv|pool -> stats ->
@@ -233,12 +234,90 @@ def _row_norm_kernel(
             tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _row_partial_stats_kernel(
+    x_ptr, part_ptr,
+    C, L, n_chunks,
+    stride_xb, stride_xc, stride_xl,
+    CHUNK: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    # long rows (the waveform): one program per CHUNK of one row writes the chunk's mean and M2
+    # (sum of squared deviations from the chunk mean) to part[row, chunk, 0:2].
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    b = row // C
+    c = row % C
+    x_row = x_ptr + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc
+    start = chunk * CHUNK
+    count = tl.minimum(L - start, CHUNK).to(tl.float32)
+    offs0 = tl.arange(0, BLOCK_L)
+
+    total = tl.zeros((BLOCK_L,), dtype=tl.float32)
+    for l0 in range(0, CHUNK, BLOCK_L):
+        offs = start + l0 + offs0
+        mask = offs < L
+        total += tl.load(x_row + offs.to(tl.int64) * stride_xl, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(total, axis=0) / count
+
+    sq = tl.zeros((BLOCK_L,), dtype=tl.float32)
+    for l0 in range(0, CHUNK, BLOCK_L):
+        offs = start + l0 + offs0
+        mask = offs < L
+        v = tl.load(x_row + offs.to(tl.int64) * stride_xl, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, v - mean, 0.0)
+        sq += d * d
+    part = part_ptr + (row.to(tl.int64) * n_chunks + chunk) * 2
+    tl.store(part, mean)
+    tl.store(part + 1, tl.sum(sq, axis=0))
+
+
+@triton.jit
+def _row_combine_stats_kernel(
+    part_ptr, gamma_ptr, beta_ptr, scale_ptr, shift_ptr,
+    n_rows, C, L, n_chunks,
+    eps,
+    HAS_AFFINE: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    # merges the chunk statistics of BLOCK_R rows (Chan et al.: M2 = sum M2_i + sum n_i (mean_i - mean)^2)
+    # into scale = gamma / sqrt(var + eps), shift = beta - mean * scale.
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    chunks = tl.arange(0, BLOCK_C)
+    row_mask = rows < n_rows
+    mask = row_mask[:, None] & (chunks < n_chunks)[None, :]
+    part = part_ptr + (rows.to(tl.int64)[:, None] * n_chunks + chunks[None, :]) * 2
+    chunk_mean = tl.load(part, mask=mask, other=0.0)
+    chunk_m2 = tl.load(part + 1, mask=mask, other=0.0)
+    counts = tl.where(mask, tl.minimum(L - chunks * CHUNK, CHUNK), 0).to(tl.float32)
+
+    mean = tl.sum(counts * chunk_mean, axis=1) / L
+    d = tl.where(mask, chunk_mean - mean[:, None], 0.0)
+    var = (tl.sum(chunk_m2, axis=1) + tl.sum(counts * d * d, axis=1)) / L
+    rstd = tl.div_rn(tl.full((BLOCK_R,), 1.0, tl.float32), tl.sqrt_rn(var + eps))
+
+    c = rows % C
+    scale = rstd
+    shift = -mean * rstd
+    if HAS_AFFINE:
+        gamma = tl.load(gamma_ptr + c, mask=row_mask, other=1.0).to(tl.float32)
+        beta = tl.load(beta_ptr + c, mask=row_mask, other=0.0).to(tl.float32)
+        scale = gamma * rstd
+        shift = beta - mean * scale
+    tl.store(scale_ptr + rows, scale, mask=row_mask)
+    tl.store(shift_ptr + rows, shift, mask=row_mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # launchers
 # ----------------------------------------------------------------------------------------------
 
 _ROW_BLOCK_MAX = 1024   # row chunk of the norm and epilogue kernels
 _ROW_TILE = 4096        # elements per norm program tile (BLOCK_R x BLOCK_L)
+_STATS_CHUNK = 4096     # long rows: elements per statistics program
+_SPLIT_ROW_MIN = 16384  # rows longer than this get chunked statistics (the 160000-sample waveform)
 
 
 def _dot_k(block_k: int, interpret: bool) -> int:
@@ -348,12 +427,26 @@ def _row_norm(x, weight, bias, *, eps, slope=None, out=None):
     n_rows = B * C
     scale = torch.empty(n_rows, device=x.device, dtype=torch.float32)
     shift = torch.empty(n_rows, device=x.device, dtype=torch.float32)
+    weight = weight.contiguous() if weight is not None else None
+    bias = bias.contiguous() if bias is not None else None
+    if out is None and L > _SPLIT_ROW_MIN:
+        # long rows: chunk statistics in parallel, then one merge, instead of a serial walk per row
+        n_chunks = triton.cdiv(L, _STATS_CHUNK)
+        part = torch.empty((n_rows, n_chunks, 2), device=x.device, dtype=torch.float32)
+        _row_partial_stats_kernel[(n_rows, n_chunks)](
+            x, part, C, L, n_chunks, x.stride(0), x.stride(1), x.stride(2),
+            CHUNK=_STATS_CHUNK, BLOCK_L=_ROW_BLOCK_MAX, num_warps=4)
+        BLOCK_C = triton.next_power_of_2(n_chunks)
+        BLOCK_R = max(1, min(16, _ROW_TILE // BLOCK_C))
+        _row_combine_stats_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
+            part, weight if weight is not None else scale, bias if bias is not None else shift,
+            scale, shift, n_rows, C, L, n_chunks, float(eps),
+            HAS_AFFINE=weight is not None, CHUNK=_STATS_CHUNK, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=4)
+        return scale, shift
     BLOCK_L = min(_ROW_BLOCK_MAX, triton.next_power_of_2(max(L, 16)))
     # rows that fit a tile whole are packed several per program; long rows get a program each
     BLOCK_R = max(1, min(16, _ROW_TILE // triton.next_power_of_2(max(L, 1))))
     target = out if out is not None else x
-    weight = weight.contiguous() if weight is not None else None
-    bias = bias.contiguous() if bias is not None else None
     _row_norm_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
         x, weight if weight is not None else scale, bias if bias is not None else shift,
         scale, shift, target,
@@ -543,6 +636,24 @@ def _audit_kernels() -> list:
         AuditSpec(
             name="conv1d_row_norm", family="conv", kernel=_row_norm_kernel, signature=norm_signature,
             meta=lambda c, dt: dict(HAS_AFFINE=True, APPLY=True, BLOCK_R=4, BLOCK_L=1024, num_warps=4,
+                                    num_stages=1),
+            candidates=candidates[:1], default=candidates[0], dtypes=("fp32", "fp16", "bf16"),
+            expects_mma=False),
+        AuditSpec(
+            name="conv1d_row_partial_stats", family="conv", kernel=_row_partial_stats_kernel,
+            signature={"x_ptr": "*{dt}", "part_ptr": "*fp32", "C": "i32", "L": "i32", "n_chunks": "i32",
+                       "stride_xb": "i64", "stride_xc": "i32", "stride_xl": "i32",
+                       "CHUNK": "constexpr", "BLOCK_L": "constexpr"},
+            meta=lambda c, dt: dict(CHUNK=_STATS_CHUNK, BLOCK_L=_ROW_BLOCK_MAX, num_warps=4, num_stages=1),
+            candidates=candidates[:1], default=candidates[0], dtypes=("fp32", "fp16", "bf16"),
+            expects_mma=False),
+        AuditSpec(
+            name="conv1d_row_combine_stats", family="conv", kernel=_row_combine_stats_kernel,
+            signature={"part_ptr": "*fp32", "gamma_ptr": "*{dt}", "beta_ptr": "*{dt}", "scale_ptr": "*fp32",
+                       "shift_ptr": "*fp32", "n_rows": "i32", "C": "i32", "L": "i32", "n_chunks": "i32",
+                       "eps": "fp32", "HAS_AFFINE": "constexpr", "CHUNK": "constexpr",
+                       "BLOCK_R": "constexpr", "BLOCK_C": "constexpr"},
+            meta=lambda c, dt: dict(HAS_AFFINE=True, CHUNK=_STATS_CHUNK, BLOCK_R=16, BLOCK_C=64, num_warps=4,
                                     num_stages=1),
             candidates=candidates[:1], default=candidates[0], dtypes=("fp32", "fp16", "bf16"),
             expects_mma=False),
