@@ -97,6 +97,13 @@ def test_hidden_wider_than_one_tile_and_no_biases():
     check(module, x, hx, candidate(hidden_tile=16))
 
 
+@pytest.mark.slow
+def test_widest_covered_hidden_size():
+    module = make(3, tk.MAX_HIDDEN, 1, False)
+    x, hx = inputs(module, batch=2, seq=2, with_state=False)
+    check(module, x, hx, tk.make_candidate(batch_tile=16, hidden_tile=128, tg_size=256, mode="persistent"))
+
+
 def test_unbatched_input():
     module = make(3, 8, 1, True)
     x = torch.randn(4, 3)
