@@ -29,8 +29,8 @@ def _single(value, name: str) -> int:
 class Conv2d(nn.Module):
     """y = relu?(conv2d(x, weight, bias, stride, padding) + residual), NCHW, one kernel launch.
 
-    The weight is stored channel-last in memory (shape (c_out, c_in, kh, kw), c_out contiguous) so
-    the kernel's weight tiles load coalesced.
+    The weight is stored tap-major in memory (shape (c_out, c_in, kh, kw), memory (kh, kw, c_out, c_in),
+    c_in contiguous) so the kernel's [c_out, c_in] weight tile of one tap loads coalesced.
     """
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *, stride: int = 1,
@@ -39,7 +39,7 @@ class Conv2d(nn.Module):
         if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
             raise ValueError(f"weight must be a 4-D tensor (c_out, c_in, kh, kw), got "
                              f"{getattr(weight, 'shape', type(weight).__name__)}")
-        packed = weight.detach().float().permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)
+        packed = weight.detach().float().permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
         self.register_buffer("weight", packed)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.stride = _single(stride, "stride")

@@ -76,9 +76,9 @@ def test_modules_explain_their_routes():
     assert Projection(torch.randn(3, 8)).explain(torch.randn(2, 8)).backend == "triton"
 
 
-def test_weight_is_stored_channel_last_and_moves_with_the_module():
+def test_weight_is_stored_tap_major_and_moves_with_the_module():
     conv = Conv2d(torch.randn(6, 4, 3, 3))
-    assert conv.weight.stride(0) == 1
-    assert conv.to(torch.float32).weight.stride(0) == 1
+    assert conv.weight.stride() == (4, 1, 3 * 6 * 4, 6 * 4)  # memory (kh, kw, c_out, c_in)
+    assert conv.to(torch.float32).weight.stride(1) == 1
     assert_close_ref(conv(torch.ones(1, 4, 3, 3)), torch.nn.functional.conv2d(torch.ones(1, 4, 3, 3).double(),
                      conv.weight.double()), torch.float32, 36)

@@ -38,9 +38,12 @@ def test_conv2d_matches_float64(shape, epilogue):
     assert_close_ref(y, ref, torch.float32, ci * k * k)
 
 
-def test_conv2d_reads_a_channel_last_weight_through_its_strides():
+@pytest.mark.parametrize("order", [(2, 3, 0, 1), (2, 3, 1, 0)], ids=["c_in_contiguous", "c_out_contiguous"])
+def test_conv2d_reads_a_packed_weight_through_its_strides(order):
     x, weight = torch.randn(2, 6, 7, 5), torch.randn(9, 6, 3, 3)
-    packed = weight.permute(2, 3, 1, 0).contiguous().permute(3, 2, 0, 1)  # c_out contiguous
+    inverse = [order.index(i) for i in range(4)]
+    packed = weight.permute(*order).contiguous().permute(*inverse)
+    assert torch.equal(packed, weight) and not packed.is_contiguous()
     y = K.conv2d(x, packed, None, stride=1, padding=1, candidate=CAND)
     assert_close_ref(y, conv2d64(x, weight, padding=1), torch.float32, 54)
 
