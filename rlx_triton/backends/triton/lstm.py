@@ -208,14 +208,17 @@ def _proj_meta(candidate) -> dict:
 def _rec_meta(candidate) -> dict:
     """BLOCK_B = batch_tile; BLOCK_H = hidden_tile capped so the four fp32 gate accumulators
     (4 x BLOCK_B x BLOCK_H) take at most 16 registers per thread each (BLOCK_B*BLOCK_H <= 4*tg_size;
-    larger tiles spill on sm_90); W_hh is streamed in BLOCK_K=16 x BLOCK_H tiles per gate. The time
-    loop is not software-pipelined (each step depends on the last): `stages` is the GEMM's only."""
+    larger tiles spill on sm_90); W_hh is streamed in BLOCK_K=16 x BLOCK_H tiles per gate.
+    num_stages: in persistent mode the W_hh k-loop is software-pipelined `stages` deep (the next
+    tile is fetched from L2 while the current one is in the dot); stepwise launches use one stage
+    (two spill on sm_80). The arithmetic is the same either way."""
     num_warps = max(1, candidate.tg_size // 32)
     block_b = max(16, int(candidate.batch_tile))
     block_h = max(16, int(candidate.hidden_tile))
     while block_h > 16 and block_b * block_h > 4 * 32 * num_warps:
         block_h //= 2
-    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=16, num_warps=num_warps, num_stages=1)
+    stages = max(1, int(candidate.stages)) if candidate.mode == "persistent" else 1
+    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=16, num_warps=num_warps, num_stages=stages)
 
 
 # ---------------------------------------------------------------------------------------------
