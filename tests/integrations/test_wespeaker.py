@@ -109,6 +109,18 @@ def test_bottleneck_siblings_are_swapped_too():
         assert rel_err(optimized(wav), stock(wav)) < 1e-4
 
 
+def test_a_running_average_front_end_stays_with_the_model():
+    """fbank_centering_span set: the model's own compute_fbank is kept, the trunk is still swapped."""
+    stock = tiny_wespeaker()
+    stock.hparams.fbank_centering_span = 0.1
+    optimized = copy.deepcopy(stock)
+    swapped = optimize_wespeaker(optimized)
+    assert "compute_fbank" not in swapped and "rlx_front_end" not in optimized._modules
+    wav = _waveforms(batch=1)
+    with torch.no_grad(), rt.use_backend("torch"):
+        assert rel_err(optimized(wav), stock(wav)) < 1e-4
+
+
 def test_a_bare_trunk_inside_another_module_is_found():
     holder = nn.Module()
     holder.embedding = randomize(tiny_wespeaker().resnet)

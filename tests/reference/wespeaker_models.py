@@ -248,7 +248,13 @@ class BaseWeSpeakerResNet(nn.Module):
         features = torch.stack([self._fbank(w) for w in waveforms])  # pyannote: torch.vmap(self._fbank)
         if self.hparams.fbank_centering_span is None:
             return features - torch.mean(features, dim=1, keepdim=True)
-        raise NotImplementedError("running-average centering is not restated here")
+        # center features with a running average
+        window_size = int(self.hparams.sample_rate * self.hparams.frame_length * 0.001)
+        step_size = int(self.hparams.sample_rate * self.hparams.frame_shift * 0.001)
+        kernel_size = _conv1d_num_frames(int(self.hparams.fbank_centering_span * self.hparams.sample_rate),
+                                         window_size, step_size, 0, 1)
+        return features - F.avg_pool1d(features.transpose(1, 2), kernel_size=2 * (kernel_size // 2) + 1, stride=1,
+                                       padding=kernel_size // 2, count_include_pad=False).transpose(1, 2)
 
     @property
     def dimension(self) -> int:
