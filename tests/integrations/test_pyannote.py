@@ -97,7 +97,7 @@ def test_explain_reports_each_swapped_module_route():
     model = pyannote.optimize(make_pyannet(hidden=8, linear_hidden=8))
     with rt.use_backend("torch"):
         routes = pyannote.explain(model, waveforms(1))
-    assert {"lstm", "classifier"} <= set(routes)
+    assert {"sincnet", "lstm", "classifier"} <= set(routes)
     assert all(route.backend == "torch" for route in routes.values())
 
 
