@@ -16,12 +16,13 @@ centred variance, deterministic, no atomics; rows longer than 16384, i.e. the wa
 chunks whose (mean, M2) one more small kernel merges) and either hands (scale, shift) to the next conv's
 prologue or, for the last block, writes leaky(x * scale + shift) itself.
 
-SincNet = 5 launches: waveform stats -> sinc conv|abs|pool -> stats -> conv|pool -> stats ->
-conv|pool -> stats+normalize+leaky. Intermediates between launches are float32.
+SincNet = 5 launches (6 when the waveform statistics are chunked, as for 10 s chunks): waveform stats
+-> sinc conv|abs|pool -> stats -> conv|pool -> stats -> conv|pool -> stats+normalize+leaky.
+Intermediates between launches are float32.
 
 The sinc filters themselves are built with torch ops (rlx_triton.ops.conv.sinc_filters), once per
 weight version: they are 80 x 251 numbers computed once per parameter update, so a kernel would buy
-nothing, and running asteroid's exact op sequence keeps them bit-identical to pyannote's.
+nothing, and running asteroid's exact op sequence keeps float32 filters bit-identical to pyannote's.
 
 Candidate mapping (ConvCandidate): tile_pos -> BLOCK_P output positions per program (pooled
 positions when a pool is fused), tile_co -> BLOCK_CO, tile_k -> BLOCK_K (reduction per loop iteration,
