@@ -265,3 +265,20 @@ def test_tf32_candidates_measured_on_gpu(precision):
     ref = sincnet_float64(module.cpu(), wav.cpu())
     print(f"sincnet {precision}: rel err {rel_err(out.cpu(), ref):.2e}")
     assert rel_err(out.cpu(), ref) <= (1e-4 if precision == "tf32x3" else 1e-2)
+
+
+@pytest.mark.gpu
+def test_sincnet_on_gpu_matches_the_module_on_10s_chunks():
+    """The pyannote shape on a real GPU (default candidate, true fp32) against the fp32 module, TF32 off."""
+    import rlx_triton as rt
+    from rlx_triton.nn.conv import SincNet
+
+    torch.backends.cudnn.allow_tf32 = False
+    module = random_sincnet().cuda()
+    wav = torch.randn(4, 1, 160000, device="cuda")
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        out = SincNet.from_pyannote(module)(wav)
+    with torch.no_grad():
+        ref = module(wav)
+    assert out.shape == (4, 60, 589)
+    assert rel_err(out, ref) <= 1e-4
