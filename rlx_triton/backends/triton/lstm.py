@@ -2,10 +2,10 @@
 
 1. `_lstm_input_proj_kernel`: the input projection of every timestep and both directions as one
    GEMM, G[rows, D*4H] = X[rows, I] @ W_ih_cat^T + (b_ih + b_hh), with `tl.dot` at the candidate's
-   precision ("ieee", "tf32x3" or "tf32").
+   precision ("ieee" or "tf32x3" are approved; "tf32" has no accuracy evidence and is not).
 2. `_lstm_recurrence_kernel`: one program per (direction, batch tile) runs the recurrence over the
    timesteps [step_begin, step_end). Each step streams W_hh tiles (BLOCK_K x BLOCK_H per gate) and
-   computes gates = G[t] + h_{t-1} @ W_hh^T (reduction in BLOCK_K chunks) in fp32 ("ieee" dot), then the cell update in fp32.
+   computes gates = G[t] + h_{t-1} @ W_hh^T in fp32 ("ieee" dot), then the cell update in fp32.
    The state never leaves the program's reach: h_{t-1} is re-read from the output row it wrote the
    step before (y[t-1], L1/L2 resident), c lives in the c_n output buffer and is updated in place.
    mode="persistent" launches it once with [0, T) (one barrier per step orders the CTA's own writes);
@@ -14,7 +14,7 @@
 
 Gate order is torch's (i, f, g, o); gates, state and recurrence stay fp32 whatever the candidate.
 Refused to the torch op (typed, via COVERAGE features): training with dropout > 0, proj_size > 0,
-packed sequences, hidden > 512, dtypes other than float32.
+packed sequences, autograd, hidden > 512, dtypes other than float32.
 """
 from __future__ import annotations
 
