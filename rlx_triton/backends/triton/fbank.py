@@ -48,7 +48,7 @@ COVERAGE = Coverage(
     ops=frozenset({"fbank"}),
     devices=frozenset({"cuda", "cpu"}),
     dtypes=frozenset({"float32", "float16", "bfloat16"}),
-    ranges={"bins": (4, MAX_BINS), "window": (2, MAX_WINDOW)},
+    ranges={"bins": (4, MAX_BINS), "window": (2, MAX_WINDOW), "samples": (1, 2**31 - 2 * MAX_WINDOW)},
     features={
         "window_type": frozenset(_ref.WINDOW_TYPES),
         "snip_edges": frozenset({True, False}),
@@ -140,9 +140,10 @@ def _fbank_frames_kernel(
 
     frames = pid_f * BLOCK_F + tl.arange(0, BLOCK_F)
     frame_mask = frames < num_frames
-    # int64 sample offsets, so long batched waveforms cannot wrap
+    # the row offset is int64 (a batch of long waveforms passes 2^31 samples); offsets inside one row
+    # stay int32 (coverage caps samples per row below 2^31)
     wave_row = wave_ptr + pid_b.to(tl.int64) * stride_wave_b
-    start = frames.to(tl.int64) * frame_shift - reflect_pad
+    start = frames * frame_shift - reflect_pad
 
     # pass 1: the frame means (DC offset)
     zero = tl.zeros((BLOCK_F,), dtype=tl.float32)
