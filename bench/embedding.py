@@ -101,10 +101,14 @@ def run(quick: bool = False) -> list:
         rel = ((out - ref).abs().max() / ref.abs().max()).item()
         rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), device, quick=quick)
     backends = sorted({r.backend for r in routes.values()}) or ["torch"]
+    conv_route = routes.get("resnet.layer1.0.conv1")
     results.append(case("embedding", f"({batch}, 1, {samples}) -> {tuple(out.shape)} {device.type}", wav.dtype,
                         rlx_us, "WeSpeakerResNet34 (torch, TF32 off)", base_us,
                         bytes_moved=wav.numel() * 4 + out.numel() * 4, backend="+".join(backends),
+                        candidate=getattr(conv_route, "candidate_tag", None),
                         max_rel_err=float(f"{rel:.3g}"), layer="end to end"))
+    if device.type == "cuda":
+        results += _end_to_end_per_candidate(stock, fast, wav, quick)
 
     # Per layer of the trunk against cuDNN conv + BatchNorm (+ residual) + ReLU.
     frames = 1 + (samples - 400) // 160
@@ -131,15 +135,28 @@ def run(quick: bool = False) -> list:
             def fast_layer():
                 return fused(x, residual=res)
 
-            rel = ((fast_layer() - stock_layer()).abs().max() / stock_layer().abs().max()).item()
-            rlx_us, base_us = side_by_side(fast_layer, stock_layer, device, quick=quick)
             moved = 4 * (x.numel() + batch * c_out * out_h * out_w * (2 if res is not None else 1)
                          + conv.weight.numel())
             route = fused.explain(x, residual=res)
-            results.append(case("embedding", f"{name} ({batch}, {c_in}, {h}, {w}) -> {c_out} {device.type}",
-                                torch.float32, rlx_us, layer_baseline, base_us, bytes_moved=moved,
-                                backend=route.backend, candidate=route.candidate_tag,
-                                max_rel_err=float(f"{rel:.3g}"), layer=name))
+            # the routed candidate, then (on a GPU) every approved candidate launched directly
+            runs = [(route.candidate_tag, fast_layer)]
+            if device.type == "cuda":
+                from rlx_triton.backends.triton import conv2d as kernels
+
+                for cand in kernels.all_candidates():
+                    tag = kernels.candidate_tag(cand)
+                    if tag in kernels.APPROVALS and tag != route.candidate_tag:
+                        runs.append((tag, lambda cand=cand: kernels.conv2d(
+                            x, fused.weight, fused.bias, stride=s, padding=p, residual=res, relu=True,
+                            candidate=cand)))
+            for tag, fn in runs:
+                expected = stock_layer()
+                rel = ((fn() - expected).abs().max() / expected.abs().max()).item()
+                rlx_us, base_us = side_by_side(fn, stock_layer, device, quick=quick)
+                results.append(case("embedding", f"{name} ({batch}, {c_in}, {h}, {w}) -> {c_out} {device.type}",
+                                    torch.float32, rlx_us, layer_baseline, base_us, bytes_moved=moved,
+                                    backend=route.backend if tag == route.candidate_tag else "triton",
+                                    candidate=tag, max_rel_err=float(f"{rel:.3g}"), layer=name))
 
         # TSTP pooling and the projection.
         frames_4 = torch.randn(batch, c_last, h_last, w_last, device=device)
@@ -158,6 +175,40 @@ def run(quick: bool = False) -> list:
                             bytes_moved=4 * (stats.numel() + linear.weight.numel() + batch * 256),
                             backend=proj.explain(stats).backend, layer="seg_1"))
     return results
+
+
+def _end_to_end_per_candidate(stock, fast, wav, quick) -> list:
+    """Evidence for a device recipe: the optimized model with each approved conv candidate pinned as the
+    recipe of this device class (the route cache is cleared around each run)."""
+    import rlx_triton as rt
+    from bench.common import case, side_by_side
+    from rlx_triton.backends.triton import conv2d as kernels
+    from rlx_triton.router import clear_route_cache
+    from rlx_triton.router.device import device_facts
+
+    device_class = device_facts(wav.device).device_class
+    saved = dict(kernels.RECIPES)
+    rows = []
+    try:
+        for cand in kernels.all_candidates():
+            tag = kernels.candidate_tag(cand)
+            if tag not in kernels.APPROVALS:
+                continue
+            kernels.RECIPES[device_class] = tag
+            clear_route_cache()
+            with torch.inference_mode(), rt.use_backend("triton"):
+                ref, out = stock(wav), fast(wav)
+                rel = ((out - ref).abs().max() / ref.abs().max()).item()
+                rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), wav.device, quick=quick)
+            rows.append(case("embedding", f"{tuple(wav.shape)} -> {tuple(out.shape)} cuda, conv recipe {tag}",
+                             wav.dtype, rlx_us, "WeSpeakerResNet34 (torch, TF32 off)", base_us,
+                             bytes_moved=wav.numel() * 4 + out.numel() * 4, backend="triton", candidate=tag,
+                             max_rel_err=float(f"{rel:.3g}"), layer="end to end (recipe)"))
+    finally:
+        kernels.RECIPES.clear()
+        kernels.RECIPES.update(saved)
+        clear_route_cache()
+    return rows
 
 
 def _tstp() -> nn.Module:
