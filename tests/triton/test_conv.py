@@ -101,6 +101,17 @@ def test_conv1d_epilogues(epilogue, fused):
     assert rel_err(out, ref) <= TOL[torch.float32]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_conv1d_pool_propagates_nan_like_torch(fused):
+    x = torch.randn(1, 3, 30)
+    x[0, 1, 7] = float("nan")
+    w = torch.randn(4, 3, 3)
+    epilogue = ConvEpilogue(abs=True, pool=3)
+    out = tconv.conv1d(x, w, None, 1, 0, 1, epilogue=epilogue, candidate=tconv.make_candidate(fuse_epilogue=fused))
+    ref = F.max_pool1d(F.conv1d(x, w).abs(), 3, 3)
+    assert torch.equal(out.isnan(), ref.isnan()) and ref.isnan().any()
+
+
 # ------------------------------------------------------------------------------ SincNet blocks
 
 

@@ -120,7 +120,7 @@ def _conv1d_kernel(
             acc += bias[None, :]
         if ABS:
             acc = tl.abs(acc)
-        result = tl.maximum(result, acc)
+        result = tl.maximum(result, acc, propagate_nan=tl.PropagateNan.ALL)   # NaN pools to NaN, as in torch
 
     if OUT_LEAKY:
         result = tl.where(result >= 0, result, result * out_slope)
@@ -163,7 +163,7 @@ def _epilogue_kernel(
         v = tl.load(y_base + pos * stride_yl, mask=mask, other=0.0).to(tl.float32) + bias
         if ABS:
             v = tl.abs(v)
-        result = tl.maximum(result, v)
+        result = tl.maximum(result, v, propagate_nan=tl.PropagateNan.ALL)
     if OUT_LEAKY:
         result = tl.where(result >= 0, result, result * out_slope)
     out_ptrs = out_ptr + b.to(tl.int64) * stride_ob + c.to(tl.int64) * stride_oc + offs.to(tl.int64) * stride_ol
