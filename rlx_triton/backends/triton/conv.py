@@ -146,9 +146,9 @@ def _epilogue_kernel(
     BLOCK: tl.constexpr,
 ):
     # the un-fused epilogue: bias -> |x| -> max-pool -> leaky ReLU over a stored conv output.
-    # grid: (position tiles, batch * channels)
-    pid_p = tl.program_id(0)
-    row = tl.program_id(1)
+    # grid: (batch * channels, position tiles); rows in dim 0, which has no 65535 limit
+    row = tl.program_id(0)
+    pid_p = tl.program_id(1)
     b = row // C
     c = row % C
     offs = pid_p * BLOCK + tl.arange(0, BLOCK)
@@ -387,7 +387,7 @@ def _launch_epilogue(y, bias, out, *, pool, abs_, out_slope):
     if out.numel() == 0:
         return out
     BLOCK = min(_ROW_BLOCK_MAX, triton.next_power_of_2(max(L_out, 16)))
-    grid = (triton.cdiv(L_out, BLOCK), B * C)
+    grid = (B * C, triton.cdiv(L_out, BLOCK))
     _epilogue_kernel[grid](
         y, bias if bias is not None else y, out,
         C, L_conv, L_out,
