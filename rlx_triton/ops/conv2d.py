@@ -47,6 +47,11 @@ def _check_int(name: str, value, low: int) -> int:
     return value
 
 
+def _needs_grad(*tensors) -> bool:
+    """Autograd wants this call recorded: the kernels are forward-only, so such calls go to torch."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
@@ -83,7 +88,8 @@ def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None,
         FAMILY, "conv2d", tensor=x,
         fields={"batch": batch, "c_in": c_in, "c_out": c_out, "length": height * width,
                 "taps": kh * kw, "stride": stride, "tokens": out_h * out_w},
-        features={"kernel": (kh, kw), "padding": padding, "residual": residual is not None, "relu": relu},
+        features={"kernel": (kh, kw), "padding": padding, "residual": residual is not None, "relu": relu,
+                  "requires_grad": _needs_grad(x, weight, bias, residual)},
     )
 
 
@@ -118,7 +124,8 @@ def _linear_request(x, weight, bias=None) -> Request:
         FAMILY, "conv2d", tensor=x,
         fields={"batch": rows, "c_in": in_features, "c_out": weight.shape[0], "length": 1, "taps": 1,
                 "stride": 1, "tokens": 1},
-        features={"kernel": (1, 1), "padding": 0, "residual": False, "relu": False},
+        features={"kernel": (1, 1), "padding": 0, "residual": False, "relu": False,
+                  "requires_grad": _needs_grad(x, weight, bias)},
     )
 
 
@@ -159,7 +166,7 @@ def _stats_pool_request(sequences, weights=None) -> Request:
         FAMILY, "stats_pool", tensor=sequences,
         fields={"batch": batch * (1 if w is None else w.shape[1]), "c_in": features, "c_out": 2 * features,
                 "length": frames, "taps": 1, "stride": 1, "tokens": 1},
-        features={"weighted": w is not None},
+        features={"weighted": w is not None, "requires_grad": _needs_grad(sequences, weights)},
     )
 
 

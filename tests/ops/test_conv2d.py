@@ -38,6 +38,18 @@ def test_float64_falls_back_to_torch_with_a_reason():
     torch.testing.assert_close(ops.conv2d(x, weight, bias, padding=1), conv2d64(x, weight, bias, padding=1))
 
 
+def test_calls_that_need_gradients_go_to_torch_and_backpropagate():
+    x, weight, bias = _conv_args()
+    x.requires_grad_()
+    assert rt.explain(ops.conv2d, x, weight, bias, padding=1).backend == "torch"
+    ops.conv2d(x, weight, bias, padding=1, relu=True).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    with torch.no_grad():
+        assert rt.explain(ops.conv2d, x, weight, bias, padding=1).backend == "triton"
+    seq = torch.randn(2, 3, 9, requires_grad=True)
+    assert rt.explain(ops.stats_pool, seq).backend == "torch"
+
+
 def test_dilated_or_wide_geometry_outside_coverage_falls_back():
     x = torch.randn(1, 2, 12, 12)
     route = rt.explain(ops.conv2d, x, torch.randn(3, 2, 9, 9), padding=4)

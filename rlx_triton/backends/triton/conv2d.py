@@ -367,6 +367,7 @@ COVERAGE = Coverage(
         "residual": frozenset({True, False}),
         "relu": frozenset({True, False}),
         "weighted": frozenset({True, False}),  # stats_pool with or without frame weights
+        "requires_grad": frozenset({False}),  # forward-only kernels: calls autograd records go to torch
     },
 )
 
