@@ -7,8 +7,9 @@ from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage, Refusal
 from rlx_triton.router.registry import BackendSpec, register_backend
 from rlx_triton.router.request import Request
-from rlx_triton.router.route import MissingKernel, Route, clear_route_cache, explain, route, routed_op
-from rlx_triton.router.settings import use_backend
+from rlx_triton.router.route import (MissingKernel, Route, clear_route_cache, explain, recording_routes, route,
+                                     routed_op)
+from rlx_triton.router.settings import use_backend, use_candidate
 
 __all__ = ["Approval", "BackendSpec", "Coverage", "MissingKernel", "Refusal", "Request", "Route",
-           "clear_route_cache", "explain", "register_backend", "route", "routed_op", "use_backend"]
+           "clear_route_cache", "explain", "recording_routes", "register_backend", "route", "routed_op", "use_backend", "use_candidate"]

@@ -14,10 +14,12 @@ exact launch fields that any ranged coverage named, so bucketing never widens a 
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
@@ -27,11 +29,12 @@ from rlx_triton.router.device import device_facts
 from rlx_triton.router.request import Request
 from rlx_triton.router.settings import BackendChoice, current_choice
 
-# Evidence labels, strongest first. "Library" marks the torch fallback, "Forced" a forced torch route.
+# Evidence labels, strongest first. "Library" marks the torch fallback, "Pinned" a use_candidate pin.
 TUNE_FILE = "TuneFile"
 RECIPE = "Recipe"
 DEVICE_DEFAULT = "DeviceDefault"
 IMPLEMENTED = "Implemented"
+PINNED = "Pinned"
 LIBRARY = "Library"
 
 
@@ -107,7 +110,31 @@ def _range_checks(decided: Route) -> Tuple[Tuple[Coverage, str, bool], ...]:
     return tuple(checks)
 
 
+_recording: contextvars.ContextVar[Optional[List[Route]]] = contextvars.ContextVar("rlx_triton_routes",
+                                                                                  default=None)
+
+
+@contextlib.contextmanager
+def recording_routes() -> Iterator[List[Route]]:
+    """Collects, in call order, every route decided or looked up inside the with-block."""
+    sink: List[Route] = []
+    token = _recording.set(sink)
+    try:
+        yield sink
+    finally:
+        _recording.reset(token)
+
+
 def route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
+    """The route for a request under the current backend choice (recorded by `recording_routes`)."""
+    decided = _route(request, choice)
+    sink = _recording.get()
+    if sink is not None:
+        sink.append(decided)
+    return decided
+
+
+def _route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
     """The route for a request under the current backend choice.
 
     Decisions are cached per bucketed signature; `Route.request` is the request that made the
@@ -154,7 +181,7 @@ def _decide(request: Request, choice: BackendChoice) -> Route:
         if refusal is not None:
             skipped[spec.name] = refusal
             continue
-        chosen = _choose_candidate(spec.name, module, request, facts)
+        chosen = _choose_candidate(spec.name, module, request, facts, choice.candidate)
         if isinstance(chosen, Refusal):
             skipped[spec.name] = chosen
             continue
@@ -174,8 +201,12 @@ def _decide(request: Request, choice: BackendChoice) -> Route:
                  evidence_detail=detail, skipped=tuple(skipped.items()), request=request, module=module)
 
 
-def _choose_candidate(backend_name: str, module: ModuleType, request: Request, facts) -> Any:
-    """Winner table > recipe > plan default; then accuracy approval, with the fp32 candidate as replacement."""
+def _choose_candidate(backend_name: str, module: ModuleType, request: Request, facts,
+                      pinned: Optional[str] = None) -> Any:
+    """Winner table > recipe > plan default; then accuracy approval, with the fp32 candidate as replacement.
+
+    A pinned tag (use_candidate) replaces the three sources and gets no fp32 replacement.
+    """
     from rlx_triton.planner import LaunchBuilder, LaunchError, tune_cache_key
     from rlx_triton.router import plans
 
@@ -190,7 +221,13 @@ def _choose_candidate(backend_name: str, module: ModuleType, request: Request, f
     tune_key = tune_cache_key(plan, launch, f"{backend_name}:{facts.fingerprint}", 0)
 
     candidate, evidence, detail = None, None, ""
-    if plan.tune_policy.cache_load:
+    if pinned is not None:
+        approval = approval_for(getattr(module, "APPROVALS", {}), pinned, profile_name)
+        if pinned not in by_tag or approval is None:
+            why = "is not a candidate of the plan" if pinned not in by_tag else "has no accuracy approval"
+            return Refusal(NOT_APPROVED, f"pinned candidate {pinned} {why}")
+        candidate, evidence, detail = by_tag[pinned], PINNED, "pinned with use_candidate"
+    if candidate is None and plan.tune_policy.cache_load:
         winner = plans.winner_table().lookup(tune_key)
         if winner in by_tag:
             candidate, evidence, detail = by_tag[winner], TUNE_FILE, "winner table"

@@ -13,6 +13,7 @@ from rlx_triton.config import BACKEND_NAMES, settings
 class BackendChoice:
     name: str  # auto | triton | metal | torch
     strict: bool
+    candidate: Optional[str] = None  # a pinned candidate tag (tuning and sweeps); still needs approval
 
 
 _choice: contextvars.ContextVar[Optional[BackendChoice]] = contextvars.ContextVar("rlx_triton_backend", default=None)
@@ -38,9 +39,26 @@ def use_backend(name: str, strict: bool = False) -> Iterator[BackendChoice]:
         raise ValueError(f"use_backend: name must be one of {', '.join(BACKEND_NAMES)}, got {name!r}")
     if not isinstance(strict, bool):
         raise TypeError(f"use_backend: strict must be a bool, got {type(strict).__name__}")
-    choice = BackendChoice(name, strict)
+    choice = BackendChoice(name, strict, current_choice().candidate)
     token = _choice.set(choice)
     try:
         yield choice
+    finally:
+        _choice.reset(token)
+
+
+@contextlib.contextmanager
+def use_candidate(tag: str) -> Iterator[BackendChoice]:
+    """Pins the candidate with this tag for kernel backends inside a with-block (what `rlx-triton tune` times).
+
+    A pinned candidate still needs an accuracy approval; a backend whose plan lacks the tag, or has
+    it unapproved, is skipped with that reason.
+    """
+    if not isinstance(tag, str) or not tag:
+        raise TypeError(f"use_candidate: tag must be a non-empty str, got {tag!r}")
+    outer = current_choice()
+    token = _choice.set(BackendChoice(outer.name, outer.strict, tag))
+    try:
+        yield _choice.get()
     finally:
         _choice.reset(token)

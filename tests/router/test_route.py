@@ -266,3 +266,33 @@ def test_explain_returns_the_route_without_running_the_op():
     with use_backend("torch"):
         decided = rt.explain(op, 1)
     assert decided.backend == "torch" and calls == []
+
+
+def test_pinned_candidate_replaces_every_source_but_still_needs_approval(fake_backends, fake_module,
+                                                                         fbank_candidates, monkeypatch):
+    from rlx_triton.router import use_candidate
+
+    pinned = fbank_candidates[-1]
+    monkeypatch.setattr(fake_module, "APPROVALS", {pinned.tag(): APPROVED})
+    monkeypatch.setattr(fake_module, "RECIPES", {"cpu": fbank_candidates[0].tag()})
+    with use_candidate(pinned.tag()):
+        decided = route(fbank_request())
+    assert (decided.backend, decided.candidate, decided.evidence) == ("fast", pinned, "Pinned")
+    monkeypatch.setattr(fake_module, "APPROVALS", {})
+    clear_route_cache()
+    with use_candidate(pinned.tag()):
+        refused = route(fbank_request())
+    assert refused.backend == "torch"
+    assert "has no accuracy approval" in refused.skipped_reasons["fast"].reason
+
+
+def test_recording_routes_collects_each_route_in_call_order(fake_backends, fake_module, fbank_candidates,
+                                                            monkeypatch):
+    from rlx_triton.router import recording_routes
+
+    approve_all(fake_module, fbank_candidates, monkeypatch)
+    with recording_routes() as seen:
+        first = route(fbank_request(bins=80))
+        second = route(fbank_request(bins=256))
+    route(fbank_request())
+    assert seen == [first, second]

@@ -1,0 +1,141 @@
+"""Pre-tuning for named model shape sets (`rlx-triton tune MODEL`): time every approved candidate, keep the fastest.
+
+For each case of a shape set the op is routed as usual; every candidate of the chosen backend's plan
+that has an accuracy approval is pinned in turn (`use_candidate`) and timed, and the fastest is
+recorded in the winner table under the route's tune key, so later calls in the same bucket route to
+it with evidence "TuneFile". Only approved candidates are timed: speed picks among correct kernels.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+Case = Tuple[str, Callable[[torch.device], Callable[[], object]]]
+
+
+def _decode_case(batch: int, heads: int, kv_heads: int, head_dim: int, seq_kv: int, dtype=torch.float16) -> Case:
+    def build(device):
+        import rlx_triton as rt
+
+        q = torch.randn(batch, heads, 1, head_dim, device=device, dtype=dtype)
+        k = torch.randn(batch, kv_heads, seq_kv, head_dim, device=device, dtype=dtype)
+        v = torch.randn_like(k)
+        lengths = torch.full((batch,), seq_kv, device=device, dtype=torch.int32)
+        return lambda: rt.sdpa_decode(q, k, v, lengths)
+
+    return f"sdpa_decode b{batch} h{heads}/{kv_heads} d{head_dim} s{seq_kv}", build
+
+
+def _fbank_case(batch: int, seconds: float, bins: int) -> Case:
+    def build(device):
+        import rlx_triton as rt
+
+        wave = torch.randn(batch, int(16000 * seconds), device=device) * 0.1
+        return lambda: rt.fbank(wave, num_mel_bins=bins, window_type="hamming", dither=0.0)
+
+    return f"fbank b{batch} {seconds}s {bins} bins", build
+
+
+def _lstm_case(batch: int, steps: int, input_size: int, hidden: int, layers: int) -> Case:
+    def build(device):
+        from rlx_triton.ops.lstm import lstm
+
+        module = torch.nn.LSTM(input_size, hidden, num_layers=layers, bidirectional=True, batch_first=True).to(device)
+        x = torch.randn(batch, steps, input_size, device=device)
+        weights = list(module._flat_weights)
+        return lambda: lstm(x, None, weights, num_layers=layers, bidirectional=True, batch_first=True)
+
+    return f"lstm b{batch} t{steps} in{input_size} h{hidden} x{layers} bi", build
+
+
+def _segdense_case(rows: int, features: int, hidden: int, classes: int) -> Case:
+    def build(device):
+        from rlx_triton.ops.segdense import segdense
+
+        x = torch.randn(rows, features, device=device)
+        w1, w2 = torch.randn(hidden, features, device=device) / 16, torch.randn(hidden, hidden, device=device) / 16
+        b1, b2 = torch.zeros(hidden, device=device), torch.zeros(hidden, device=device)
+        wc, bc = torch.randn(classes, hidden, device=device) / 16, torch.zeros(classes, device=device)
+        return lambda: segdense(x, [w1, w2], [b1, b2], wc, bc, activation="log_softmax")
+
+    return f"segdense r{rows} {features}->{hidden}->{classes}", build
+
+
+MODEL_SHAPES: Dict[str, List[Case]] = {
+    "llama3-8b": [_decode_case(b, 32, 8, 128, s) for b in (1, 4, 16, 64) for s in (512, 4096, 16384)],
+    "pyannote-segmentation": [_lstm_case(32, 589, 60, 128, 4), _segdense_case(32 * 589, 256, 128, 7)],
+    "wespeaker": [_fbank_case(32, 10.0, 80)],
+}
+
+
+def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+    fn()
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 24
+    filled = width * done // max(total, 1)
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:48]:48}", end="", file=sys.stderr,
+          flush=True)
+
+
+def tune_model(model: str, device: str = "cuda", progress: bool = True) -> dict:
+    """Times every approved candidate of each case and records the winners; returns a summary."""
+    from rlx_triton.router import plans, recording_routes, use_candidate
+    from rlx_triton.router.approvals import approval_for
+    from rlx_triton.router.device import device_facts
+
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device is visible to torch")
+    facts = device_facts(device)
+    runnable = [name for name, reason in facts.backend_reasons if reason is None and name != "torch"]
+    if not runnable:
+        raise RuntimeError(f"no kernel backend runs on {device} ({dict(facts.backend_reasons)}); nothing to tune")
+    table = plans.winner_table()
+    results = []
+    cases = MODEL_SHAPES[model]
+    for index, (label, build) in enumerate(cases):
+        if progress:
+            _progress(index, len(cases), label)
+        call = build(device)
+        with recording_routes() as recorded:
+            call()
+        decided = recorded[0] if recorded else None
+        if decided is None or decided.module is None or decided.candidate is None:
+            results.append({"case": label, "backend": decided.backend if decided else None, "winner": None})
+            continue
+        profile = plans.profile_name(plans.current_profile())
+        plan = plans.plan_for(decided.family)
+        timings = {}
+        for candidate in plan.candidates:
+            if approval_for(getattr(decided.module, "APPROVALS", {}), candidate.tag(), profile) is None:
+                continue
+            with use_candidate(candidate.tag()):
+                timings[candidate.tag()] = _time_ms(call, device)
+        winner = min(timings, key=timings.get)
+        table.record(decided.tune_key, winner)
+        results.append({"case": label, "backend": decided.backend, "winner": winner,
+                        "ms": {tag: round(ms, 4) for tag, ms in timings.items()}})
+    if progress:
+        _progress(len(cases), len(cases), "done")
+        print(file=sys.stderr)
+    from rlx_triton.router import clear_route_cache
+
+    clear_route_cache()
+    return {"model": model, "device": str(device), "cases": len(cases), "results": results,
+            "tune_cache": table.path, "entries": len(table)}

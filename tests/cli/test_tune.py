@@ -1,0 +1,36 @@
+"""Pre-tuning: approved candidates are timed one by one and the fastest becomes the bucket's winner."""
+import pytest
+import torch
+
+from rlx_triton import tune
+from rlx_triton.config import override_settings
+from rlx_triton.router import clear_route_cache, plans
+
+
+def test_every_named_model_has_cases():
+    assert set(tune.MODEL_SHAPES) >= {"llama3-8b", "pyannote-segmentation", "wespeaker"}
+    assert all(tune.MODEL_SHAPES[name] for name in tune.MODEL_SHAPES)
+
+
+def test_tuning_where_no_kernel_backend_runs_is_refused():
+    with override_settings(interpret=False), pytest.raises(RuntimeError, match="nothing to tune"):
+        tune.tune_model("wespeaker", device="cpu", progress=False)
+
+
+def test_tuning_records_the_fastest_approved_candidate(tmp_path, monkeypatch):
+    # a tiny segdense case keeps the interpreter run short; every approved candidate is timed
+    monkeypatch.setitem(tune.MODEL_SHAPES, "tiny", [tune._segdense_case(5, 8, 16, 3)])
+    with override_settings(interpret=True, tune_cache_path=str(tmp_path / "t.tsv"), tune_cache_load=True,
+                           tune_cache_persist=True):
+        summary = tune.tune_model("tiny", device="cpu", progress=False)
+        result = summary["results"][0]
+        assert result["backend"] == "triton"
+        assert result["winner"] == min(result["ms"], key=result["ms"].get)
+        assert len(result["ms"]) >= 2
+        clear_route_cache()
+        from rlx_triton.router import recording_routes
+
+        with recording_routes() as seen:
+            tune.MODEL_SHAPES["tiny"][0][1](torch.device("cpu"))()
+        assert seen[0].evidence == "TuneFile" and seen[0].candidate_tag == result["winner"]
+    assert summary["entries"] >= 1 and (tmp_path / "t.tsv").exists()
