@@ -71,6 +71,16 @@ def test_conv1d_reads_strided_inputs():
     assert rel_err(out, conv1d_float64(x, w, b, 1, 1, 1)) <= TOL[torch.float32]
 
 
+def test_packed_weights_follow_in_place_updates():
+    x = torch.randn(1, 7, 40)
+    w = torch.randn(5, 7, 3)
+    first = tconv.conv1d(x, w, None, candidate=DEFAULT)
+    assert tconv._packed_weight(w) is tconv._packed_weight(w)     # packed once per weight version
+    w.mul_(2.0)
+    second = tconv.conv1d(x, w, None, candidate=DEFAULT)
+    assert torch.allclose(second, 2 * first, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_conv1d_every_dtype(dtype):
     x = torch.randn(2, 7, 80).to(dtype)

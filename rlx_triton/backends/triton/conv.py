@@ -2,7 +2,8 @@
 
 One implicit-GEMM kernel (`_conv1d_kernel`) does every 1-D convolution here. The reduction index r
 runs over (input channel, tap) pairs, so out[p, co] = sum_r X[p, r] * W[r, co] is one `tl.dot` per
-BLOCK_K chunk, with the input tile gathered straight from the signal (no im2col buffer). Around the
+BLOCK_K chunk, with the input tile gathered straight from the signal (no im2col buffer) and the weight
+packed once per weight version as (C_in * taps, C_out), so weight tiles load along C_out. Around the
 dot it fuses what SincNet needs:
   prologue  per-(batch, input channel) affine + leaky ReLU applied to the input as it is loaded
             (the previous block's instance norm, or the waveform instance norm), zero padding kept zero;
@@ -32,6 +33,7 @@ kernel (True) or in a separate `_epilogue_kernel` pass over the stored conv outp
 """
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -108,8 +110,8 @@ def _conv1d_kernel(
                         x_tile = tl.where(x_tile >= 0, x_tile, x_tile * in_slope)
                     x_tile = tl.where(x_mask, x_tile, 0.0)    # padding is zero after the norm too
 
-                # weight tile W[r, co] from the contiguous (C_out, C_in * TAPS) weight
-                w_ptrs = w_ptr + offs_co[None, :] * R + offs_r[:, None]
+                # weight tile W[r, co] from the (C_in * TAPS, C_out) packed weight: rows of co are contiguous
+                w_ptrs = w_ptr + offs_r[:, None] * C_out + offs_co[None, :]
                 w_mask = r_mask[:, None] & co_mask[None, :]
                 w_tile = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
 
@@ -345,6 +347,26 @@ def _conv_out_len(length: int, taps: int, stride: int, padding: int, dilation: i
     return (length + 2 * padding - dilation * (taps - 1) - 1) // stride + 1
 
 
+_PACKED: dict = {}
+
+
+def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """(C_out, C_in, taps) -> (C_in * taps, C_out) contiguous, so weight tiles load along C_out.
+
+    Cached per weight version (data_ptr + `_version`, tied to the tensor by a weak reference), so an
+    inference loop packs each weight once."""
+    key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(weight.stride()), weight.dtype,
+           weight.device)
+    hit = _PACKED.get(key)
+    if hit is not None and hit[0]() is weight:
+        return hit[1]
+    packed = weight.detach().reshape(weight.shape[0], -1).t().contiguous()
+    if len(_PACKED) > 256:
+        _PACKED.clear()
+    _PACKED[key] = (weakref.ref(weight), packed)
+    return packed
+
+
 def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_, out_slope,
                  in_scale=None, in_shift=None, in_slope=None, candidate):
     """out[b, co, q] = leaky(max_j |conv(prologue(x))[b, co, q*pool + j] + bias|); x is (B, C_in, L)."""
@@ -353,7 +375,7 @@ def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_,
     L_out = out.shape[2]
     if out.numel() == 0:
         return out
-    w2d = weight.reshape(C_out, C_in * taps).contiguous()
+    w2d = _packed_weight(weight)
     bias = bias.contiguous() if bias is not None else None
     meta = _meta(candidate, interpret=settings().interpret)
     grid = (triton.cdiv(L_out, meta["BLOCK_P"]), triton.cdiv(C_out, meta["BLOCK_CO"]), B)
