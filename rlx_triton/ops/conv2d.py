@@ -105,7 +105,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     request = _conv2d_request(x, weight, bias, stride=stride, padding=padding, residual=residual, relu=relu)
     r = route(request)
     return r.module.conv2d(x, weight, bias, stride=request.field_map["stride"], padding=request.feature_map["padding"], residual=residual, relu=relu,
-                           candidate=r.candidate)
+                           candidate=r.candidate, route=r)
 
 
 def _linear_request(x, weight, bias=None) -> Request:
@@ -133,7 +133,7 @@ def _linear_request(x, weight, bias=None) -> Request:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """torch.nn.functional.linear for 2-D x: the embedding projection, run as a 1x1 conv2d."""
     r = route(_linear_request(x, weight, bias))
-    return r.module.linear(x, weight, bias, candidate=r.candidate)
+    return r.module.linear(x, weight, bias, candidate=r.candidate, route=r)
 
 
 def _pool_weights(x: torch.Tensor, weights: Optional[torch.Tensor]):
@@ -180,7 +180,8 @@ def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) 
     request = _stats_pool_request(sequences, weights)
     w, has_speakers = _pool_weights(sequences, weights)
     r = route(request)
-    out = r.module.stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate)
+    out = r.module.stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate,
+                              route=r)
     if w is not None and not has_speakers:
         out = out[:, 0]
     return out

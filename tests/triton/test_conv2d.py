@@ -140,6 +140,24 @@ def test_audit_specs_list_every_constexpr_and_every_candidate():
         assert len(spec.candidates) == len(K.all_candidates())
 
 
+def test_routed_calls_go_through_the_autotune_bridge_with_the_routed_candidate():
+    """With a route, the launch injects the route's candidate into the tuned kernel's cache (no tuning in
+    the interpreter) and runs it; approved fused candidates are the only configs."""
+    import rlx_triton as rt
+    from rlx_triton.ops import conv2d as ops
+
+    x, weight, bias = torch.randn(3, 5, 7, 6), torch.randn(8, 5, 3, 3), torch.randn(8)
+    route = rt.explain(ops.conv2d, x, weight, bias, padding=1, relu=True)
+    tuned = K.tuned_kernel()
+    assert set(tuned.tags) == {K.candidate_tag(c) for c in K.all_candidates()
+                               if c.fuse_epilogue and K.candidate_tag(c) in K.APPROVALS}
+    y = K.conv2d(x, weight, bias, padding=1, relu=True, candidate=route.candidate, route=route)
+    assert_close_ref(y, conv2d64(x, weight, bias, padding=1, relu=True), torch.float32, 45)
+    key = (4, 5, 8, 7, 6, 1, 3, 3, "torch.float32", "torch.float32", "torch.float32", "torch.float32",
+           "torch.float32")
+    assert tuned.winner(key) == route.candidate_tag
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["ieee", "tf32x3", "tf32"])
 def test_gpu_precision_errors_on_a_trunk_layer(precision):

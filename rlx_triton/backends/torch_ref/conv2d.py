@@ -1,6 +1,6 @@
 """Library fallback of the conv family's 2-D ops: conv2d (+bias, residual, ReLU), linear, stats_pool.
 
-Same function names and signatures as `backends/triton/conv2d.py`; `candidate` is ignored here.
+Same function names and signatures as `backends/triton/conv2d.py`; `candidate` and `route` are ignored here.
 Half-precision inputs are computed in fp32 and rounded once, like the Triton kernels do.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
            stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
-           relu: bool = False, candidate=None) -> torch.Tensor:
+           relu: bool = False, candidate=None, route=None) -> torch.Tensor:
     """relu?(F.conv2d(x, weight, bias, stride, padding) + residual), returned in x's dtype."""
     dtype = _compute_dtype(x)
     y = F.conv2d(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype),
@@ -35,14 +35,15 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-           candidate=None) -> torch.Tensor:
+           candidate=None, route=None) -> torch.Tensor:
     """F.linear(x, weight, bias) for 2-D x, returned in x's dtype."""
     dtype = _compute_dtype(x)
     y = F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
     return y.to(x.dtype)
 
 
-def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candidate=None) -> torch.Tensor:
+def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candidate=None,
+               route=None) -> torch.Tensor:
     """Mean and unbiased std over the last axis of x (batch, features, frames), pyannote's StatsPool.
 
     weights (batch, speakers, frames), already at x's frame rate, give (batch, speakers, 2 * features).

@@ -43,6 +43,7 @@ def _conv2d_kernel(
     c_out, out_h, out_w,
     stride, padding,
     stride_wo, stride_wi, stride_wh, stride_ww,
+    batch_bucket,  # next power of two of batch: the autotune key, unused by the body
     KH: tl.constexpr, KW: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, APPLY_RELU: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -224,13 +225,38 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+def _config(candidate) -> triton.Config:
+    meta = _meta(candidate)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+    return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
+
+
+# Autotune key: layer geometry and the batch bucket (never raw pixel counts, never tensors).
+_TUNE_KEY = ["batch_bucket", "c_in", "c_out", "out_h", "out_w", "stride", "KH", "KW"]
+_tuned_kernel = None
+
+
+def tuned_kernel():
+    """`_conv2d_kernel` under the autotune bridge, with a config per approved fused-epilogue candidate."""
+    global _tuned_kernel
+    if _tuned_kernel is None:
+        from rlx_triton.backends.triton.autotune import TunedKernel
+
+        candidates = [c for c in all_candidates() if c.fuse_epilogue and candidate_tag(c) in APPROVALS]
+        _tuned_kernel = TunedKernel(_conv2d_kernel, candidates, _config, key=_TUNE_KEY)
+    return _tuned_kernel
+
+
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
            stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
-           relu: bool = False, candidate) -> torch.Tensor:
+           relu: bool = False, candidate, route=None) -> torch.Tensor:
     """relu?(conv2d(x, weight, bias, stride, padding) + residual) for NCHW x; output in x's dtype.
 
     `weight` is (c_out, c_in, kh, kw), usually already folded with its BatchNorm; `residual` has the
-    output's shape. The caller (ops/conv2d.py) has validated shapes, dtypes and devices.
+    output's shape. The caller (ops/conv2d.py) has validated shapes, dtypes and devices. With the
+    router's `route` the launch goes through the autotune bridge (the routed candidate is injected; a
+    cold bucket may be tuned among the approved candidates where tuning is on); without it the
+    candidate is launched directly.
     """
     batch, c_in, height, width = x.shape
     c_out, _, kh, kw = weight.shape
@@ -241,23 +267,26 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     if out.numel() == 0:
         return out
     residual = residual.contiguous() if residual is not None else None
-    meta = _meta(candidate)
     fused = bool(candidate.fuse_epilogue)
     gemm_out = out if fused else torch.empty(out.shape, device=x.device, dtype=torch.float32)
-    grid = (triton.cdiv(batch * out_h * out_w, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))
-    _conv2d_kernel[grid](
-        x, weight,
-        bias if (fused and bias is not None) else weight,
-        residual if (fused and residual is not None) else gemm_out,
-        gemm_out,
-        batch, c_in, height, width, c_out, out_h, out_w, stride, padding,
-        weight.stride(0), weight.stride(1), weight.stride(2), weight.stride(3),
-        KH=kh, KW=kw,
-        HAS_BIAS=fused and bias is not None,
-        HAS_RESIDUAL=fused and residual is not None,
-        APPLY_RELU=fused and relu,
-        **meta,
-    )
+    n_pixels = batch * out_h * out_w
+    args = (x, weight,
+            bias if (fused and bias is not None) else weight,
+            residual if (fused and residual is not None) else gemm_out,
+            gemm_out,
+            batch, c_in, height, width, c_out, out_h, out_w, stride, padding,
+            weight.stride(0), weight.stride(1), weight.stride(2), weight.stride(3),
+            triton.next_power_of_2(batch))
+    flags = dict(KH=kh, KW=kw, HAS_BIAS=fused and bias is not None, HAS_RESIDUAL=fused and residual is not None,
+                 APPLY_RELU=fused and relu)
+    tuned = tuned_kernel() if (route is not None and fused) else None
+    if tuned is not None and candidate_tag(candidate) in tuned.tags:
+        grid = lambda meta: (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))  # noqa: E731
+        tuned.launch(grid, route, *args, **flags)
+    else:
+        meta = _meta(candidate)
+        grid = (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))
+        _conv2d_kernel[grid](*args, **flags, **meta)
     if not fused:
         n = out.numel()
         block = 1024
@@ -272,20 +301,22 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-           candidate) -> torch.Tensor:
+           candidate, route=None) -> torch.Tensor:
     """x @ weight.T + bias for 2-D x (rows, in_features): a 1x1 convolution over one pixel."""
     rows, in_features = x.shape
     y = conv2d(x.reshape(rows, in_features, 1, 1), weight.reshape(weight.shape[0], in_features, 1, 1),
-               bias, candidate=candidate)
+               bias, candidate=candidate, route=route)
     return y.reshape(rows, weight.shape[0])
 
 
 _POOL_BLOCK_D = 32
 
 
-def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candidate=None) -> torch.Tensor:
+def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candidate=None,
+               route=None) -> torch.Tensor:
     """TSTP / pyannote StatsPool of x (batch, features, frames): (batch, 2F), or (batch, S, 2F) for
-    weights (batch, S, frames) already interpolated to `frames` (ops/conv2d.py does that)."""
+    weights (batch, S, frames) already interpolated to `frames` (ops/conv2d.py does that). The pooling
+    has no tuned parameters: `candidate` and `route` are accepted for the family's common signature."""
     batch, features, frames = x.shape
     x = x.contiguous()
     num_speakers = 1 if weights is None else weights.shape[1]
@@ -409,7 +440,7 @@ def _audit_kernels() -> list:
         "x_ptr": "*{dt}", "w_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*{dt}", "out_ptr": "*{dt}",
         "batch": "i32", "c_in": "i32", "height": "i32", "width": "i32",
         "c_out": "i32", "out_h": "i32", "out_w": "i32", "stride": "i32", "padding": "i32",
-        "stride_wo": "i32", "stride_wi": "i32", "stride_wh": "i32", "stride_ww": "i32",
+        "stride_wo": "i32", "stride_wi": "i32", "stride_wh": "i32", "stride_ww": "i32", "batch_bucket": "i32",
         "KH": "constexpr", "KW": "constexpr", "HAS_BIAS": "constexpr", "HAS_RESIDUAL": "constexpr",
         "APPLY_RELU": "constexpr", "PRECISION": "constexpr",
         "BLOCK_P": "constexpr", "BLOCK_CO": "constexpr", "BLOCK_K": "constexpr",
