@@ -337,7 +337,8 @@ def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate) -> torch.
     """
     if options.dither != 0.0:
         raise ValueError("fbank: the triton kernel covers dither=0 only; dither > 0 runs on the torch fallback")
-    wave = waveform.contiguous()
+    # rows may be strided (e.g. channel 0 of a (B, C, T) batch); samples inside a row must be adjacent
+    wave = waveform if waveform.stride(-1) == 1 else waveform.contiguous()
     batch, num_samples = wave.shape
     num_frames = options.num_frames(num_samples)
     out = torch.empty(batch, num_frames, options.num_columns, device=wave.device, dtype=torch.float32)
