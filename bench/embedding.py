@@ -6,6 +6,10 @@ non-trivial BatchNorm statistics. The stock model is pyannote.audio's WeSpeakerR
 installed, else the structural copy in tests/reference/wespeaker_models.py with a batched torch
 kaldi fbank front end (what pyannote's vmap over torchaudio computes).
 
+The end-to-end row runs the routed (on a GPU: autotuned among approved candidates) kernels; on a GPU
+one more end-to-end row per approved conv candidate pins it as the device recipe (no tuning, no
+winner table), the evidence a RECIPES entry needs.
+
 Per layer: every distinct conv geometry of the trunk (conv -> BatchNorm -> [residual] -> ReLU, as
 the stock model runs it on cuDNN) against the rlx Conv2d with BatchNorm folded and the epilogue
 fused, plus the TSTP pooling and the 5120 -> 256 projection.
@@ -186,6 +190,8 @@ def _end_to_end_per_candidate(stock, fast, wav, quick) -> list:
     from rlx_triton.router import clear_route_cache
     from rlx_triton.router.device import device_facts
 
+    from rlx_triton.config import override_settings
+
     device_class = device_facts(wav.device).device_class
     saved = dict(kernels.RECIPES)
     rows = []
@@ -196,7 +202,9 @@ def _end_to_end_per_candidate(stock, fast, wav, quick) -> list:
                 continue
             kernels.RECIPES[device_class] = tag
             clear_route_cache()
-            with torch.inference_mode(), rt.use_backend("triton"):
+            # no tuning and no winner table, so the pinned recipe is what runs
+            with override_settings(tune=False, tune_cache_load=False), torch.inference_mode(), \
+                    rt.use_backend("triton"):
                 ref, out = stock(wav), fast(wav)
                 rel = ((out - ref).abs().max() / ref.abs().max()).item()
                 rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), wav.device, quick=quick)
