@@ -24,6 +24,7 @@ OPTION_SETS = {
     "povey23": {},
     "wespeaker80": dict(WESPEAKER_80, input_scale=32768.0, subtract_mean=True),
     "no_snip": NO_SNIP,
+    "no_snip_shift_over_frame": dict(snip_edges=False, frame_length=10.0, frame_shift=25.0),
     "energy_htk_windowed": dict(use_energy=True, htk_compat=True, raw_energy=False, energy_floor=0.0),
     "magnitude_linear": dict(use_power=False, use_log_fbank=False),
     "blackman_no_pow2": dict(window_type="blackman", round_to_power_of_two=False, preemphasis_coefficient=0.0),

@@ -32,6 +32,7 @@ OPTION_CASES = {
     "rectangular": dict(window_type="rectangular"),
     "blackman_coeff": dict(window_type="blackman", blackman_coeff=0.40),
     "snip_edges_false": dict(snip_edges=False),
+    "snip_edges_false_shift_over_frame": dict(snip_edges=False, frame_length=10.0, frame_shift=25.0),
     "use_energy_raw": dict(use_energy=True),
     "use_energy_windowed": dict(use_energy=True, raw_energy=False),
     "htk_compat": dict(use_energy=True, htk_compat=True),

@@ -38,7 +38,7 @@ from rlx_triton.planner.candidates.fbank import DEFAULT_VARIANT, FbankCandidate,
 from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage
 
-MAX_WINDOW = 1024  # padded DFT length held per frame row in registers
+MAX_WINDOW = 1024  # largest padded DFT length covered (the cached basis is 4 x window x window / 2 floats)
 MAX_BINS = 128  # mel bins (padded to a power of two) accumulated per frame row
 # window samples per tl.dot step of the DFT: the frames are rebuilt in registers step by step (the
 # whole 512-sample frame as one dot operand lowers to far too much unrolled code for fp32 dots)
