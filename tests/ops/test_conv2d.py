@@ -4,7 +4,7 @@ import torch
 
 import rlx_triton as rt
 from rlx_triton.ops import conv2d as ops
-from tests.reference.conv2d import assert_close_ref, conv2d64, linear64, stats_pool64
+from tests.reference.conv2d import assert_close_ref, conv2d64, linear64
 from tests.reference.wespeaker_models import StatsPool as PyannoteStatsPool
 
 
