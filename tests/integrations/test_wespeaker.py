@@ -126,3 +126,20 @@ def test_a_bare_trunk_inside_another_module_is_found():
     holder.embedding = randomize(tiny_wespeaker().resnet)
     pyannote.optimize(holder)
     assert isinstance(holder.embedding.layer1[0], BasicBlock)
+
+
+@pytest.mark.gpu
+def test_full_width_resnet34_matches_on_cuda_with_tf32_off():
+    """The real geometry (m_channels 32, 80 bins, blocks 3/4/6/3) on a GPU: 2 chunks of 2 s."""
+    from tests.reference.wespeaker_models import WeSpeakerResNet34
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    stock = randomize(WeSpeakerResNet34()).cuda()
+    optimized = pyannote.optimize(copy.deepcopy(stock))
+    wav = _waveforms(batch=2, samples=32000).cuda()
+    with torch.no_grad():
+        expected = stock(wav)
+        with rt.use_backend("triton", strict=True):
+            got = optimized(wav)
+    assert rel_err(got.cpu(), expected.cpu()) < 1e-4

@@ -91,10 +91,12 @@ def _conv2d_kernel(
         mask_ci = ci < c_in
         # Input patch [BLOCK_K, BLOCK_P].
         x_ptrs = (ci * plane)[:, None] + (x_pixel_base + (ih * width + iw))[None, :]
-        x_tile = tl.load(x_ptrs, mask=mask_ci[:, None] & mask_pix[None, :], other=0.0).to(tl.float32)
+        mask_x = mask_ci[:, None] & mask_pix[None, :]
+        x_tile = tl.load(x_ptrs, mask=mask_x, other=0.0).to(tl.float32)
         # Weight tile [BLOCK_CO, BLOCK_K].
         w_ptrs = (w_co + (kh * stride_wh + kw * stride_ww))[:, None] + (ci * stride_wi)[None, :]
-        w_tile = tl.load(w_ptrs, mask=mask_co[:, None] & mask_ci[None, :], other=0.0).to(tl.float32)
+        mask_w = mask_co[:, None] & mask_ci[None, :]
+        w_tile = tl.load(w_ptrs, mask=mask_w, other=0.0).to(tl.float32)
         acc = tl.dot(w_tile, x_tile, acc, input_precision=PRECISION)
 
     # Epilogue: bias (folded BatchNorm shift), residual, ReLU.
