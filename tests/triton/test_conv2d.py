@@ -137,7 +137,8 @@ def test_audit_specs_list_every_constexpr_and_every_candidate():
         for cand in spec.candidates:
             meta = spec.meta(cand, "fp32")
             assert constexprs == set(meta) - {"num_warps", "num_stages"}, spec.name
-        assert len(spec.candidates) == len(K.all_candidates())
+        if spec.kernel is K._conv2d_kernel:
+            assert len(spec.candidates) == len(K.all_candidates())
 
 
 def test_routed_calls_go_through_the_autotune_bridge_with_the_routed_candidate():
