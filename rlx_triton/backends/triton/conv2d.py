@@ -5,7 +5,7 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
 - `_conv2d_kernel` — implicit-GEMM convolution of an NCHW input. The GEMM is
   (c_out x c_in*kh*kw) @ (c_in*kh*kw x output pixels); each program owns a BLOCK_CO x BLOCK_P tile
   of the output and walks the reduction in BLOCK_K chunks, gathering the input patch on the fly.
-  BatchNorm (eval) is folded into the weights and bias before launch (`fold_batchnorm`); the
+  BatchNorm (eval) is folded into the weights and bias before launch (ops.conv2d.fold_batchnorm); the
   epilogue adds the bias and the residual and applies ReLU in the same kernel
   (`fuse_epilogue=True`) or in `_bias_act_kernel`, a separate elementwise pass.
 - `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
