@@ -153,7 +153,7 @@ def fbank(waveform: torch.Tensor, blackman_coeff: float = 0.42, channel: int = -
 
 
 def run(rows: torch.Tensor, options: FbankOptions, *, single: bool = False, request: Request = None) -> torch.Tensor:
-    """Features of validated (B, T) rows: routes, launches, reshapes. Used by fbank() and rlx_triton.nn.Fbank."""
+    """Features of (B, T) rows chosen by fbank(): routes, launches, drops the batch dimension when `single`."""
     out_dtype = torch.float64 if rows.dtype == torch.float64 else torch.float32
     if options.too_short(rows.shape[-1]):
         if single:
