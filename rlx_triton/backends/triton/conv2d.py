@@ -44,7 +44,7 @@ def _conv2d_kernel(
     stride, padding,
     stride_wo, stride_wi, stride_wh, stride_ww,
     batch_bucket,  # next power of two of batch: the autotune key, unused by the body
-    KH: tl.constexpr, KW: tl.constexpr,
+    KH: tl.constexpr, KW: tl.constexpr, FOLD_TAPS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, APPLY_RELU: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -75,29 +75,52 @@ def _conv2d_kernel(
     # The GEMM is computed transposed, acc[co, p] = W[co, k] @ X[k, p], so that output pixels are the
     # fastest axis of every tile: input loads, residual loads and output stores then walk contiguous
     # NCHW memory (a warp covers consecutive pixels of one channel).
-    # One flat loop over (tap, channel chunk): per tap the input row of each output pixel is one
-    # address, so the patch gather is a [BLOCK_P] address plus [BLOCK_K] channel offsets. Offsets
-    # inside one batch item (c_in * height * width) stay int32; the batch offset is int64 above.
-    n_chunks = tl.cdiv(c_in, BLOCK_K)
     acc = tl.zeros((BLOCK_CO, BLOCK_P), dtype=tl.float32)
-    for it in range(0, KH * KW * n_chunks):
-        tap = it // n_chunks
-        ci = (it % n_chunks) * BLOCK_K + offs_k
-        kh = tap // KW
-        kw = tap % KW
-        ih = ih_base + kh
-        iw = iw_base + kw
-        mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
-        mask_ci = ci < c_in
-        # Input patch [BLOCK_K, BLOCK_P].
-        x_ptrs = (ci * plane)[:, None] + (x_pixel_base + (ih * width + iw))[None, :]
-        mask_x = mask_ci[:, None] & mask_pix[None, :]
-        x_tile = tl.load(x_ptrs, mask=mask_x, other=0.0).to(tl.float32)
-        # Weight tile [BLOCK_CO, BLOCK_K].
-        w_ptrs = (w_co + (kh * stride_wh + kw * stride_ww))[:, None] + (ci * stride_wi)[None, :]
-        mask_w = mask_co[:, None] & mask_ci[None, :]
-        w_tile = tl.load(w_ptrs, mask=mask_w, other=0.0).to(tl.float32)
-        acc = tl.dot(w_tile, x_tile, acc, input_precision=PRECISION)
+    if FOLD_TAPS:
+        # Few input channels (the stem has one): the reduction index k = ci * KH * KW + kh * KW + kw runs
+        # over channels and taps together, so a BLOCK_K chunk is not mostly padding.
+        k_total = c_in * KH * KW
+        for k0 in range(0, k_total, BLOCK_K):
+            k = k0 + offs_k
+            mask_k = k < k_total
+            ci = k // (KH * KW)
+            kh = (k % (KH * KW)) // KW
+            kw = k % KW
+            ih = ih_base[None, :] + kh[:, None]
+            iw = iw_base[None, :] + kw[:, None]
+            inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
+            # Input patch [BLOCK_K, BLOCK_P].
+            x_ptrs = x_pixel_base[None, :] + ((ci * plane)[:, None] + ih * width + iw)
+            mask_x = mask_k[:, None] & mask_p[None, :] & inside
+            x_tile = tl.load(x_ptrs, mask=mask_x, other=0.0).to(tl.float32)
+            # Weight tile [BLOCK_CO, BLOCK_K].
+            w_ptrs = w_co[:, None] + (ci * stride_wi + kh * stride_wh + kw * stride_ww)[None, :]
+            mask_w = mask_co[:, None] & mask_k[None, :]
+            w_tile = tl.load(w_ptrs, mask=mask_w, other=0.0).to(tl.float32)
+            acc = tl.dot(w_tile, x_tile, acc, input_precision=PRECISION)
+    else:
+        # One flat loop over (tap, channel chunk): per tap the input row of each output pixel is one
+        # address, so the patch gather is a [BLOCK_P] address plus [BLOCK_K] channel offsets. Offsets
+        # inside one batch item (c_in * height * width) stay int32; the batch offset is int64 above.
+        n_chunks = tl.cdiv(c_in, BLOCK_K)
+        for it in range(0, KH * KW * n_chunks):
+            tap = it // n_chunks
+            ci = (it % n_chunks) * BLOCK_K + offs_k
+            kh = tap // KW
+            kw = tap % KW
+            ih = ih_base + kh
+            iw = iw_base + kw
+            mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
+            mask_ci = ci < c_in
+            # Input patch [BLOCK_K, BLOCK_P].
+            x_ptrs = (ci * plane)[:, None] + (x_pixel_base + (ih * width + iw))[None, :]
+            mask_x = mask_ci[:, None] & mask_pix[None, :]
+            x_tile = tl.load(x_ptrs, mask=mask_x, other=0.0).to(tl.float32)
+            # Weight tile [BLOCK_CO, BLOCK_K].
+            w_ptrs = (w_co + (kh * stride_wh + kw * stride_ww))[:, None] + (ci * stride_wi)[None, :]
+            mask_w = mask_co[:, None] & mask_ci[None, :]
+            w_tile = tl.load(w_ptrs, mask=mask_w, other=0.0).to(tl.float32)
+            acc = tl.dot(w_tile, x_tile, acc, input_precision=PRECISION)
 
     # Epilogue: bias (folded BatchNorm shift), residual, ReLU.
     if HAS_BIAS:
@@ -227,6 +250,10 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+# Layers with fewer input channels than the smallest BLOCK_K fold the taps into the reduction chunk.
+FOLD_TAPS_BELOW = 16
+
+
 def _config(candidate) -> triton.Config:
     meta = _meta(candidate)
     num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
@@ -279,8 +306,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
             batch, c_in, height, width, c_out, out_h, out_w, stride, padding,
             weight.stride(0), weight.stride(1), weight.stride(2), weight.stride(3),
             triton.next_power_of_2(batch))
-    flags = dict(KH=kh, KW=kw, HAS_BIAS=fused and bias is not None, HAS_RESIDUAL=fused and residual is not None,
-                 APPLY_RELU=fused and relu)
+    flags = dict(KH=kh, KW=kw, FOLD_TAPS=c_in < FOLD_TAPS_BELOW, HAS_BIAS=fused and bias is not None,
+                 HAS_RESIDUAL=fused and residual is not None, APPLY_RELU=fused and relu)
     tuned = tuned_kernel() if (route is not None and fused) else None
     if tuned is not None and candidate_tag(candidate) in tuned.tags:
         grid = lambda meta: (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))  # noqa: E731
@@ -423,7 +450,7 @@ APPROVALS = _approvals()
 def _recipes() -> dict:
     """Device class -> candidate tag. GPU classes have none until bench/embedding.py measures them. In the
     interpreter the cost is per program, so the widest ieee tile wins (measured on a 2x4x16x48 3x3 conv:
-    128x64 tiles 0.95 s, 64x32 tiles 1.8 s)."""
+    128x64 tiles 0.17 s, 64x32 tiles 0.34 s)."""
     wide = candidate_tag(make_candidate(tile_pos=128, tile_co=64, tile_k=32, tg_size=256, stages=3))
     return {"interpreter": wide} if wide in {candidate_tag(c) for c in all_candidates()} else {}
 
@@ -443,7 +470,8 @@ def _audit_kernels() -> list:
         "batch": "i32", "c_in": "i32", "height": "i32", "width": "i32",
         "c_out": "i32", "out_h": "i32", "out_w": "i32", "stride": "i32", "padding": "i32",
         "stride_wo": "i32", "stride_wi": "i32", "stride_wh": "i32", "stride_ww": "i32", "batch_bucket": "i32",
-        "KH": "constexpr", "KW": "constexpr", "HAS_BIAS": "constexpr", "HAS_RESIDUAL": "constexpr",
+        "KH": "constexpr", "KW": "constexpr", "FOLD_TAPS": "constexpr", "HAS_BIAS": "constexpr",
+        "HAS_RESIDUAL": "constexpr",
         "APPLY_RELU": "constexpr", "PRECISION": "constexpr",
         "BLOCK_P": "constexpr", "BLOCK_CO": "constexpr", "BLOCK_K": "constexpr",
     }
@@ -455,12 +483,20 @@ def _audit_kernels() -> list:
     return [
         AuditSpec(
             name="conv2d_igemm_3x3", family="conv", kernel=_conv2d_kernel, signature=conv_signature,
-            meta=lambda c, dt: dict(KH=3, KW=3, HAS_BIAS=True, HAS_RESIDUAL=True, APPLY_RELU=True, **_meta(c)),
+            meta=lambda c, dt: dict(KH=3, KW=3, FOLD_TAPS=False, HAS_BIAS=True, HAS_RESIDUAL=True, APPLY_RELU=True,
+                                    **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
             expects_mma=lambda c, dt: c.precision != "ieee"),
         AuditSpec(
             name="conv2d_igemm_1x1", family="conv", kernel=_conv2d_kernel, signature=conv_signature,
-            meta=lambda c, dt: dict(KH=1, KW=1, HAS_BIAS=True, HAS_RESIDUAL=False, APPLY_RELU=False, **_meta(c)),
+            meta=lambda c, dt: dict(KH=1, KW=1, FOLD_TAPS=False, HAS_BIAS=True, HAS_RESIDUAL=False, APPLY_RELU=False,
+                                    **_meta(c)),
+            candidates=candidates, default=default_candidate(), dtypes=("fp32",),
+            expects_mma=lambda c, dt: c.precision != "ieee"),
+        AuditSpec(  # the stem: one input channel, taps folded into the reduction
+            name="conv2d_igemm_stem", family="conv", kernel=_conv2d_kernel, signature=conv_signature,
+            meta=lambda c, dt: dict(KH=3, KW=3, FOLD_TAPS=True, HAS_BIAS=True, HAS_RESIDUAL=False, APPLY_RELU=True,
+                                    **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32",),
             expects_mma=lambda c, dt: c.precision != "ieee"),
         AuditSpec(
