@@ -290,8 +290,8 @@ def test_sdpa_default_rule_fallbacks():
 EXPECTED_DEFAULTS = {  # family -> profile -> variant name
     KernelFamily.CONV: {"ultra_low_latency": "TF32_P128_CO64", "balanced": "IEEE_P64_CO32",
                         "high_fidelity": "IEEE_P64_CO32", "deterministic": "IEEE_P64_CO32"},
-    KernelFamily.FBANK: {"ultra_low_latency": "TF32X3_F64_Q64", "balanced": "IEEE_F32_Q64",
-                         "high_fidelity": "IEEE_F32_Q64", "deterministic": "IEEE_F32_Q64"},
+    KernelFamily.FBANK: {"ultra_low_latency": "TF32X3_F64_Q64", "balanced": "IEEE_F16_Q32",
+                         "high_fidelity": "IEEE_F16_Q32", "deterministic": "IEEE_F16_Q32"},
     KernelFamily.LSTM: {"ultra_low_latency": "STEPWISE_TF32", "balanced": "STEPWISE_IEEE",
                         "high_fidelity": "STEPWISE_IEEE", "deterministic": "STEPWISE_IEEE"},
     KernelFamily.SEGDENSE: {"ultra_low_latency": "R64_TF32X3", "balanced": "R32_IEEE",
