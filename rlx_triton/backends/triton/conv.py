@@ -34,14 +34,15 @@ kernel (True) or in a separate `_epilogue_kernel` pass over the stored conv outp
 from __future__ import annotations
 
 import weakref
-from types import SimpleNamespace
 
 import torch
 import triton
 import triton.language as tl
 
+from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
+from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.config import settings
-from rlx_triton.router.approvals import Approval
+from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT, ConvCandidate
 from rlx_triton.router.coverage import Coverage
 
 # ----------------------------------------------------------------------------------------------
@@ -521,51 +522,27 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
 
 
 # ----------------------------------------------------------------------------------------------
-# candidates (the planner's ConvCandidate, or a namespace with its fields until that exists)
+# candidates (the planner's ConvCandidate; conv2d.py shares these helpers)
 # ----------------------------------------------------------------------------------------------
 
 
 def make_candidate(tile_pos=64, tile_co=32, tile_k=32, tg_size=128, stages=2, precision="ieee",
-                   fuse_epilogue=True):
-    """The planner's ConvCandidate when it exists, else a namespace with the same fields."""
-    fields = dict(tile_pos=tile_pos, tile_co=tile_co, tile_k=tile_k, tg_size=tg_size, stages=stages,
-                  precision=precision, fuse_epilogue=fuse_epilogue)
-    try:
-        from rlx_triton.planner.candidates.conv import ConvCandidate
-    except ImportError:
-        return SimpleNamespace(**fields)
-    return ConvCandidate(**fields)
+                   fuse_epilogue=True) -> ConvCandidate:
+    return ConvCandidate(tile_pos=tile_pos, tile_co=tile_co, tile_k=tile_k, tg_size=tg_size, stages=stages,
+                         precision=precision, fuse_epilogue=fuse_epilogue)
 
 
-def candidate_tag(candidate) -> str:
-    tag = getattr(candidate, "tag", None)
-    if callable(tag):
-        return tag()
-    c = candidate
-    return (f"conv:p{c.tile_pos}:co{c.tile_co}:k{c.tile_k}:tg{c.tg_size}:s{c.stages}:{c.precision}"
-            f":{'fused' if c.fuse_epilogue else 'split'}")
+def candidate_tag(candidate: ConvCandidate) -> str:
+    return candidate.tag()
 
 
 def all_candidates() -> list:
-    """Every conv candidate of the plan, in plan order (the sweep test runs each one)."""
-    try:
-        from rlx_triton.planner.candidates import conv as plan_conv
-    except ImportError:
-        plan_conv = None
-    if plan_conv is not None:
-        variants = getattr(plan_conv, "ConvVariant", None) or getattr(plan_conv, "Variant", None)
-        if variants is not None:
-            return [v.candidate() for v in variants]
-    return [make_candidate(), make_candidate(precision="tf32x3"), make_candidate(precision="tf32"),
-            make_candidate(tile_pos=32, tile_co=16, tile_k=16, fuse_epilogue=False)]
+    """Every conv candidate of the plan, in plan order (the sweep tests run each one)."""
+    return plan_candidates("conv")
 
 
-def default_candidate():
-    try:
-        from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT
-        return DEFAULT_VARIANT.candidate()
-    except (ImportError, AttributeError):
-        return make_candidate()
+def default_candidate() -> ConvCandidate:
+    return DEFAULT_VARIANT.candidate()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -595,21 +572,12 @@ COVERAGE = Coverage(
 # candidates are approved here; tf32x3/tf32 wait for a GPU measurement (tests marked gpu).
 CONV1D_MAX_REL_ERR = 1e-5
 _WHERE = "interpreter, tests/triton/test_conv.py (conv1d + SincNet blocks vs float64)"
-
-
-def _approvals() -> dict:
-    return {candidate_tag(c): Approval(max_rel_err=CONV1D_MAX_REL_ERR, reference="float64", where=_WHERE)
-            for c in all_candidates() if c.precision == "ieee"}
-
-
-APPROVALS = _approvals()
+APPROVALS = approvals_by_precision("conv", {"ieee": CONV1D_MAX_REL_ERR}, _WHERE)
 RECIPES: dict = {}         # no measured device recipe yet: bench/sincnet.py on a GPU will supply one
 SPEED_EVIDENCE: dict = {}
 
 
 def _audit_kernels() -> list:
-    from rlx_triton.backends.triton.audit import AuditSpec
-
     candidates = tuple(all_candidates())
     conv_signature = {
         "x_ptr": "*{dt}", "w_ptr": "*{dt}", "bias_ptr": "*{dt}", "in_scale_ptr": "*fp32",

@@ -21,14 +21,17 @@ fuse_epilogue -> epilogue in the GEMM kernel vs `_bias_act_kernel`.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from rlx_triton.router.approvals import Approval
+from rlx_triton.backends.candidates import approvals_by_precision
+from rlx_triton.backends.triton.audit import AuditSpec
+# the conv family's candidate helpers, shared with the 1-D module (tests and bench use them from here too)
+from rlx_triton.backends.triton.conv import all_candidates, candidate_tag, default_candidate, make_candidate  # noqa: F401
+from rlx_triton.planner.candidates.conv import ConvVariant
 from rlx_triton.router.coverage import Coverage
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +274,7 @@ def tuned_kernel():
     if _tuned_kernel is None:
         from rlx_triton.backends.triton.autotune import TunedKernel
 
-        candidates = [c for c in all_candidates() if c.fuse_epilogue and candidate_tag(c) in APPROVALS]
+        candidates = [c for c in all_candidates() if c.fuse_epilogue and c.tag() in APPROVALS]
         _tuned_kernel = TunedKernel(_conv2d_kernel, candidates, _config, key=_TUNE_KEY)
     return _tuned_kernel
 
@@ -309,7 +312,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     flags = dict(KH=kh, KW=kw, FOLD_TAPS=c_in < FOLD_TAPS_BELOW, HAS_BIAS=fused and bias is not None,
                  HAS_RESIDUAL=fused and residual is not None, APPLY_RELU=fused and relu)
     tuned = tuned_kernel() if (route is not None and fused) else None
-    if tuned is not None and candidate_tag(candidate) in tuned.tags:
+    if tuned is not None and candidate.tag() in tuned.tags:
         grid = lambda meta: (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))  # noqa: E731
         tuned.launch(grid, route, *args, **flags)
     else:
@@ -364,54 +367,6 @@ def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candi
 
 
 # ---------------------------------------------------------------------------------------------
-# Candidates (the planner's ConvCandidate, or a namespace with its fields until that exists)
-# ---------------------------------------------------------------------------------------------
-
-
-def make_candidate(tile_pos=64, tile_co=32, tile_k=32, tg_size=128, stages=2, precision="ieee",
-                   fuse_epilogue=True):
-    """The planner's ConvCandidate when it exists, else a namespace with the same fields."""
-    fields = dict(tile_pos=tile_pos, tile_co=tile_co, tile_k=tile_k, tg_size=tg_size, stages=stages,
-                  precision=precision, fuse_epilogue=fuse_epilogue)
-    try:
-        from rlx_triton.planner.candidates.conv import ConvCandidate
-    except ImportError:
-        return SimpleNamespace(**fields)
-    return ConvCandidate(**fields)
-
-
-def candidate_tag(candidate) -> str:
-    tag = getattr(candidate, "tag", None)
-    if callable(tag):
-        return tag()
-    c = candidate
-    return (f"conv:p{c.tile_pos}:co{c.tile_co}:k{c.tile_k}:tg{c.tg_size}:s{c.stages}:{c.precision}"
-            f":{'fused' if c.fuse_epilogue else 'split'}")
-
-
-def all_candidates() -> list:
-    """Every conv candidate of the plan, in plan order (the sweep test runs each on conv2d)."""
-    try:
-        from rlx_triton.planner.candidates import conv as plan_conv
-    except ImportError:
-        plan_conv = None
-    if plan_conv is not None:
-        variants = getattr(plan_conv, "ConvVariant", None) or getattr(plan_conv, "Variant", None)
-        if variants is not None:
-            return [v.candidate() for v in variants]
-    return [make_candidate(), make_candidate(precision="tf32x3"), make_candidate(precision="tf32"),
-            make_candidate(tile_pos=32, tile_co=16, tile_k=16, fuse_epilogue=False)]
-
-
-def default_candidate():
-    try:
-        from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT
-        return DEFAULT_VARIANT.candidate()
-    except (ImportError, AttributeError):
-        return make_candidate()
-
-
-# ---------------------------------------------------------------------------------------------
 # Routing data
 # ---------------------------------------------------------------------------------------------
 
@@ -439,31 +394,17 @@ _WHERE = "interpreter, tests/triton/test_conv2d.py (3x3/1x1, stride 1/2, residua
 CONV2D_MAX_REL_ERR = 1e-5
 
 
-def _approvals() -> dict:
-    return {candidate_tag(c): Approval(max_rel_err=CONV2D_MAX_REL_ERR, reference="float64", where=_WHERE)
-            for c in all_candidates() if c.precision in ("ieee", "tf32x3")}
+APPROVALS = approvals_by_precision("conv", {"ieee": CONV2D_MAX_REL_ERR, "tf32x3": CONV2D_MAX_REL_ERR}, _WHERE)
 
 
-APPROVALS = _approvals()
-
-
-def _recipes() -> dict:
-    """Device class -> candidate tag. GPU classes have none until bench/embedding.py measures them. In the
-    interpreter the cost is per program, so the widest ieee tile wins (measured on a 2x4x16x48 3x3 conv:
-    128x64 tiles 0.17 s, 64x32 tiles 0.34 s)."""
-    wide = candidate_tag(make_candidate(tile_pos=128, tile_co=64, tile_k=32, tg_size=256, stages=3))
-    return {"interpreter": wide} if wide in {candidate_tag(c) for c in all_candidates()} else {}
-
-
-RECIPES = _recipes()
+# Device class -> candidate tag. GPU classes have none until bench/embedding.py measures them. In the
+# interpreter the cost is per program, so the widest ieee tile wins (measured on a 2x4x16x48 3x3 conv:
+# 128x64 tiles 0.17 s, 64x32 tiles 0.34 s).
+RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag()}
 SPEED_EVIDENCE: dict = {}
 
 
 def _audit_kernels() -> list:
-    try:
-        from rlx_triton.backends.triton.audit import AuditSpec
-    except ImportError:
-        return []
     candidates = tuple(all_candidates())
     conv_signature = {
         "x_ptr": "*{dt}", "w_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*{dt}", "out_ptr": "*{dt}",

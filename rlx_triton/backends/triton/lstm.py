@@ -18,14 +18,15 @@ packed sequences, autograd, hidden > 512, dtypes other than float32.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from rlx_triton.router.approvals import Approval
+from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
+from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.planner.candidates.lstm import DEFAULT_VARIANT, LstmCandidate
 from rlx_triton.router.coverage import Coverage
 
 MAX_HIDDEN = 512
@@ -166,37 +167,10 @@ def _lstm_recurrence_kernel(
 # ---------------------------------------------------------------------------------------------
 # candidate -> meta-parameters
 # ---------------------------------------------------------------------------------------------
-def _candidate_type():
-    try:
-        from rlx_triton.planner.candidates.lstm import LstmCandidate
-        return LstmCandidate
-    except ImportError:  # the planner's candidate module is not there yet
-        return None
-
-
-def make_candidate(batch_tile=16, hidden_tile=32, tg_size=128, stages=1, mode="persistent", precision="ieee"):
-    """The planner's LstmCandidate when it exists, else a namespace with the same fields."""
-    cls = _candidate_type()
-    fields = dict(batch_tile=batch_tile, hidden_tile=hidden_tile, tg_size=tg_size, stages=stages,
-                  mode=mode, precision=precision)
-    return cls(**fields) if cls is not None else SimpleNamespace(**fields)
-
-
-def _tag(candidate) -> str:
-    tag = getattr(candidate, "tag", None)
-    if callable(tag):
-        return tag()
-    c = candidate
-    return f"lstm:b{c.batch_tile}:h{c.hidden_tile}:tg{c.tg_size}:s{c.stages}:{c.mode}:{c.precision}"
-
-
-def _all_candidates() -> list:
-    try:
-        from rlx_triton.planner.candidates import lstm as plan_lstm
-        return [v.candidate() for v in plan_lstm.LstmVariant]
-    except (ImportError, AttributeError):
-        return [make_candidate(mode="persistent"), make_candidate(mode="stepwise"),
-                make_candidate(mode="persistent", precision="tf32x3")]
+def make_candidate(batch_tile=16, hidden_tile=32, tg_size=128, stages=1, mode="persistent",
+                   precision="ieee") -> LstmCandidate:
+    return LstmCandidate(batch_tile=batch_tile, hidden_tile=hidden_tile, tg_size=tg_size, stages=stages,
+                         mode=mode, precision=precision)
 
 
 def _proj_meta(candidate) -> dict:
@@ -334,33 +308,15 @@ COVERAGE = Coverage(
 
 _WHERE = "interpreter, tests/triton/test_lstm.py (1-2 layers, bi, hidden 7..33, vs float64)"
 
-
-def _approvals() -> dict:
-    table = {}
-    for cand in _all_candidates():
-        if cand.precision == "tf32":
-            continue  # no retained accuracy evidence: TF32 moves diarization error rates (notes, speakrs)
-        bound = 1e-5 if cand.precision == "ieee" else 2e-5
-        table[_tag(cand)] = Approval(max_rel_err=bound, reference="float64", where=_WHERE)
-    return table
-
-
-APPROVALS = _approvals()
+# tf32 has no retained accuracy evidence (TF32 moves diarization error rates: notes, speakrs): unapproved
+APPROVALS = approvals_by_precision("lstm", {"ieee": 1e-5, "tf32x3": 2e-5}, _WHERE)
 RECIPES = {}
 SPEED_EVIDENCE = {}
 
 
 def _audit_kernels() -> list:
-    try:
-        from rlx_triton.backends.triton.audit import AuditSpec
-    except ImportError:  # the audit module is the lead's; routing works without it
-        return []
-    cands = tuple(_all_candidates())
-    try:
-        from rlx_triton.planner.candidates.lstm import DEFAULT_VARIANT
-        default = DEFAULT_VARIANT.candidate()
-    except (ImportError, AttributeError):
-        default = cands[0]
+    cands = tuple(plan_candidates("lstm"))
+    default = DEFAULT_VARIANT.candidate()
     return [
         AuditSpec(
             name="lstm_input_proj", family="lstm", kernel=_lstm_input_proj_kernel,

@@ -12,14 +12,15 @@ activation in a second pass.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Optional, Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from rlx_triton.router.approvals import Approval
+from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
+from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.planner.candidates.segdense import DEFAULT_VARIANT, SegdenseCandidate
 from rlx_triton.router.coverage import Coverage
 
 ACTIVATIONS = ("none", "sigmoid", "log_softmax")
@@ -132,31 +133,9 @@ def _segdense_activation_kernel(out_ptr, R, C, ACTIVATION: tl.constexpr,
 # ---------------------------------------------------------------------------------------------
 # candidate -> meta-parameters
 # ---------------------------------------------------------------------------------------------
-def make_candidate(row_tile=32, tg_size=128, stages=1, precision="ieee", fused_activation=True):
-    """The planner's SegdenseCandidate when it exists, else a namespace with the same fields."""
-    fields = dict(row_tile=row_tile, tg_size=tg_size, stages=stages, precision=precision,
-                  fused_activation=fused_activation)
-    try:
-        from rlx_triton.planner.candidates.segdense import SegdenseCandidate
-        return SegdenseCandidate(**fields)
-    except ImportError:
-        return SimpleNamespace(**fields)
-
-
-def _tag(candidate) -> str:
-    tag = getattr(candidate, "tag", None)
-    if callable(tag):
-        return tag()
-    c = candidate
-    return f"segdense:r{c.row_tile}:tg{c.tg_size}:s{c.stages}:{c.precision}:{'fused' if c.fused_activation else 'split'}"
-
-
-def _all_candidates() -> list:
-    try:
-        from rlx_triton.planner.candidates import segdense as plan_segdense
-        return [v.candidate() for v in plan_segdense.SegdenseVariant]
-    except (ImportError, AttributeError):
-        return [make_candidate(), make_candidate(fused_activation=False), make_candidate(precision="tf32x3")]
+def make_candidate(row_tile=32, tg_size=128, stages=1, precision="ieee", fused_activation=True) -> SegdenseCandidate:
+    return SegdenseCandidate(row_tile=row_tile, tg_size=tg_size, stages=stages, precision=precision,
+                             fused_activation=fused_activation)
 
 
 def _meta(candidate, classes: int = 16) -> dict:
@@ -226,33 +205,15 @@ COVERAGE = Coverage(
 
 _WHERE = "interpreter, tests/triton/test_segdense.py (vs float64)"
 
-
-def _approvals() -> dict:
-    table = {}
-    for cand in _all_candidates():
-        if cand.precision == "tf32":
-            continue  # no retained accuracy evidence: TF32 moves diarization error rates (notes, speakrs)
-        bound = 1e-5 if cand.precision == "ieee" else 2e-5
-        table[_tag(cand)] = Approval(max_rel_err=bound, reference="float64", where=_WHERE)
-    return table
-
-
-APPROVALS = _approvals()
+# tf32 has no retained accuracy evidence (TF32 moves diarization error rates: notes, speakrs): unapproved
+APPROVALS = approvals_by_precision("segdense", {"ieee": 1e-5, "tf32x3": 2e-5}, _WHERE)
 RECIPES = {}
 SPEED_EVIDENCE = {}
 
 
 def _audit_kernels() -> list:
-    try:
-        from rlx_triton.backends.triton.audit import AuditSpec
-    except ImportError:
-        return []
-    cands = tuple(_all_candidates())
-    try:
-        from rlx_triton.planner.candidates.segdense import DEFAULT_VARIANT
-        default = DEFAULT_VARIANT.candidate()
-    except (ImportError, AttributeError):
-        default = cands[0]
+    cands = tuple(plan_candidates("segdense"))
+    default = DEFAULT_VARIANT.candidate()
     return [AuditSpec(
         name="segdense_head", family="segdense", kernel=_segdense_kernel,
         signature={"x_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "dims_ptr": "*i32",
