@@ -36,20 +36,7 @@ COVERAGE = Coverage(
     devices=frozenset({"mps"}),
     dtypes=frozenset({"float32", "float16", "bfloat16"}),
     ranges={"bins": (1, 1024), "window": (2, MAX_FFT)},
-    features={
-        "window_type": frozenset(_ref.WINDOW_TYPES),
-        "snip_edges": frozenset({True, False}),
-        "dither": frozenset({False}),  # random per-sample noise: torch fallback
-        "use_power": frozenset({True, False}),
-        "use_log_fbank": frozenset({True, False}),
-        "use_energy": frozenset({True, False}),
-        "raw_energy": frozenset({True, False}),
-        "htk_compat": frozenset({True, False}),
-        "subtract_mean": frozenset({True, False}),
-        "remove_dc_offset": frozenset({True, False}),
-        "vtln": frozenset({True, False}),
-        "requires_grad": frozenset({False}),  # forward-only kernel: autograd goes to torch
-    },
+    features=_ref.KERNEL_FEATURES,
 )
 APPROVALS = _candidates.approvals(FAMILY)
 RECIPES: dict = {}

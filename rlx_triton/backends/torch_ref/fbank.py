@@ -25,6 +25,23 @@ MILLISECONDS_TO_SECONDS = 0.001
 COVERAGE = Coverage.everything()
 APPROVALS: dict = {}
 
+# The request features (FbankOptions) a kernel covers when it implements every option but dither: the
+# `features` of the Triton and Metal COVERAGE.
+KERNEL_FEATURES = {
+    "window_type": frozenset(WINDOW_TYPES),
+    "snip_edges": frozenset({True, False}),
+    "dither": frozenset({False}),  # random per-sample noise: torch fallback
+    "use_power": frozenset({True, False}),
+    "use_log_fbank": frozenset({True, False}),
+    "use_energy": frozenset({True, False}),
+    "raw_energy": frozenset({True, False}),
+    "htk_compat": frozenset({True, False}),
+    "subtract_mean": frozenset({True, False}),
+    "remove_dc_offset": frozenset({True, False}),
+    "vtln": frozenset({True, False}),
+    "requires_grad": frozenset({False}),  # forward-only kernels: autograd runs on the torch path
+}
+
 
 def _next_power_of_2(x: int) -> int:
     return 1 if x == 0 else 2 ** (x - 1).bit_length()

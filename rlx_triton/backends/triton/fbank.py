@@ -32,10 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx_triton.backends.candidates import approvals_by_precision
 from rlx_triton.backends.torch_ref import fbank as _ref
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
+from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.planner.candidates.fbank import DEFAULT_VARIANT, FbankCandidate, FbankVariant
-from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage
 
 MAX_WINDOW = 1024  # largest padded DFT length covered (the cached basis is 4 x window x window / 2 floats)
@@ -49,26 +50,20 @@ COVERAGE = Coverage(
     devices=frozenset({"cuda", "cpu"}),
     dtypes=frozenset({"float32", "float16", "bfloat16"}),
     ranges={"bins": (4, MAX_BINS), "window": (2, MAX_WINDOW), "samples": (1, 2**31 - 2 * MAX_WINDOW)},
-    features={
-        "window_type": frozenset(_ref.WINDOW_TYPES),
-        "snip_edges": frozenset({True, False}),
-        "dither": frozenset({False}),  # random per-sample noise: torch fallback
-        "use_power": frozenset({True, False}),
-        "use_log_fbank": frozenset({True, False}),
-        "use_energy": frozenset({True, False}),
-        "raw_energy": frozenset({True, False}),
-        "htk_compat": frozenset({True, False}),
-        "subtract_mean": frozenset({True, False}),
-        "remove_dc_offset": frozenset({True, False}),
-        "vtln": frozenset({True, False}),
-        "requires_grad": frozenset({False}),  # forward-only kernel: autograd runs on the torch path
-    },
+    features=_ref.KERNEL_FEATURES,
     weight_features=frozenset(),
 )
 
 
 # ---------------------------------------------------------------------------------------------
 # kernels
+
+@triton.jit
+def _reflect(pos, num_samples):
+    """Kaldi reflection [2, 1, 0, 0, 1, 2]: index -1 reads sample 0, index T reads sample T - 1."""
+    pos = tl.where(pos < 0, -pos - 1, pos)
+    return tl.where(pos >= num_samples, 2 * num_samples - 1 - pos, pos)
+
 
 @triton.jit
 def _load_frames_chunk(wave_row, frames, frame_mask, start, c0, num_samples, mean, window_ptr, input_scale,
@@ -84,9 +79,7 @@ def _load_frames_chunk(wave_row, frames, frame_mask, start, c0, num_samples, mea
     tile_mask = frame_mask[:, None] & col_mask[None, :]
     pos = start[:, None] + cols[None, :]
     if not SNIP_EDGES:
-        # Kaldi reflection [2, 1, 0, 0, 1, 2]: index -1 reads sample 0, index T reads sample T - 1
-        pos = tl.where(pos < 0, -pos - 1, pos)
-        pos = tl.where(pos >= num_samples, 2 * num_samples - 1 - pos, pos)
+        pos = _reflect(pos, num_samples)
     x = tl.load(wave_row + pos, mask=tile_mask, other=0.0).to(tl.float32)
     if SCALE_INPUT:
         x = x * input_scale
@@ -95,8 +88,7 @@ def _load_frames_chunk(wave_row, frames, frame_mask, start, c0, num_samples, mea
             # previous sample, column j - 1, with x[-1] := x[0] (replicate pad)
             prev_pos = start[:, None] + tl.maximum(cols - 1, 0)[None, :]
             if not SNIP_EDGES:
-                prev_pos = tl.where(prev_pos < 0, -prev_pos - 1, prev_pos)
-                prev_pos = tl.where(prev_pos >= num_samples, 2 * num_samples - 1 - prev_pos, prev_pos)
+                prev_pos = _reflect(prev_pos, num_samples)
             prev = tl.load(wave_row + prev_pos, mask=tile_mask, other=0.0).to(tl.float32)
             if SCALE_INPUT:
                 prev = prev * input_scale
@@ -375,11 +367,7 @@ def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate) -> torch.
 APPROVAL_BOUND = {"ieee": 3e-5, "tf32x3": 3e-5}
 _WHERE = "interpreter, tests/triton/test_fbank.py::test_every_candidate_runs_and_holds_its_approval"
 
-APPROVALS = {
-    variant.candidate().tag(): Approval(max_rel_err=APPROVAL_BOUND[variant.candidate().precision],
-                                        reference="float64", where=_WHERE)
-    for variant in FbankVariant
-}
+APPROVALS = approvals_by_precision("fbank", APPROVAL_BOUND, _WHERE)
 RECIPES: Dict[str, str] = {}
 SPEED_EVIDENCE: Dict[str, str] = {}
 
@@ -391,8 +379,6 @@ def _audit_meta(candidate: FbankCandidate, dtype: str) -> Dict[str, object]:
 
 
 def _audit_kernels() -> list:
-    from rlx_triton.backends.triton.audit import AuditSpec
-
     return [AuditSpec(
         name="fbank_frames",
         family="fbank",
