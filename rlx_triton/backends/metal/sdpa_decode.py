@@ -19,6 +19,7 @@ import torch
 
 from rlx_triton.backends.metal import candidates as _candidates
 from rlx_triton.backends.metal import library
+from rlx_triton.backends.torch_ref.sdpa_decode import sdpa_through_decode
 from rlx_triton.router.coverage import Coverage
 
 FAMILY = "sdpa_decode"
@@ -154,14 +155,4 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  candidate=None) -> torch.Tensor:
     """torch SDPA (dropout 0) through the decode kernels: (N..., Hq, Lq, D) or (N, Lq, D) inputs with the
     same leading dims; the KV heads divide the query heads (enable_gqa, or one KV head)."""
-    seq_q, seq_kv = query.shape[-2], key.shape[-2]
-    if query.dim() == 3:  # (N, L, E): N sequences of one head each
-        q4, k4, v4 = query[None], key[None], value[None]
-    else:
-        q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (query, key, value))
-    mask4 = None
-    if attn_mask is not None:
-        mask4 = attn_mask.expand(*query.shape[:-1], seq_kv).reshape(q4.shape[0], q4.shape[1], seq_q, seq_kv)
-    out, _ = sdpa_decode(q4, k4, v4, attn_mask=mask4, causal="top_left" if is_causal else "none", scale=scale,
-                         candidate=candidate)
-    return out.reshape(*query.shape[:-3], *out.shape[1:]) if query.dim() > 3 else out[0]
+    return sdpa_through_decode(sdpa_decode, query, key, value, attn_mask, is_causal, scale, candidate)

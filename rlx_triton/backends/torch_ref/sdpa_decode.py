@@ -66,6 +66,25 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     return out.to(query.dtype), lse.to(torch.float32)
 
 
+def sdpa_through_decode(sdpa_decode_fn, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attn_mask: Optional[torch.Tensor], is_causal: bool, scale: Optional[float],
+                        candidate) -> torch.Tensor:
+    """torch SDPA (dropout 0) through a backend's `sdpa_decode`: (N..., Hq, Lq, D) or (N, Lq, D) inputs
+    with the same leading dims are viewed as (B, H, L, D), and the output is given back their layout.
+    The Triton and Metal `scaled_dot_product_attention` launchers are this with their own `sdpa_decode`."""
+    seq_q, seq_kv = query.shape[-2], key.shape[-2]
+    if query.dim() == 3:  # (N, L, E): N sequences of one head each
+        q4, k4, v4 = query[None], key[None], value[None]
+    else:
+        q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (query, key, value))
+    mask4 = None
+    if attn_mask is not None:
+        mask4 = attn_mask.expand(*query.shape[:-1], seq_kv).reshape(q4.shape[0], q4.shape[1], seq_q, seq_kv)
+    out, _ = sdpa_decode_fn(q4, k4, v4, attn_mask=mask4, causal="top_left" if is_causal else "none", scale=scale,
+                            candidate=candidate)
+    return out.reshape(*query.shape[:-3], *out.shape[1:]) if query.dim() > 3 else out[0]
+
+
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                                  scale: Optional[float] = None, enable_gqa: bool = False, *,

@@ -26,6 +26,12 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx_triton.backends.torch_ref.sdpa_decode import sdpa_through_decode
+from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant
+from rlx_triton.router.approvals import Approval
+from rlx_triton.router.coverage import Coverage
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -359,28 +365,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Leading dims of query, key and value must match (the op routes batch broadcasting to torch); the
     KV heads divide the query heads (enable_gqa, or a single KV head that torch broadcasts).
     """
-    seq_q, seq_kv = query.shape[-2], key.shape[-2]
-    lead = query.shape[:-2] if query.dim() == 3 else query.shape[:-3]
-    if query.dim() == 3:  # (N, L, E): N sequences of one head each
-        q4, k4, v4 = query[None], key[None], value[None]
-    else:
-        q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (query, key, value))
-    mask4 = None
-    if attn_mask is not None:
-        mask4 = attn_mask.expand(*query.shape[:-1], seq_kv).reshape(q4.shape[0], q4.shape[1], seq_q, seq_kv)
-    out, _ = sdpa_decode(q4, k4, v4, attn_mask=mask4, causal="top_left" if is_causal else "none",
-                         scale=scale, candidate=candidate)
-    return out.reshape(*lead, *out.shape[1:]) if query.dim() > 3 else out[0]
+    return sdpa_through_decode(sdpa_decode, query, key, value, attn_mask, is_causal, scale, candidate)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Routing data (read by rlx_triton.router) and the compile audit's kernel list.
 # ---------------------------------------------------------------------------------------------------
-from rlx_triton.backends.triton.audit import AuditSpec  # noqa: E402
-from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant  # noqa: E402
-from rlx_triton.router.approvals import Approval  # noqa: E402
-from rlx_triton.router.coverage import Coverage  # noqa: E402
-
 COVERAGE = Coverage(
     ops=frozenset({"scaled_dot_product_attention", "sdpa_decode"}),
     devices=frozenset({"cuda", "cpu"}),
