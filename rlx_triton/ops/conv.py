@@ -17,14 +17,15 @@ import math
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
+from rlx_triton.ops._checks import (KERNEL_DTYPES, check_device, check_dtype, check_int, check_is_tensor,
+                                    check_shape, check_tensor, needs_grad)
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "conv"
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -48,27 +49,11 @@ class ConvEpilogue:
 # ------------------------------------------------------------------------------------ validation
 
 
-def _check_tensor(name: str, value, ndims: Sequence[int]) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dim() not in ndims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, got shape "
-                         f"{tuple(value.shape)}")
-    if value.dtype not in _DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {value.dtype}")
-    return value
-
-
 def _check_like(name: str, value, ref: torch.Tensor, ref_name: str, shape=None) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.device != ref.device:
-        raise ValueError(f"{name} is on {value.device} but {ref_name} is on {ref.device}")
-    if value.dtype not in _DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {value.dtype}")
-    if shape is not None and tuple(value.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
-    return value
+    check_is_tensor(name, value)
+    check_device(name, value, ref, ref_name)
+    check_dtype(name, value, KERNEL_DTYPES)
+    return value if shape is None else check_shape(name, value, shape)
 
 
 def _check_int(name: str, value, low: int) -> int:
@@ -76,15 +61,7 @@ def _check_int(name: str, value, low: int) -> int:
         if len(value) != 1:
             raise ValueError(f"{name} must be an int or a 1-tuple for conv1d, got {value!r}")
         value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
-
-
-def _needs_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    return check_int(name, value, low)
 
 
 def _conv_len(length: int, taps: int, stride: int, padding: int, dilation: int) -> int:
@@ -116,7 +93,7 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
                          f"got {tuple(band_hz_.shape)}")
     if kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be odd, got {kernel_size}")
-    grad = _needs_grad(low_hz_, band_hz_)
+    grad = needs_grad(low_hz_, band_hz_)
     extra = tuple((t.data_ptr(), t._version) if t is not None else None for t in (window_, n_))
     key = (low_hz_.data_ptr(), low_hz_._version, band_hz_.data_ptr(), band_hz_._version, low_hz_.device,
            low_hz_.dtype, extra, kernel_size, float(sample_rate), float(min_low_hz), float(min_band_hz))
@@ -165,7 +142,7 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
 def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
                      norm_weights, norm_biases, *, stride: int = 10, pool: int = 3, eps: float = 1e-5,
                      negative_slope: float = 0.01, sample_rate: int = 16000) -> Request:
-    _check_tensor("waveforms", waveforms, (3,))
+    check_tensor("waveforms", waveforms, (3,), KERNEL_DTYPES)
     if waveforms.shape[1] != 1:
         raise ValueError(f"waveforms must have shape (batch, 1, samples), got {tuple(waveforms.shape)}")
     _check_like("sinc_filters", sinc_filters, waveforms, "waveforms")
@@ -206,7 +183,7 @@ def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, co
     fields = {"batch": waveforms.shape[0], "c_in": 1, "c_out": sinc_filters.shape[0],
               "length": waveforms.shape[2], "taps": sinc_filters.shape[2], "stride": stride, "tokens": length}
     features = {"groups": 1, "padding_mode": "zeros", "pool": pool, "streaming": False,
-                "sample_rate": int(sample_rate), "requires_grad": _needs_grad(*tensors)}
+                "sample_rate": int(sample_rate), "requires_grad": needs_grad(*tensors)}
     return Request.make(FAMILY, op="sincnet", tensor=waveforms, fields=fields, features=features)
 
 
@@ -248,8 +225,8 @@ def _padding(padding, taps: int, stride: int, dilation: int):
 
 def _conv1d_request(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
                     epilogue: Optional[ConvEpilogue] = None) -> Request:
-    _check_tensor("input", input, (2, 3))
-    _check_tensor("weight", weight, (3,))
+    check_tensor("input", input, (2, 3), KERNEL_DTYPES)
+    check_tensor("weight", weight, (3,), KERNEL_DTYPES)
     if weight.device != input.device:
         raise ValueError(f"weight is on {weight.device} but input is on {input.device}")
     if weight.dtype != input.dtype:
@@ -280,7 +257,7 @@ def _conv1d_request(input, weight, bias=None, stride=1, padding=0, dilation=1, *
     fields = {"batch": batch, "c_in": c_in, "c_out": weight.shape[0], "length": length, "taps": taps,
               "stride": stride, "tokens": out_len // pool}
     features = {"groups": 1, "padding_mode": mode, "pool": pool,
-                "requires_grad": _needs_grad(input, weight, bias)}
+                "requires_grad": needs_grad(input, weight, bias)}
     return Request.make(FAMILY, op="conv1d", tensor=input, fields=fields, features=features)
 
 

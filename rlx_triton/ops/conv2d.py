@@ -15,24 +15,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from rlx_triton.ops._checks import (FLOAT_DTYPES, check_bool, check_device, check_int, check_shape,
+                                    check_tensor, needs_grad)
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "conv"
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _check_tensor(name: str, t, dims: int, shape_text: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor {shape_text}, got {type(t).__name__}")
-    if t.dim() != dims:
-        raise ValueError(f"{name} must be {dims}-D {shape_text}, got shape {tuple(t.shape)}")
-    if t.dtype not in _FLOAT_DTYPES and t.dtype != torch.float64:
-        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}")
-
-
-def _check_device(name: str, t: torch.Tensor, x: torch.Tensor) -> None:
-    if t.device != x.device:
-        raise ValueError(f"{name} is on {t.device} but the input is on {x.device}")
 
 
 def _check_int(name: str, value, low: int) -> int:
@@ -40,16 +27,7 @@ def _check_int(name: str, value, low: int) -> int:
         if len(value) != 2 or value[0] != value[1]:
             raise ValueError(f"{name} must be one int (the same along height and width), got {value!r}")
         value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
-
-
-def _needs_grad(*tensors) -> bool:
-    """Autograd wants this call recorded: the kernels are forward-only, so such calls go to torch."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return check_int(name, value, low)
 
 
 def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -57,9 +35,9 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
 
 
 def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None, relu=False) -> Request:
-    _check_tensor("x", x, 4, "(batch, c_in, height, width)")
-    _check_tensor("weight", weight, 4, "(c_out, c_in, kh, kw)")
-    _check_device("weight", weight, x)
+    check_tensor("x", x, (4,), FLOAT_DTYPES, "(batch, c_in, height, width)")
+    check_tensor("weight", weight, (4,), FLOAT_DTYPES, "(c_out, c_in, kh, kw)")
+    check_device("weight", weight, x, "the input")
     stride = _check_int("stride", stride, 1)
     padding = _check_int("padding", padding, 0)
     batch, c_in, height, width = x.shape
@@ -72,24 +50,22 @@ def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None,
         raise ValueError(f"x of spatial size {height}x{width} is smaller than the kernel {kh}x{kw} "
                          f"with padding={padding}")
     if bias is not None:
-        _check_tensor("bias", bias, 1, f"(c_out={c_out},)")
-        _check_device("bias", bias, x)
-        if bias.shape[0] != c_out:
-            raise ValueError(f"bias must have shape ({c_out},), got {tuple(bias.shape)}")
+        check_tensor("bias", bias, (1,), FLOAT_DTYPES, f"(c_out={c_out},)")
+        check_device("bias", bias, x, "the input")
+        check_shape("bias", bias, (c_out,))
     if residual is not None:
-        _check_tensor("residual", residual, 4, "(batch, c_out, out_h, out_w)")
-        _check_device("residual", residual, x)
+        check_tensor("residual", residual, (4,), FLOAT_DTYPES, "(batch, c_out, out_h, out_w)")
+        check_device("residual", residual, x, "the input")
         if tuple(residual.shape) != (batch, c_out, out_h, out_w):
             raise ValueError(f"residual must have the output's shape {(batch, c_out, out_h, out_w)}, "
                              f"got {tuple(residual.shape)}")
-    if not isinstance(relu, bool):
-        raise TypeError(f"relu must be a bool, got {type(relu).__name__}")
+    check_bool("relu", relu)
     return Request.make(
         FAMILY, "conv2d", tensor=x,
         fields={"batch": batch, "c_in": c_in, "c_out": c_out, "length": height * width,
                 "taps": kh * kw, "stride": stride, "tokens": out_h * out_w},
         features={"kernel": (kh, kw), "padding": padding, "residual": residual is not None, "relu": relu,
-                  "requires_grad": _needs_grad(x, weight, bias, residual)},
+                  "requires_grad": needs_grad(x, weight, bias, residual)},
     )
 
 
@@ -109,23 +85,22 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 
 def _linear_request(x, weight, bias=None) -> Request:
-    _check_tensor("x", x, 2, "(rows, in_features)")
-    _check_tensor("weight", weight, 2, "(out_features, in_features)")
-    _check_device("weight", weight, x)
+    check_tensor("x", x, (2,), FLOAT_DTYPES, "(rows, in_features)")
+    check_tensor("weight", weight, (2,), FLOAT_DTYPES, "(out_features, in_features)")
+    check_device("weight", weight, x, "the input")
     if weight.shape[1] != x.shape[1]:
         raise ValueError(f"weight must have in_features={x.shape[1]} columns, got {tuple(weight.shape)}")
     if bias is not None:
-        _check_tensor("bias", bias, 1, f"(out_features={weight.shape[0]},)")
-        _check_device("bias", bias, x)
-        if bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        check_tensor("bias", bias, (1,), FLOAT_DTYPES, f"(out_features={weight.shape[0]},)")
+        check_device("bias", bias, x, "the input")
+        check_shape("bias", bias, (weight.shape[0],))
     rows, in_features = x.shape
     return Request.make(
         FAMILY, "conv2d", tensor=x,
         fields={"batch": rows, "c_in": in_features, "c_out": weight.shape[0], "length": 1, "taps": 1,
                 "stride": 1, "tokens": 1},
         features={"kernel": (1, 1), "padding": 0, "residual": False, "relu": False,
-                  "requires_grad": _needs_grad(x, weight, bias)},
+                  "requires_grad": needs_grad(x, weight, bias)},
     )
 
 
@@ -146,7 +121,7 @@ def _pool_weights(x: torch.Tensor, weights: Optional[torch.Tensor]):
     if weights.dim() not in (2, 3):
         raise ValueError(f"weights must be (batch, frames) or (batch, speakers, frames), got shape "
                          f"{tuple(weights.shape)}")
-    _check_device("weights", weights, x)
+    check_device("weights", weights, x, "the input")
     if weights.shape[0] != x.shape[0]:
         raise ValueError(f"weights must have batch={x.shape[0]}, got shape {tuple(weights.shape)}")
     has_speakers = weights.dim() == 3
@@ -157,7 +132,7 @@ def _pool_weights(x: torch.Tensor, weights: Optional[torch.Tensor]):
 
 
 def _stats_pool_request(sequences, weights=None) -> Request:
-    _check_tensor("sequences", sequences, 3, "(batch, features, frames)")
+    check_tensor("sequences", sequences, (3,), FLOAT_DTYPES, "(batch, features, frames)")
     if sequences.shape[2] < 1:
         raise ValueError(f"sequences must have at least one frame, got shape {tuple(sequences.shape)}")
     w, _ = _pool_weights(sequences, weights)
@@ -166,7 +141,7 @@ def _stats_pool_request(sequences, weights=None) -> Request:
         FAMILY, "stats_pool", tensor=sequences,
         fields={"batch": batch * (1 if w is None else w.shape[1]), "c_in": features, "c_out": 2 * features,
                 "length": frames, "taps": 1, "stride": 1, "tokens": 1},
-        features={"weighted": w is not None, "requires_grad": _needs_grad(sequences, weights)},
+        features={"weighted": w is not None, "requires_grad": needs_grad(sequences, weights)},
     )
 
 

@@ -34,10 +34,10 @@ from typing import Tuple
 import torch
 
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
+from rlx_triton.ops._checks import FLOAT_DTYPES, check_dtype, check_is_tensor, needs_grad
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "fbank"
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @functools.lru_cache(maxsize=256)
@@ -60,10 +60,8 @@ def make_options(**kwargs) -> FbankOptions:
 
 def _select(waveform: torch.Tensor, options: FbankOptions) -> Tuple[torch.Tensor, bool]:
     """The (B, T) rows to featurize and whether the output drops the batch dimension."""
-    if not isinstance(waveform, torch.Tensor):
-        raise TypeError(f"fbank: waveform must be a torch.Tensor (T,), (C, T) or (B, C, T), got {type(waveform).__name__}")
-    if waveform.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"fbank: waveform must be float32, float64, float16 or bfloat16, got {waveform.dtype}")
+    check_is_tensor("waveform", waveform, "(T,), (C, T) or (B, C, T)", op="fbank")
+    check_dtype("waveform", waveform, FLOAT_DTYPES, "float32, float64, float16 or bfloat16", op="fbank")
     channel = options.channel
     if waveform.dim() == 1:
         if channel > 0:
@@ -105,7 +103,7 @@ def _request_for(rows: torch.Tensor, options: FbankOptions) -> Request:
         raise ValueError(f"fbank: waveform has {num_samples} samples, fewer than one frame of {options.window_size} "
                          f"(frame_length={options.frame_length} ms at sample_frequency={options.sample_frequency})")
     frames = options.num_frames(num_samples)
-    requires_grad = torch.is_grad_enabled() and rows.requires_grad
+    requires_grad = needs_grad(rows)
     fields = {"batch": rows.shape[0], "samples": num_samples, "frames": frames,
               "window": options.padded_window_size, "bins": options.num_mel_bins, "tokens": frames}
     features = {

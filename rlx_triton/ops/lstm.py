@@ -10,47 +10,33 @@ autograd are typed refusals (Request features) that fall back to torch.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
+from rlx_triton.ops._checks import (FLOAT_DTYPES, check_bool, check_device, check_dtype, check_int,
+                                    check_is_tensor, check_same_dtype, check_shape, needs_grad)
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "lstm"
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
-
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
-
-
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
 
 
 def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, num_layers: int = 1,
                   dropout: float = 0.0, training: bool = False, bidirectional: bool = False,
                   batch_first: bool = False, proj_size: int = 0) -> Request:
-    num_layers = _check_int("num_layers", num_layers, 1)
-    proj_size = _check_int("proj_size", proj_size, 0)
+    num_layers = check_int("num_layers", num_layers, 1)
+    proj_size = check_int("proj_size", proj_size, 0)
     for name, value in (("has_biases", has_biases), ("training", training), ("bidirectional", bidirectional),
                         ("batch_first", batch_first)):
-        _check_bool(name, value)
+        check_bool(name, value)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
         raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
     packed = isinstance(input, PackedSequence)
     data = input.data if packed else input
     if not isinstance(data, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor or PackedSequence, got {type(input).__name__}")
-    if data.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"input must be a floating tensor (float32, float16, bfloat16, float64), got {data.dtype}")
+    check_dtype("input", data, FLOAT_DTYPES, "a floating tensor (float32, float16, bfloat16, float64)")
     expected_dims = (2,) if packed else (2, 3)
     if data.dim() not in expected_dims:
         shape = "(seq, input_size) or " + ("(batch, seq, input_size)" if batch_first else "(seq, batch, input_size)")
@@ -63,12 +49,9 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
         raise ValueError(f"flat_weights must hold {num_layers * directions * per_direction} tensors "
                          f"(num_layers={num_layers} x directions={directions} x {per_direction}), got {len(weights)}")
     for i, w in enumerate(weights):
-        if not isinstance(w, torch.Tensor):
-            raise TypeError(f"flat_weights[{i}] must be a torch.Tensor, got {type(w).__name__}")
-        if w.device != data.device:
-            raise ValueError(f"flat_weights[{i}] is on {w.device} but input is on {data.device}")
-        if w.dtype != data.dtype:
-            raise TypeError(f"flat_weights[{i}] is {w.dtype} but input is {data.dtype}: they must match")
+        check_is_tensor(f"flat_weights[{i}]", w)
+        check_device(f"flat_weights[{i}]", w, data, "input")
+        check_same_dtype(f"flat_weights[{i}]", w, data, "input")
     w_ih0, w_hh0 = weights[0], weights[1]
     hidden = w_hh0.shape[0] // 4 if w_hh0.dim() == 2 else 0
     h_size = proj_size if proj_size > 0 else hidden
@@ -92,17 +75,13 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
         unbatched = not packed and data.dim() == 2
         for name, t, size in (("hx[0] (h0)", hx[0], h_size), ("hx[1] (c0)", hx[1], hidden)):
             want = (num_layers * directions, size) if unbatched else (num_layers * directions, batch, size)
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if tuple(t.shape) != want:
-                raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
-            if t.device != data.device:
-                raise ValueError(f"{name} is on {t.device} but input is on {data.device}")
-            if t.dtype != data.dtype:
-                raise TypeError(f"{name} is {t.dtype} but input is {data.dtype}: they must match")
+            check_is_tensor(name, t)
+            check_shape(name, t, want)
+            check_device(name, t, data, "input")
+            check_same_dtype(name, t, data, "input")
 
     tensors = [data, *weights] + ([] if hx is None else list(hx))
-    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    requires_grad = needs_grad(*tensors)
     fields = {"batch": batch, "seq": seq, "input_size": input_size, "hidden": hidden, "layers": num_layers,
               "directions": directions, "tokens": seq}
     features = {"dropout_active": bool(training and dropout > 0 and num_layers > 1), "proj_size": proj_size,

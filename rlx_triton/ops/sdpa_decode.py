@@ -15,19 +15,13 @@ from typing import Iterator, Optional, Tuple, Union
 
 import torch
 
+from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 class AttentionInputError(ValueError, RuntimeError):
     """Bad attention input: a ValueError naming the argument, and a RuntimeError like torch's own checks."""
-
-
-def _check_tensor(name: str, value, op: str) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(value).__name__}")
 
 
 def _check_scale(scale, op: str) -> None:
@@ -37,7 +31,7 @@ def _check_scale(scale, op: str) -> None:
 
 def _check_same_dtype_and_device(op: str, **tensors: torch.Tensor) -> None:
     (first_name, first), *rest = tensors.items()
-    if first.dtype not in _FLOAT_DTYPES:
+    if first.dtype not in FLOAT_DTYPES:
         raise AttentionInputError(f"{op}: {first_name} must be a floating-point tensor, got {first.dtype}")
     for name, tensor in rest:
         if tensor.dtype != first.dtype:
@@ -54,9 +48,9 @@ def _check_same_dtype_and_device(op: str, **tensors: torch.Tensor) -> None:
 def _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> None:
     op = "scaled_dot_product_attention"
     for name, tensor in (("query", query), ("key", key), ("value", value)):
-        _check_tensor(name, tensor, op)
+        check_is_tensor(name, tensor, op=op)
     if attn_mask is not None:
-        _check_tensor("attn_mask", attn_mask, op)
+        check_is_tensor("attn_mask", attn_mask, op=op)
     _check_scale(scale, op)
     if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p <= 1.0:
         raise AttentionInputError(f"{op}: dropout_p must be a probability in [0, 1], got {dropout_p!r}")
@@ -182,7 +176,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale) -> None:
     op = "sdpa_decode"
     for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(name, tensor, op)
+        check_is_tensor(name, tensor, op=op)
         if tensor.dim() != 4:
             layout = "(B, Hq, Lq, D)" if name == "query" else "(B, Hkv, S_max, D)" if name == "k_cache" \
                 else "(B, Hkv, S_max, Dv)"
@@ -203,7 +197,7 @@ def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale) -> None:
         raise AttentionInputError(f"{op}: query tokens and k_cache length must be >= 1, got Lq={seq_q}, S_max={s_max}")
     if cache_seqlens is None:
         return
-    _check_tensor("cache_seqlens", cache_seqlens, op)
+    check_is_tensor("cache_seqlens", cache_seqlens, op=op)
     if cache_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{op}: cache_seqlens must be int32 or int64, got {cache_seqlens.dtype}")
     if cache_seqlens.shape != (batch,):

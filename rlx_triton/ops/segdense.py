@@ -13,39 +13,32 @@ from typing import Optional, Sequence
 
 import torch
 
+from rlx_triton.ops._checks import FLOAT_DTYPES, check_device, check_dtype, check_is_tensor, check_shape, needs_grad
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "segdense"
 ACTIVATIONS = ("none", "sigmoid", "log_softmax")
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _check_matrix(name: str, w, rows_text: str, in_features: int, x: torch.Tensor) -> None:
-    if not isinstance(w, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor ({rows_text}, {in_features}), got {type(w).__name__}")
+    check_is_tensor(name, w, f"({rows_text}, {in_features})")
     if w.dim() != 2 or w.shape[1] != in_features:
         raise ValueError(f"{name} must be ({rows_text}, {in_features}), got shape {tuple(w.shape)}")
-    if w.device != x.device:
-        raise ValueError(f"{name} is on {w.device} but x is on {x.device}")
+    check_device(name, w, x, "x")
 
 
 def _check_bias(name: str, b, size: int, x: torch.Tensor) -> None:
     if b is None:
         return
-    if not isinstance(b, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor ({size},) or None, got {type(b).__name__}")
-    if tuple(b.shape) != (size,):
-        raise ValueError(f"{name} must have shape ({size},), got {tuple(b.shape)}")
-    if b.device != x.device:
-        raise ValueError(f"{name} is on {b.device} but x is on {x.device}")
+    check_is_tensor(name, b, f"({size},) or None")
+    check_shape(name, b, (size,))
+    check_device(name, b, x, "x")
 
 
 def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[Optional[torch.Tensor]] = (),
                       classifier_weight=None, classifier_bias=None, *, activation: str = "log_softmax") -> Request:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor (..., in_features), got {type(x).__name__}")
-    if x.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"x must be a floating tensor, got {x.dtype}")
+    check_is_tensor("x", x, "(..., in_features)")
+    check_dtype("x", x, FLOAT_DTYPES, "a floating tensor")
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (..., in_features), got a scalar")
     if activation not in ACTIVATIONS:
@@ -62,7 +55,7 @@ def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[
     _check_bias("classifier_bias", classifier_bias, classifier_weight.shape[0], x)
 
     tensors = [x, *weights, classifier_weight] + [b for b in (*biases, classifier_bias) if b is not None]
-    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    requires_grad = needs_grad(*tensors)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     hidden = max([w.shape[0] for w in weights], default=x.shape[-1])   # widest input of a layer after the first
     fields = {"rows": rows, "in_features": x.shape[-1], "hidden": hidden,

@@ -1,0 +1,93 @@
+"""Input validation shared by the public ops (ops/*.py).
+
+Every check raises before any launch, naming the argument and what was expected: TypeError for a
+wrong type or dtype, ValueError for a wrong shape, value or device. `op` (optional) prefixes the
+message with the op's name ("fbank: waveform must be ..."). Each check returns its value, so a
+call can validate and bind in one line.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+# the dtypes the kernels take; float64 inputs are accepted where the op falls back to torch for them
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT_DTYPES = KERNEL_DTYPES + (torch.float64,)
+
+
+def _prefix(op: str) -> str:
+    return f"{op}: " if op else ""
+
+
+def dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    """'float32, float16 or bfloat16' for (torch.float32, torch.float16, torch.bfloat16)."""
+    names = [str(d).replace("torch.", "") for d in dtypes]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def check_is_tensor(name: str, value, expected: str = "", *, op: str = ""):
+    """TypeError unless value is a torch.Tensor; `expected` (a layout such as "(B, T)") joins the message."""
+    if not isinstance(value, torch.Tensor):
+        layout = f" {expected}" if expected else ""
+        raise TypeError(f"{_prefix(op)}{name} must be a torch.Tensor{layout}, got {type(value).__name__}")
+    return value
+
+
+def check_dtype(name: str, value: torch.Tensor, dtypes: Sequence[torch.dtype], expected: str = "", *,
+                op: str = "") -> torch.Tensor:
+    """TypeError unless value.dtype is one of dtypes; the message lists them (or says `expected`)."""
+    if value.dtype not in dtypes:
+        raise TypeError(f"{_prefix(op)}{name} must be {expected or dtype_names(dtypes)}, got {value.dtype}")
+    return value
+
+
+def check_tensor(name: str, value, ndims: Sequence[int], dtypes: Sequence[torch.dtype], layout: str = ""):
+    """A tensor with one of `ndims` dimensions and one of `dtypes`. With a layout text ("(batch, c_in, h, w)")
+    the messages show it; without, they count dimensions."""
+    check_is_tensor(name, value, layout)
+    if value.dim() not in ndims:
+        expected = (f"be {' or '.join(f'{n}-D' for n in ndims)} {layout}" if layout
+                    else f"have {' or '.join(map(str, ndims))} dimensions")
+        raise ValueError(f"{name} must {expected}, got shape {tuple(value.shape)}")
+    return check_dtype(name, value, dtypes)
+
+
+def check_shape(name: str, value: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+    return value
+
+
+def check_device(name: str, value: torch.Tensor, ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+    """ValueError unless value is on ref's device (ref_name names ref in the message)."""
+    if value.device != ref.device:
+        raise ValueError(f"{name} is on {value.device} but {ref_name} is on {ref.device}")
+    return value
+
+
+def check_same_dtype(name: str, value: torch.Tensor, ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+    if value.dtype != ref.dtype:
+        raise TypeError(f"{name} is {value.dtype} but {ref_name} is {ref.dtype}: they must match")
+    return value
+
+
+def check_int(name: str, value, low: int) -> int:
+    """An int (not a bool) >= low."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def needs_grad(*tensors) -> bool:
+    """Autograd wants this call recorded (the kernels are forward-only, so such calls go to torch).
+    Entries that are not tensors (None) are ignored."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
