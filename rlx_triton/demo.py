@@ -127,12 +127,29 @@ def route_rows(device: torch.device):
         ("fbank 80 bins", rt.explain(rt.fbank, wave, num_mel_bins=80)),
         ("fbank dither=1", rt.explain(rt.fbank, wave, dither=1.0)),
     ]
+    from rlx_triton.ops.conv2d import conv2d
+    from rlx_triton.ops.lstm import lstm
+    from rlx_triton.ops.segdense import segdense
+
+    lstm_module = torch.nn.LSTM(60, 128, num_layers=4, bidirectional=True, batch_first=True).to(device)
+    frames = torch.randn(2, 589, 60, device=device)
+    rows.append(("lstm 4 layers bi h128", rt.explain(lstm, frames, None, list(lstm_module._flat_weights),
+                                                     num_layers=4, bidirectional=True, batch_first=True)))
+    hidden = torch.randn(2 * 589, 256, device=device)
+    layers = [torch.randn(128, 256, device=device), torch.randn(128, 128, device=device)]
+    biases = [torch.zeros(128, device=device), torch.zeros(128, device=device)]
+    rows.append(("segdense 256-128-128-7", rt.explain(segdense, hidden, layers, biases,
+                                                      torch.randn(7, 128, device=device))))
+    trunk = torch.randn(2, 32, 40, 100, device=device)
+    rows.append(("conv2d 3x3 32->32", rt.explain(conv2d, trunk, torch.randn(32, 32, 3, 3, device=device),
+                                                 padding=1, relu=True)))
     return rows
 
 
 def print_route_table(device: torch.device) -> None:
-    print("\n3. route table (automatic choice on this device)")
-    rows = route_rows(device)
+    print("\n3. route table (automatic choice on this device, inference mode)")
+    with torch.inference_mode():
+        rows = route_rows(device)
     width = max(len(name) for name, _ in rows)
     print(f"   {'op':{width}}  {'backend':7}  {'evidence':13}  candidate / reason")
     for name, decided in rows:
