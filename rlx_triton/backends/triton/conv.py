@@ -174,6 +174,24 @@ def _epilogue_kernel(
 
 
 @triton.jit
+def _store_scale_shift(mean, var, eps, rows, row_mask, c, gamma_ptr, beta_ptr, scale_ptr, shift_ptr,
+                       HAS_AFFINE: tl.constexpr, BLOCK_R: tl.constexpr):
+    # instance norm of each row r = b * C + c as an affine map, stored and returned:
+    # scale = gamma / sqrt(var + eps), shift = beta - mean * scale (gamma = 1, beta = 0 without HAS_AFFINE)
+    rstd = tl.div_rn(tl.full((BLOCK_R,), 1.0, tl.float32), tl.sqrt_rn(var + eps))
+    scale = rstd
+    shift = -mean * rstd
+    if HAS_AFFINE:
+        gamma = tl.load(gamma_ptr + c, mask=row_mask, other=1.0).to(tl.float32)
+        beta = tl.load(beta_ptr + c, mask=row_mask, other=0.0).to(tl.float32)
+        scale = gamma * rstd
+        shift = beta - mean * scale
+    tl.store(scale_ptr + rows, scale, mask=row_mask)
+    tl.store(shift_ptr + rows, shift, mask=row_mask)
+    return scale, shift
+
+
+@triton.jit
 def _row_norm_kernel(
     x_ptr, gamma_ptr, beta_ptr, scale_ptr, shift_ptr, out_ptr,
     n_rows, C, L,
@@ -213,17 +231,8 @@ def _row_norm_kernel(
         d = tl.where(mask, v - mean[:, None], 0.0)
         sq += d * d
     var = tl.sum(sq, axis=1) / L
-    rstd = tl.div_rn(tl.full((BLOCK_R,), 1.0, tl.float32), tl.sqrt_rn(var + eps))
-
-    scale = rstd
-    shift = -mean * rstd
-    if HAS_AFFINE:
-        gamma = tl.load(gamma_ptr + c, mask=row_mask, other=1.0).to(tl.float32)
-        beta = tl.load(beta_ptr + c, mask=row_mask, other=0.0).to(tl.float32)
-        scale = gamma * rstd
-        shift = beta - mean * scale
-    tl.store(scale_ptr + rows, scale, mask=row_mask)
-    tl.store(shift_ptr + rows, shift, mask=row_mask)
+    scale, shift = _store_scale_shift(mean, var, eps, rows, row_mask, c, gamma_ptr, beta_ptr, scale_ptr, shift_ptr,
+                                      HAS_AFFINE, BLOCK_R)
 
     if APPLY:
         out_rows = out_ptr + b.to(tl.int64) * stride_ob + c.to(tl.int64) * stride_oc
@@ -300,18 +309,8 @@ def _row_combine_stats_kernel(
     mean = tl.sum(counts * chunk_mean, axis=1) / L
     d = tl.where(mask, chunk_mean - mean[:, None], 0.0)
     var = (tl.sum(chunk_m2, axis=1) + tl.sum(counts * d * d, axis=1)) / L
-    rstd = tl.div_rn(tl.full((BLOCK_R,), 1.0, tl.float32), tl.sqrt_rn(var + eps))
-
-    c = rows % C
-    scale = rstd
-    shift = -mean * rstd
-    if HAS_AFFINE:
-        gamma = tl.load(gamma_ptr + c, mask=row_mask, other=1.0).to(tl.float32)
-        beta = tl.load(beta_ptr + c, mask=row_mask, other=0.0).to(tl.float32)
-        scale = gamma * rstd
-        shift = beta - mean * scale
-    tl.store(scale_ptr + rows, scale, mask=row_mask)
-    tl.store(shift_ptr + rows, shift, mask=row_mask)
+    _store_scale_shift(mean, var, eps, rows, row_mask, rows % C, gamma_ptr, beta_ptr, scale_ptr, shift_ptr,
+                       HAS_AFFINE, BLOCK_R)
 
 
 # ----------------------------------------------------------------------------------------------
