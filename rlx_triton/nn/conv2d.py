@@ -142,10 +142,34 @@ class StatsPool(nn.Module):
 
 
 class _Block(nn.Module):
-    """Shared geometry of the residual blocks: pyannote's num_frames / receptive-field methods are
-    taken from the original block class (they read only `self.stride`)."""
+    """What the residual blocks share: convs conv1..conv{_depth} (BatchNorm folded, ReLU fused), an
+    optional shortcut conv, and the residual add + ReLU fused into the last conv. pyannote's
+    num_frames / receptive-field methods are taken from the original block class (they read only
+    `self.stride`)."""
 
+    _depth = 0        # number of convs (conv1, conv2, ...)
     _geometry = None  # the original block class
+
+    def __init__(self, convs, shortcut: Optional[Conv2d], stride: int):
+        super().__init__()
+        for i, conv in enumerate(convs, 1):
+            setattr(self, f"conv{i}", conv)
+        self.shortcut = shortcut
+        self.stride = stride
+
+    @classmethod
+    def from_torch(cls, block: nn.Module):
+        convs = [Conv2d.from_torch(getattr(block, f"conv{i}"), bn=getattr(block, f"bn{i}"), relu=True)
+                 for i in range(1, cls._depth + 1)]
+        new = cls(*convs, cls._shortcut(block), int(getattr(block, "stride", 1)))
+        new._geometry = type(block)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.shortcut is None else self.shortcut(x)
+        for i in range(1, self._depth):
+            x = getattr(self, f"conv{i}")(x)
+        return getattr(self, f"conv{self._depth}")(x, residual=identity)
 
     def num_frames(self, num_samples: int) -> int:
         return self._geometry.num_frames(self, num_samples)
@@ -169,25 +193,10 @@ class BasicBlock(_Block):
     conv1+bn1+relu, [shortcut conv+bn], conv2+bn2+shortcut add+relu."""
 
     expansion = 1
+    _depth = 2
 
     def __init__(self, conv1: Conv2d, conv2: Conv2d, shortcut: Optional[Conv2d], stride: int):
-        super().__init__()
-        self.conv1 = conv1
-        self.conv2 = conv2
-        self.shortcut = shortcut
-        self.stride = stride
-
-    @classmethod
-    def from_torch(cls, block: nn.Module) -> "BasicBlock":
-        new = cls(Conv2d.from_torch(block.conv1, bn=block.bn1, relu=True),
-                  Conv2d.from_torch(block.conv2, bn=block.bn2, relu=True),
-                  cls._shortcut(block), int(getattr(block, "stride", 1)))
-        new._geometry = type(block)
-        return new
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.shortcut is None else self.shortcut(x)
-        return self.conv2(self.conv1(x), residual=identity)
+        super().__init__((conv1, conv2), shortcut, stride)
 
 
 class Bottleneck(_Block):
@@ -195,27 +204,10 @@ class Bottleneck(_Block):
     residual add + ReLU fused into the last conv."""
 
     expansion = 4
+    _depth = 3
 
     def __init__(self, conv1: Conv2d, conv2: Conv2d, conv3: Conv2d, shortcut: Optional[Conv2d], stride: int):
-        super().__init__()
-        self.conv1 = conv1
-        self.conv2 = conv2
-        self.conv3 = conv3
-        self.shortcut = shortcut
-        self.stride = stride
-
-    @classmethod
-    def from_torch(cls, block: nn.Module) -> "Bottleneck":
-        new = cls(Conv2d.from_torch(block.conv1, bn=block.bn1, relu=True),
-                  Conv2d.from_torch(block.conv2, bn=block.bn2, relu=True),
-                  Conv2d.from_torch(block.conv3, bn=block.bn3, relu=True),
-                  cls._shortcut(block), int(getattr(block, "stride", 1)))
-        new._geometry = type(block)
-        return new
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.shortcut is None else self.shortcut(x)
-        return self.conv3(self.conv2(self.conv1(x)), residual=identity)
+        super().__init__((conv1, conv2, conv3), shortcut, stride)
 
 
 __all__ = ["BasicBlock", "Bottleneck", "Conv2d", "Projection", "StatsPool"]
