@@ -86,6 +86,16 @@ def _conv1d_num_frames(num_samples, kernel_size, stride, padding, dilation):
     return 1 + (num_samples + 2 * padding - dilation * (kernel_size - 1) - 1) // stride
 
 
+def _shortcut(in_planes, out_planes, stride):
+    """The blocks' shortcut: identity (an empty Sequential), or 1x1 conv + BatchNorm where the shape changes."""
+    if stride != 1 or in_planes != out_planes:
+        return nn.Sequential(
+            nn.Conv2d(in_planes, out_planes, kernel_size=1, stride=stride, bias=False),
+            nn.BatchNorm2d(out_planes),
+        )
+    return nn.Sequential()
+
+
 class BasicBlock(nn.Module):
     expansion = 1
 
@@ -96,12 +106,7 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = nn.Conv2d(planes, planes, kernel_size=3, stride=1, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or in_planes != self.expansion * planes:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_planes, self.expansion * planes, kernel_size=1, stride=stride, bias=False),
-                nn.BatchNorm2d(self.expansion * planes),
-            )
+        self.shortcut = _shortcut(in_planes, self.expansion * planes, stride)
 
     @functools.lru_cache
     def num_frames(self, num_samples: int) -> int:
@@ -128,12 +133,7 @@ class Bottleneck(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.conv3 = nn.Conv2d(planes, self.expansion * planes, kernel_size=1, bias=False)
         self.bn3 = nn.BatchNorm2d(self.expansion * planes)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or in_planes != self.expansion * planes:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_planes, self.expansion * planes, kernel_size=1, stride=stride, bias=False),
-                nn.BatchNorm2d(self.expansion * planes),
-            )
+        self.shortcut = _shortcut(in_planes, self.expansion * planes, stride)
 
     @functools.lru_cache
     def num_frames(self, num_samples: int) -> int:
