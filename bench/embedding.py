@@ -26,10 +26,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 
 def _randomize(model: nn.Module) -> nn.Module:
     from tests.reference.wespeaker_models import randomize
@@ -228,5 +224,6 @@ def _tstp() -> nn.Module:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root: bench.*, tests.*
     for row in run(quick="--quick" in sys.argv):
         print(row)

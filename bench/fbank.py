@@ -16,10 +16,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 WESPEAKER = dict(num_mel_bins=80, frame_length=25, frame_shift=10, round_to_power_of_two=True, snip_edges=True,
                  dither=0.0, sample_frequency=16000, window_type="hamming", use_energy=False)
 
@@ -85,5 +81,6 @@ def run(quick: bool = False) -> list:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root: bench.*, tests.*
     for row in run(quick="--quick" in sys.argv):
         print(row)

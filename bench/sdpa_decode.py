@@ -19,10 +19,6 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 KV_BYTES_LIMIT = 24 * 2**30  # skip cases whose K+V would not fit comfortably
 
 
@@ -126,6 +122,7 @@ def run(quick: bool = False) -> List[dict]:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root: bench.*, tests.*
     quick = "--quick" in sys.argv[1:]
     for row in run(quick):
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"

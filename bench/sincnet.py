@@ -16,10 +16,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 
 def _pyannote_sincnet():
     try:
@@ -91,5 +87,6 @@ def run(quick: bool = False) -> list:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root: bench.*, tests.*
     for row in run(quick="--quick" in sys.argv):
         print(row)
