@@ -15,9 +15,10 @@ from typing import Iterator, Optional, Tuple, Union
 
 import torch
 
-from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor
+from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
+from rlx_triton.router.route import exact_route, remember_exact_route
 
 
 class AttentionInputError(ValueError, RuntimeError):
@@ -42,9 +43,37 @@ def _check_same_dtype_and_device(op: str, **tensors: torch.Tensor) -> None:
                                       f"{first_name} on {first.device} and {name} on {tensor.device}")
 
 
+def _library_route(build_request, *tensors) -> bool:
+    """Whether this call runs torch's own implementation outside the custom op.
+
+    Calls that autograd records always do (the kernels are forward-only and the custom ops have no
+    backward); so does an eager call the router sends to the library, which then skips the
+    custom-op dispatch. Under torch.compile other calls stay one opaque custom-op node.
+    """
+    if needs_grad(*tensors):
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    return route(build_request()).backend == "torch"
+
+
 # --------------------------------------------------------------------------------------------------
 # rt.scaled_dot_product_attention
 # --------------------------------------------------------------------------------------------------
+def _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[tuple]:
+    """Everything validation and routing read from a call, or None when it is not hashable as such."""
+    try:
+        signature = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device,
+                     key.device, value.device, query.requires_grad, key.requires_grad, value.requires_grad,
+                     torch.is_grad_enabled(), dropout_p, is_causal, scale, enable_gqa,
+                     None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
+                                                     attn_mask.requires_grad))
+        hash(signature)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable scale: validation will say what is wrong
+        return None
+    return signature
+
+
 def _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> None:
     op = "scaled_dot_product_attention"
     for name, tensor in (("query", query), ("key", key), ("value", value)):
@@ -124,7 +153,8 @@ def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enab
         fields={"m": seq_q * group, "tokens": seq_q, "batch": batch, "num_heads": num_heads,
                 "head_dim": head_dim, "seq_q": seq_q, "seq_kv": seq_kv, "num_kv_heads": num_kv_heads,
                 "head_dim_v": head_dim_v},
-        features={"mask": mask, "causal": causal, "dropout": dropout_p > 0.0, "layout": layout},
+        features={"mask": mask, "causal": causal, "dropout": dropout_p > 0.0, "layout": layout,
+                  "requires_grad": needs_grad(query, key, value, attn_mask)},
     )
 
 
@@ -161,13 +191,27 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     top-left is_causal, GQA/MQA, matching leading dims) run the split-K Triton decode kernel when the
     router picks it; everything else (dropout, long queries, broadcast batch dims, ...) runs torch's op.
     """
-    _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if dropout_p > 0.0:  # needs torch's random stream: torch runs it
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                       enable_gqa)
+    decided = exact_route(signature) if signature is not None else None
+    if decided is None:  # first call with this signature: validate and route it
+        _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if dropout_p > 0.0:  # needs torch's random stream: torch runs it
+            return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                                             dropout_p=dropout_p, is_causal=is_causal,
+                                                             scale=scale, enable_gqa=enable_gqa)
+        if needs_grad(query, key, value, attn_mask) or not compiling:
+            decided = route(_build_sdpa_request(query, key, value, attn_mask, 0.0, is_causal, enable_gqa))
+            if signature is not None:
+                remember_exact_route(signature, decided)
+    scale = None if scale is None else float(scale)
+    if decided is not None and decided.backend == "torch":
+        # torch's own op, outside the custom op: differentiable (autograd calls always route here), and
+        # no custom-op dispatch cost
         return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                                         dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                                         enable_gqa=enable_gqa)
-    return _sdpa_op(query, key, value, attn_mask, bool(is_causal), None if scale is None else float(scale),
-                    bool(enable_gqa))
+                                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -234,7 +278,8 @@ def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, 
         fields={"m": seq_q * (heads // kv_heads), "tokens": seq_q, "batch": batch, "num_heads": heads,
                 "head_dim": head_dim, "seq_q": seq_q, "seq_kv": s_max, "num_kv_heads": kv_heads,
                 "head_dim_v": v_cache.shape[-1]},
-        features={"mask": "none", "causal": "bottom_right", "dropout": False, "layout": "batched"},
+        features={"mask": "none", "causal": "bottom_right", "dropout": False, "layout": "batched",
+                  "requires_grad": needs_grad(query, k_cache, v_cache)},
     )
 
 
@@ -270,7 +315,15 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     in natural log (-inf where a token sees no key).
     """
     _validate_decode(query, k_cache, v_cache, cache_seqlens, scale)
-    out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, None if scale is None else float(scale))
+    scale = None if scale is None else float(scale)
+    if _library_route(lambda: _decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, _validate=False),
+                      query, k_cache, v_cache):
+        from rlx_triton.backends.torch_ref import sdpa_decode as library
+
+        out, lse = library.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
+                                       cache_seqlens=cache_seqlens, candidate=None)
+    else:
+        out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale)
     return (out, lse) if return_lse else out
 
 

@@ -17,6 +17,10 @@ def pow2_bucket(value: int) -> int:
     return 0 if value <= 1 else (int(value) - 1).bit_length()
 
 
+_DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)}
+
+
 @dataclass(frozen=True)
 class Request:
     family: str
@@ -34,14 +38,18 @@ class Request:
             dtype = tensor.dtype if dtype is None else dtype
         if device is None or dtype is None:
             raise TypeError("Request.make needs a tensor, or both device and dtype")
-        dtype_name = str(dtype).replace("torch.", "")
+        # this runs on every op call: the common cases (ints from tensor shapes, torch.device) take no conversion
+        dtype_name = _DTYPE_NAMES.get(dtype) or str(dtype).replace("torch.", "")
+        items = tuple(fields.items())
+        if not all(type(value) is int for _, value in items):
+            items = tuple((name, int(value)) for name, value in items)
         return cls(
-            family=family_name(family),
+            family=getattr(family, "value", family),
             op=op,
-            fields=tuple((name, int(value)) for name, value in fields.items()),
+            fields=items,
             dtype=dtype_name,
-            device=torch.device(device),
-            features=tuple((features or {}).items()),
+            device=device if isinstance(device, torch.device) else torch.device(device),
+            features=tuple(features.items()) if features else (),
         )
 
     @property
@@ -54,8 +62,8 @@ class Request:
 
     def bucket_signature(self) -> tuple:
         """Shape fields reduced to power-of-two buckets: requests that share it share a route."""
-        return (self.family, self.op, self.dtype, self.device.type, self.device.index, self.features,
-                tuple((name, pow2_bucket(value)) for name, value in self.fields))
+        return (self.family, self.op, self.dtype, self.device, self.features,
+                tuple((name, (value - 1).bit_length() if value > 1 else 0) for name, value in self.fields))
 
     def __str__(self) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in self.fields)

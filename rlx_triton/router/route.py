@@ -94,9 +94,28 @@ _cache: Dict[tuple, Tuple[Route, Tuple[Tuple[Coverage, str, bool], ...]]] = {}
 _cache_lock = threading.Lock()
 
 
+# exact call signature (what an op's validation reads) + backend choice -> route: lets a repeated call
+# skip validation and request building; bounded, and cleared with the bucketed cache
+_exact: Dict[tuple, Route] = {}
+_EXACT_LIMIT = 4096
+
+
 def clear_route_cache() -> None:
     with _cache_lock:
         _cache.clear()
+        _exact.clear()
+
+
+def exact_route(signature: tuple) -> Optional[Route]:
+    """The route remembered for an op call with exactly this signature under the current choice, if any."""
+    return _exact.get((signature, current_choice()))
+
+
+def remember_exact_route(signature: tuple, decided: Route) -> None:
+    with _cache_lock:
+        if len(_exact) >= _EXACT_LIMIT:
+            _exact.clear()
+        _exact[(signature, current_choice())] = decided
 
 
 def _range_checks(decided: Route) -> Tuple[Tuple[Coverage, str, bool], ...]:

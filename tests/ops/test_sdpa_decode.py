@@ -302,3 +302,27 @@ def test_torch_compile_on_gpu():
     with rt.use_backend("triton", strict=True):
         out = compiled(q, k, v)
     assert_like_torch(out.cpu(), q.cpu(), k.cpu(), v.cpu(), enable_gqa=True)
+
+
+def test_calls_that_autograd_records_run_torch_and_give_torchs_gradients():
+    query = torch.randn(1, 4, 1, 16, dtype=torch.float64, requires_grad=True)
+    key = torch.randn(1, 2, 9, 16, dtype=torch.float64, requires_grad=True)
+    value = torch.randn(1, 2, 9, 16, dtype=torch.float64)
+    query32, key32 = query.detach().float().requires_grad_(), key.detach().float().requires_grad_()
+    with rt.use_backend("triton"):
+        route = rt.explain(rt.scaled_dot_product_attention, query32, key32, value.float(), enable_gqa=True)
+        out = rt.scaled_dot_product_attention(query32, key32, value.float(), enable_gqa=True)
+    assert route.backend == "torch" and route.skipped_reasons["triton"].reason.startswith("requires_grad=True")
+    out.sum().backward()
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, enable_gqa=True)
+    expected.sum().backward()
+    torch.testing.assert_close(query32.grad, query.grad.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(key32.grad, key.grad.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_kv_cache_decode_is_differentiable_through_the_library_path():
+    query = torch.randn(2, 4, 1, 8, requires_grad=True)
+    cache = torch.randn(2, 2, 6, 8)
+    out = rt.sdpa_decode(query, cache, cache, torch.tensor([6, 3]))
+    out.sum().backward()
+    assert query.grad is not None and torch.isfinite(query.grad).all()

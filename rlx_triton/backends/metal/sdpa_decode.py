@@ -52,6 +52,7 @@ COVERAGE = Coverage(
         "mask": frozenset({"none", "bool", "float"}),  # expanded to an additive float32 (B, Hq, Lq, S) mask
         "causal": frozenset(CAUSAL_MODES),
         "dropout": frozenset({False}),
+        "requires_grad": frozenset({False}),  # forward-only: autograd calls run torch
         "layout": frozenset({"batched"}),  # query, key and value share their leading dims
     },
 )

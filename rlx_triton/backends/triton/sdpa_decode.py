@@ -382,6 +382,7 @@ COVERAGE = Coverage(
         "mask": frozenset({"none", "bool", "float"}),  # float: same dtype as query, added to the scores
         "causal": frozenset({"none", "top_left", "bottom_right"}),
         "dropout": frozenset({False}),
+        "requires_grad": frozenset({False}),  # forward-only: autograd calls run torch
         # "batched": query, key and value share their leading dims ((N..., H, L, E) or (N, L, E));
         # "broadcast" (leading dims broadcast against each other) and "unbatched" (fewer than 3 dims) go to torch
         "layout": frozenset({"batched"}),
