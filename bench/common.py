@@ -70,3 +70,23 @@ def case(bench: str, shape: str, dtype, rlx_us: float, baseline: str, baseline_u
 
 def bench_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def fp32_setup() -> Tuple[torch.device, str]:
+    """(device, backend) for a diarization bench.
+
+    TF32 is switched off on CUDA, as pyannote runs its models (TF32 moves diarization error rates). On
+    CPU under the interpreter "auto" would time interpreted kernels, so the library route is used.
+    """
+    from rlx_triton.config import settings
+
+    device = bench_device()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return device, "torch" if device.type == "cpu" and settings().interpret else "auto"
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref|: the accuracy each bench reports next to its timing."""
+    return ((out - ref).abs().max() / ref.abs().max()).item()

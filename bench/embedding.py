@@ -74,19 +74,15 @@ def _layer_cases(batch: int, frames: int, m: int = 32, bins: int = 80):
 
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
-    from bench.common import bench_device, case, side_by_side
-    from rlx_triton.config import settings
+    from bench.common import case, fp32_setup, relative_error, side_by_side
     from rlx_triton.integrations import pyannote
     from rlx_triton.nn.conv2d import Conv2d, Projection, StatsPool
 
-    device = bench_device()
+    device, backend = fp32_setup()
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
         batch, samples = 32, 160000
     else:
         batch, samples = 1, 16000 if quick else 32000
-    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
     results = []
     layer_baseline = "cuDNN conv+bn+relu (TF32 off)" if device.type == "cuda" else "torch CPU conv+bn+relu"
 
@@ -98,7 +94,7 @@ def run(quick: bool = False) -> list:
         routes = pyannote.explain(fast, wav)
         ref = stock(wav)
         out = fast(wav)
-        rel = ((out - ref).abs().max() / ref.abs().max()).item()
+        rel = relative_error(out, ref)
         rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), device, quick=quick)
     backends = sorted({r.backend for r in routes.values()}) or ["torch"]
     conv_route = routes.get("resnet.layer1.0.conv1")
@@ -151,7 +147,7 @@ def run(quick: bool = False) -> list:
                             candidate=cand)))
             for tag, fn in runs:
                 expected = stock_layer()
-                rel = ((fn() - expected).abs().max() / expected.abs().max()).item()
+                rel = relative_error(fn(), expected)
                 rlx_us, base_us = side_by_side(fn, stock_layer, device, quick=quick)
                 results.append(case("embedding", f"{name} ({batch}, {c_in}, {h}, {w}) -> {c_out} {device.type}",
                                     torch.float32, rlx_us, layer_baseline, base_us, bytes_moved=moved,
@@ -202,7 +198,7 @@ def _end_to_end_per_candidate(stock, fast, wav, quick) -> list:
             with override_settings(tune=False, tune_cache_load=False), torch.inference_mode(), \
                     rt.use_backend("triton"):
                 ref, out = stock(wav), fast(wav)
-                rel = ((out - ref).abs().max() / ref.abs().max()).item()
+                rel = relative_error(out, ref)
                 rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), wav.device, quick=quick)
             rows.append(case("embedding", f"{tuple(wav.shape)} -> {tuple(out.shape)} cuda, conv recipe {tag}",
                              wav.dtype, rlx_us, "WeSpeakerResNet34 (torch, TF32 off)", base_us,

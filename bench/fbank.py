@@ -36,19 +36,14 @@ def _torchaudio_front_end():
 
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
-    from bench.common import bench_device, case, side_by_side
-    from rlx_triton.config import settings
+    from bench.common import case, fp32_setup, side_by_side
 
-    device = bench_device()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    device, backend = fp32_setup()
     batch = 32 if device.type == "cuda" and not quick else (8 if device.type == "cuda" else 2)
     samples = 160000
     gen = torch.Generator().manual_seed(0)
     waves = (0.1 * torch.randn(batch, 1, samples, generator=gen)).to(device)
     front_end = rt.nn.Fbank.wespeaker()
-    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
 
     def rlx():
         with rt.use_backend(backend):

@@ -22,28 +22,24 @@ def _bytes_moved(module: torch.nn.LSTM, x: torch.Tensor, out: torch.Tensor) -> i
 
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
-    from bench.common import bench_device, case, side_by_side
-    from rlx_triton.config import settings
+    from bench.common import case, fp32_setup, relative_error, side_by_side
     from rlx_triton.nn import LSTM
 
-    device = bench_device()
+    device, backend = fp32_setup()
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
         batch, seq = 32, 589
     else:
         batch, seq = 2, 50
     module = torch.nn.LSTM(60, 128, 4, bidirectional=True, batch_first=True).to(device).eval()
     fast = LSTM.from_torch(module)
     x = torch.randn(batch, seq, 60, device=device)
-    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
     shape = f"({batch}, {seq}, 60) h128 x4 bi {device.type}"
     cases = []
     with torch.inference_mode(), rt.use_backend(backend):
         route = fast.explain(x)
         ref = module(x)[0]
         out = fast(x)[0]
-        rel_err = ((out - ref).abs().max() / ref.abs().max()).item()
+        rel_err = relative_error(out, ref)
         moved = _bytes_moved(module, x, out)
         rlx_us, base_us = side_by_side(lambda: fast(x), lambda: module(x), device, quick=quick)
         cases.append(case("lstm", shape, x.dtype, rlx_us, "nn.LSTM (cuDNN)" if device.type == "cuda" else "nn.LSTM",
@@ -60,7 +56,7 @@ def run(quick: bool = False) -> list:
                 if cand.tag() not in triton_lstm.APPROVALS or cand.tag() == route.candidate_tag:
                     continue
                 run_cand = lambda cand=cand: triton_lstm.lstm(x, None, module._flat_weights, candidate=cand, **kwargs)
-                err = ((run_cand()[0] - ref).abs().max() / ref.abs().max()).item()
+                err = relative_error(run_cand()[0], ref)
                 rlx_us, base_us = side_by_side(run_cand, lambda: module(x), device, quick=quick)
                 cases.append(case("lstm", shape, x.dtype, rlx_us, "nn.LSTM (cuDNN)", base_us, bytes_moved=moved,
                                   backend="triton", candidate=cand.tag(), max_rel_err=float(f"{err:.3g}")))

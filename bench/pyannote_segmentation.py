@@ -34,21 +34,17 @@ def _pyannet():
 
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
-    from bench.common import bench_device, case, side_by_side
-    from rlx_triton.config import settings
+    from bench.common import case, fp32_setup, side_by_side
     from rlx_triton.integrations import pyannote
 
-    device = bench_device()
+    device, backend = fp32_setup()
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
         batch, samples = 32, 160000
     else:
         batch, samples = 1, 32000
     stock = _pyannet().to(device)
     fast = pyannote.optimize(copy.deepcopy(stock))
     wav = torch.randn(batch, 1, samples, device=device)
-    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
     with torch.inference_mode(), rt.use_backend(backend):
         routes = pyannote.explain(fast, wav)
         ref = stock(wav)

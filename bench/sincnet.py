@@ -49,20 +49,15 @@ def _cached_sequence(module):
 
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
-    from bench.common import bench_device, case, side_by_side
-    from rlx_triton.config import settings
+    from bench.common import case, fp32_setup, relative_error, side_by_side
     from rlx_triton.nn.conv import SincNet
 
-    device = bench_device()
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    device, backend = fp32_setup()
     batch = 32 if device.type == "cuda" else 1
     samples = 160000
     module = _pyannote_sincnet().to(device)
     rlx = SincNet.from_pyannote(module)
     wav = torch.randn(batch, 1, samples, device=device)
-    backend = "torch" if device.type == "cpu" and settings().interpret else "auto"
 
     with torch.inference_mode(), rt.use_backend(backend):
         route = rt.explain(rt.ops.conv.sincnet, wav, rlx.filters(), module.wav_norm1d.weight,
@@ -71,7 +66,7 @@ def run(quick: bool = False) -> list:
                            [n.bias for n in module.norm1d])
         out = rlx(wav)
         ref = module(wav)
-        rel_err = ((out - ref).abs().max() / ref.abs().max()).item()
+        rel_err = relative_error(out, ref)
         frames = out.shape[-1]
         moved = wav.numel() * wav.element_size() + out.numel() * out.element_size()
         shape = f"({batch}, 1, {samples}) -> ({batch}, {out.shape[1]}, {frames}) {device.type}"
