@@ -10,6 +10,9 @@ _EXPORTS = {
     "Conv1d": "conv",
     "Conv2d": "conv2d",
     "StatsPool": "conv2d",
+    "Projection": "conv2d",
+    "BasicBlock": "conv2d",
+    "Bottleneck": "conv2d",
     "LSTM": "lstm",
     "SegDense": "segdense",
 }
