@@ -14,7 +14,6 @@ from dataclasses import fields
 import torch
 from torch import nn
 
-from rlx_triton.backends.torch_ref.fbank import FbankOptions
 from rlx_triton.ops import fbank as _op
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 
 from rlx_triton.ops import lstm as lstm_op

@@ -4,7 +4,7 @@ import torch
 
 from rlx_triton import tune
 from rlx_triton.config import override_settings
-from rlx_triton.router import clear_route_cache, plans
+from rlx_triton.router import clear_route_cache
 
 
 def test_every_named_model_has_cases():
