@@ -18,7 +18,11 @@ import torch
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
+from rlx_triton.router.request import dtype_name
 from rlx_triton.router.route import exact_route, remember_exact_route
+
+
+_FAMILY = KernelFamily.SDPA_DECODE.value
 
 
 class AttentionInputError(ValueError, RuntimeError):
@@ -112,11 +116,12 @@ def _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, en
                                       f"to (..., L, S) = {target}") from None
 
 
-def _sdpa_layout(query, key, value) -> str:
-    if query.dim() < 3 or not query.dim() == key.dim() == value.dim():
-        return "unbatched" if query.dim() < 3 else "broadcast"
-    lead = 2 if query.dim() == 3 else 3
-    if query.shape[:-lead] != key.shape[:-lead] or key.shape[:-lead] != value.shape[:-lead]:
+def _sdpa_layout(q_shape: torch.Size, k_shape: torch.Size, v_shape: torch.Size) -> str:
+    dims = len(q_shape)
+    if dims < 3 or not dims == len(k_shape) == len(v_shape):
+        return "unbatched" if dims < 3 else "broadcast"
+    lead = 2 if dims == 3 else 3
+    if q_shape[:-lead] != k_shape[:-lead] or k_shape[:-lead] != v_shape[:-lead]:
         return "broadcast"
     return "batched"
 
@@ -129,12 +134,14 @@ def _sdpa_request(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 
 
 def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> Request:
-    layout = _sdpa_layout(query, key, value)
-    seq_q, seq_kv, head_dim, head_dim_v = query.shape[-2], key.shape[-2], query.shape[-1], value.shape[-1]
-    if query.dim() == 3:
-        batch, num_heads, num_kv_heads = 1, query.shape[0], key.shape[0]
-    elif query.dim() >= 4:
-        batch, num_heads, num_kv_heads = math.prod(query.shape[:-3]), query.shape[-3], key.shape[-3]
+    # runs on every call with a new signature: each tensor's shape is read once
+    q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
+    layout = _sdpa_layout(q_shape, k_shape, v_shape)
+    seq_q, seq_kv, head_dim, head_dim_v = q_shape[-2], k_shape[-2], q_shape[-1], v_shape[-1]
+    if len(q_shape) == 3:
+        batch, num_heads, num_kv_heads = 1, q_shape[0], k_shape[0]
+    elif len(q_shape) >= 4:
+        batch, num_heads, num_kv_heads = math.prod(q_shape[:-3]), q_shape[-3], k_shape[-3]
     else:
         batch, num_heads, num_kv_heads = 1, 1, 1
     # torch broadcasts a single KV head without enable_gqa; other head counts must match
@@ -148,13 +155,14 @@ def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enab
     else:
         mask = "bool" if attn_mask.dtype == torch.bool else "float"
     causal = ("top_left" if attn_mask is None else "top_left_with_mask") if is_causal else "none"
-    return Request.make(
-        KernelFamily.SDPA_DECODE, "scaled_dot_product_attention", tensor=query,
-        fields={"m": seq_q * group, "tokens": seq_q, "batch": batch, "num_heads": num_heads,
-                "head_dim": head_dim, "seq_q": seq_q, "seq_kv": seq_kv, "num_kv_heads": num_kv_heads,
-                "head_dim_v": head_dim_v},
-        features={"mask": mask, "causal": causal, "dropout": dropout_p > 0.0, "layout": layout,
-                  "requires_grad": needs_grad(query, key, value, attn_mask)},
+    return Request(
+        _FAMILY, "scaled_dot_product_attention",
+        (("m", seq_q * group), ("tokens", seq_q), ("batch", batch), ("num_heads", num_heads),
+         ("head_dim", head_dim), ("seq_q", seq_q), ("seq_kv", seq_kv), ("num_kv_heads", num_kv_heads),
+         ("head_dim_v", head_dim_v)),
+        dtype_name(query.dtype), query.device,
+        (("mask", mask), ("causal", causal), ("dropout", dropout_p > 0.0), ("layout", layout),
+         ("requires_grad", needs_grad(query, key, value, attn_mask))),
     )
 
 

@@ -1,28 +1,23 @@
 """A routing request: one op call reduced to what routing needs (family, op, shape fields, dtype, device, features)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Hashable, Mapping, Optional, Tuple
+from typing import Hashable, Mapping, NamedTuple, Optional, Tuple
 
 import torch
-
-
-def family_name(family) -> str:
-    """KernelFamily member or its string value -> the string value ("sdpa_decode", ...)."""
-    return getattr(family, "value", family)
-
-
-def pow2_bucket(value: int) -> int:
-    """The seed's bucket_pow2: 0 for values <= 1, else ceil(log2(value))."""
-    return 0 if value <= 1 else (int(value) - 1).bit_length()
 
 
 _DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)}
 
 
-@dataclass(frozen=True)
-class Request:
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float16", "bfloat16", "float32", ...: how requests and coverage name dtypes."""
+    return _DTYPE_NAMES.get(dtype) or str(dtype).replace("torch.", "")
+
+
+class Request(NamedTuple):
+    """Immutable and hashable; a NamedTuple because one is built on every op call and tuples build fastest."""
+
     family: str
     op: str
     fields: Tuple[Tuple[str, int], ...]
@@ -39,7 +34,6 @@ class Request:
         if device is None or dtype is None:
             raise TypeError("Request.make needs a tensor, or both device and dtype")
         # this runs on every op call: the common cases (ints from tensor shapes, torch.device) take no conversion
-        dtype_name = _DTYPE_NAMES.get(dtype) or str(dtype).replace("torch.", "")
         items = tuple(fields.items())
         if not all(type(value) is int for _, value in items):
             items = tuple((name, int(value)) for name, value in items)
@@ -47,7 +41,7 @@ class Request:
             family=getattr(family, "value", family),
             op=op,
             fields=items,
-            dtype=dtype_name,
+            dtype=dtype_name(dtype),
             device=device if isinstance(device, torch.device) else torch.device(device),
             features=tuple(features.items()) if features else (),
         )
