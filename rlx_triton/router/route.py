@@ -19,7 +19,7 @@ import contextvars
 import threading
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
@@ -274,11 +274,14 @@ def _choose_candidate(backend_name: str, module: ModuleType, request: Request, f
                 evidence_detail=detail, approval=approval, speed=speed, tune_key=tune_key)
 
 
-def routed_op(build_request: Callable[..., Request]):
+_Op = TypeVar("_Op", bound=Callable[..., Any])
+
+
+def routed_op(build_request: Callable[..., Request]) -> Callable[[_Op], _Op]:
     """Marks a public op with the request builder `explain` uses (the same validation the op runs)."""
 
-    def mark(op):
-        op.__rlx_request__ = build_request
+    def mark(op: _Op) -> _Op:
+        op.__rlx_request__ = build_request  # type: ignore[attr-defined]
         return op
 
     return mark
