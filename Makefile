@@ -10,11 +10,21 @@ venv: $(STAMP)
 
 # torch is installed on its own first: on machines that carry a CPU wheel of torch 2.13 this
 # takes it from disk; elsewhere pip resolves torch>=2.8 as usual.
-$(STAMP): pyproject.toml
+# torchaudio (a parity reference for fbank) goes with --no-deps into a folder outside sys.path: each
+# release pins one torch release, its compiled extension need not load beside this torch, and
+# libraries that import torchaudio whenever it is installed (transformers) must not find it. Only its
+# pure-Python compliance.kaldi is used (rlx_triton/_torchaudio.py); the check fails the set-up if that
+# module cannot be loaded.
+TORCHAUDIO := torchaudio==2.11.1
+TORCHAUDIO_DIR := $(VENV)/share/rlx_triton/torchaudio
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.8"
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps --upgrade --target "$(TORCHAUDIO_DIR)" "$(TORCHAUDIO)"
+	$(PY) -c "from rlx_triton._torchaudio import kaldi_compliance; assert kaldi_compliance() is not None"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -21,6 +21,7 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 import torch.nn.functional as F  # noqa: E402
 
 import rlx_triton as rt  # noqa: E402
+from rlx_triton._torchaudio import kaldi_compliance  # noqa: E402
 from rlx_triton.router.device import device_facts  # noqa: E402
 
 
@@ -90,13 +91,12 @@ def demo_fbank(device: torch.device) -> dict:
         reference = rt.fbank(wave, **options)
     err = (features - reference).abs().max().item()
     print(f"   triton kernel vs torch fallback: {tuple(features.shape)} log-mel, max |err| {err:.2e}")
-    try:
-        import torchaudio.compliance.kaldi as kaldi
-
+    kaldi = kaldi_compliance()
+    if kaldi is None:
+        print("   (torchaudio not installed: compared with rlx_triton's torch fallback only)")
+    else:
         stock = kaldi.fbank(wave.unsqueeze(0).cpu(), **options)
         print(f"   vs torchaudio.compliance.kaldi.fbank: max |err| {(features.cpu() - stock).abs().max().item():.2e}")
-    except ImportError:
-        print("   (torchaudio not installed: compared with rlx_triton's torch fallback only)")
     assert err < 1e-3, "fbank kernel disagrees with the torch fallback"
     if ON_GPU:
         batch = wave.expand(32, -1).contiguous()

@@ -1,6 +1,7 @@
 """rlx_triton.fbank, the public op: torchaudio's keywords and shapes, validation, routing, dtypes.
 
-Where torchaudio is installed its kaldi.fbank is the reference as well; elsewhere those tests skip.
+torchaudio's compliance.kaldi.fbank and kaldi-native-fbank are references as well (`make venv` installs
+both; where one is missing, its tests skip).
 """
 import inspect
 
@@ -11,12 +12,8 @@ import rlx_triton as rt
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
 from tests.reference.fbank import (DEFAULTS, NO_SNIP, WESPEAKER_80, fbank64, fbank64_batch, log_mel_error,
                                    rel_error, speech_like)
+from tests.reference.kaldi_libraries import kaldi, knf_fbank, needs_kaldi_native_fbank, needs_torchaudio
 
-try:
-    from torchaudio.compliance import kaldi
-except ImportError:  # torchaudio is not a dependency
-    kaldi = None
-needs_torchaudio = pytest.mark.skipif(kaldi is None, reason="torchaudio not installed")
 
 TOL = 3e-5
 
@@ -218,11 +215,15 @@ def test_validation_happens_before_routing_in_explain():
         rt.explain(rt.fbank, _speech(), num_mel_bins=2)
 
 
-# ----------------------------------------------------------------------------- torchaudio itself
+# ----------------------------------------------------------------------------- torchaudio and kaldi-native-fbank
+
+LIBRARY_OPTION_SETS = pytest.mark.parametrize(
+    "kwargs", [{}, dict(WESPEAKER_80), NO_SNIP, dict(use_energy=True, htk_compat=True)],
+    ids=["povey23", "wespeaker80", "no_snip", "energy_htk"])
+
 
 @needs_torchaudio
-@pytest.mark.parametrize("kwargs", [{}, dict(WESPEAKER_80), NO_SNIP, dict(use_energy=True, htk_compat=True)],
-                         ids=["povey23", "wespeaker80", "no_snip", "energy_htk"])
+@LIBRARY_OPTION_SETS
 def test_matches_torchaudio_kaldi_fbank(kwargs):
     wave = _speech(4007, batch=1)
     expected = kaldi.fbank(wave, **kwargs)
@@ -238,4 +239,15 @@ def test_matches_torchaudio_vmapped_over_a_batch_as_pyannote_calls_it():
     expected = torch.vmap(lambda w: kaldi.fbank(w, **WESPEAKER_80))(waves)
     with rt.use_backend("triton", strict=True):
         out = rt.fbank(waves, **WESPEAKER_80)
+    assert (out - expected).abs().max().item() <= 2e-4
+
+
+@needs_kaldi_native_fbank
+@LIBRARY_OPTION_SETS
+def test_matches_kaldi_native_fbank(kwargs):
+    wave = _speech(4007, batch=1)
+    expected = knf_fbank(wave[0], **kwargs)
+    with rt.use_backend("triton", strict=True):
+        out = rt.fbank(wave, **kwargs)
+    # both are float32 computations (kaldi-native-fbank with its own FFT), as against torchaudio above
     assert (out - expected).abs().max().item() <= 2e-4
