@@ -8,11 +8,12 @@ it with evidence "TuneFile". Only approved candidates are timed: speed picks amo
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from typing import Callable, Dict, List, Tuple
 
 import torch
+
+from rlx_triton.progress import Progress
 
 Case = Tuple[str, Callable[[torch.device], Callable[[], object]]]
 
@@ -86,17 +87,37 @@ def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
     return statistics.median(samples)
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    width = 24
-    filled = width * done // max(total, 1)
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:48]:48}", end="", file=sys.stderr,
-          flush=True)
+def _tune_case(label: str, call: Callable[[], object], device: torch.device, table, shown: Progress) -> dict:
+    """Times every approved candidate of the case's route and records the fastest in the winner table."""
+    from rlx_triton.router import plans, recording_routes, use_candidate
+    from rlx_triton.router.approvals import approval_for
+
+    with recording_routes() as recorded:
+        call()
+    decided = recorded[0] if recorded else None
+    if decided is None or decided.module is None or decided.candidate is None:
+        return {"case": label, "backend": decided.backend if decided else None, "winner": None}
+    profile = plans.profile_name(plans.current_profile())
+    plan = plans.plan_for(decided.family)
+    timings = {}
+    for candidate in plan.candidates:
+        if approval_for(getattr(decided.module, "APPROVALS", {}), candidate.tag(), profile) is None:
+            continue
+        shown.set_label(f"{label}: {candidate.tag()}")
+        with use_candidate(candidate.tag()):
+            timings[candidate.tag()] = _time_ms(call, device)
+    winner = min(timings, key=timings.get)
+    table.record(decided.tune_key, winner)
+    return {"case": label, "backend": decided.backend, "winner": winner,
+            "ms": {tag: round(ms, 4) for tag, ms in timings.items()}}
 
 
 def tune_model(model: str, device: str = "cuda", progress: bool = True) -> dict:
-    """Times every approved candidate of each case and records the winners; returns a summary."""
-    from rlx_triton.router import plans, recording_routes, use_candidate
-    from rlx_triton.router.approvals import approval_for
+    """Times every approved candidate of each case and records the winners; returns a summary.
+
+    `progress` shows one unit per case on stderr (rlx_triton/progress.py), with the candidate being timed.
+    """
+    from rlx_triton.router import plans
     from rlx_triton.router.device import device_facts
 
     device = torch.device(device)
@@ -109,31 +130,12 @@ def tune_model(model: str, device: str = "cuda", progress: bool = True) -> dict:
     table = plans.winner_table()
     results = []
     cases = MODEL_SHAPES[model]
-    for index, (label, build) in enumerate(cases):
-        if progress:
-            _progress(index, len(cases), label)
-        call = build(device)
-        with recording_routes() as recorded:
-            call()
-        decided = recorded[0] if recorded else None
-        if decided is None or decided.module is None or decided.candidate is None:
-            results.append({"case": label, "backend": decided.backend if decided else None, "winner": None})
-            continue
-        profile = plans.profile_name(plans.current_profile())
-        plan = plans.plan_for(decided.family)
-        timings = {}
-        for candidate in plan.candidates:
-            if approval_for(getattr(decided.module, "APPROVALS", {}), candidate.tag(), profile) is None:
-                continue
-            with use_candidate(candidate.tag()):
-                timings[candidate.tag()] = _time_ms(call, device)
-        winner = min(timings, key=timings.get)
-        table.record(decided.tune_key, winner)
-        results.append({"case": label, "backend": decided.backend, "winner": winner,
-                        "ms": {tag: round(ms, 4) for tag, ms in timings.items()}})
-    if progress:
-        _progress(len(cases), len(cases), "done")
-        print(file=sys.stderr)
+    with Progress(len(cases), f"tune {model}", unit="case", enabled=progress) as shown:
+        for label, build in cases:
+            shown.set_label(label)
+            results.append(_tune_case(label, build(device), device, table, shown))
+            shown.set_label(label)
+            shown.update()
     from rlx_triton.router import clear_route_cache
 
     clear_route_cache()

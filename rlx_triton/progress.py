@@ -1,0 +1,75 @@
+"""Progress of the long commands (tune, audit, bench, perf): per unit of work, with a total and an ETA.
+
+On a terminal it is a tqdm bar on stderr. Elsewhere (CI logs, output sent to a file) it is plain
+lines in the same format, one at the first unit, then at most one every `interval` seconds, and the
+last: a log keeps a readable record instead of carriage-return redraws.
+
+    with Progress(len(cases), "tune", unit="case") as progress:
+        for case in cases:
+            progress.set_label(case.name)
+            ...
+            progress.update()
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Optional
+
+LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
+class Progress:
+    def __init__(self, total: int, desc: str, unit: str = "it", *, enabled: bool = True,
+                 stream: Optional[IO[str]] = None, interval: float = 5.0) -> None:
+        self.total, self.desc, self.unit = total, desc, unit
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.interval = interval
+        self.done = 0
+        self.label = ""
+        self._started = time.monotonic()
+        self._last_line = float("-inf")
+        self._bar = None
+        if enabled and _is_terminal(self.stream):
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True, leave=True)
+
+    def set_label(self, label: str) -> None:
+        """What is being worked on now (shown after the counts)."""
+        self.label = label
+        if self._bar is not None:
+            self._bar.set_postfix_str(label, refresh=True)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.enabled:
+            now = time.monotonic()
+            if self.done == n or self.done >= self.total or now - self._last_line >= self.interval:
+                self._last_line = now
+                print(self.line(now - self._started), file=self.stream, flush=True)
+
+    def line(self, elapsed: float) -> str:
+        from tqdm import tqdm
+
+        return tqdm.format_meter(self.done, self.total, elapsed, prefix=self.desc, unit=self.unit,
+                                 bar_format=LINE_FORMAT, postfix=self.label or None)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())

@@ -1,0 +1,45 @@
+"""One progress mechanism for tune, audit, bench and perf: a tqdm bar on a terminal, plain lines in logs."""
+import io
+
+from rlx_triton.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_log_gets_plain_lines_with_the_count_the_total_an_eta_and_the_unit_of_work():
+    log = io.StringIO()
+    with Progress(3, "audit", unit="variant", stream=log, interval=0) as progress:
+        for name in ("conv", "fbank", "lstm"):
+            progress.set_label(name)
+            progress.update()
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 3 and "\r" not in log.getvalue()
+    assert lines[0].startswith("audit: 1/3 variant [00:00<") and lines[0].endswith(", conv]")
+    assert lines[-1].startswith("audit: 3/3 variant") and lines[-1].endswith(", lstm]")
+
+
+def test_a_log_gets_the_first_and_the_last_line_and_at_most_one_per_interval_between():
+    log = io.StringIO()
+    with Progress(100, "tune", unit="case", stream=log, interval=3600) as progress:
+        for _ in range(100):
+            progress.update()
+    lines = log.getvalue().splitlines()
+    assert [line.split(" [")[0] for line in lines] == ["tune: 1/100 case", "tune: 100/100 case"]
+
+
+def test_a_terminal_gets_a_tqdm_bar():
+    terminal = Terminal()
+    with Progress(2, "bench", unit="bench", stream=terminal) as progress:
+        progress.update()
+        progress.update()
+    assert "\r" in terminal.getvalue() and "2/2" in terminal.getvalue() and "100%" in terminal.getvalue()
+
+
+def test_disabled_progress_writes_nothing():
+    log = io.StringIO()
+    with Progress(2, "tune", stream=log, enabled=False) as progress:
+        progress.update()
+    assert log.getvalue() == ""
