@@ -17,6 +17,11 @@
 // elements lane, lane + 32, ... (D, Dv <= 256), the score is a simd_sum, and the simdgroups' online
 // softmax states are merged through threadgroup memory. Rows without any valid key give 0 and
 // lse = -inf.
+// Non-finite values follow torch's math SDPA over the keys a row's sequence reaches (its valid
+// length; under top-left alignment at most Lq keys, the last query token's reach): every such key
+// is read, and masking it (causal alignment, the additive mask) adds -inf to its score, so NaN or
+// +inf in a query row, a key or the mask gives a NaN row and lse, and NaN or Inf in a value gives
+// NaN (0 * NaN). Keys past the reach are never read.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -30,7 +35,13 @@ inline long sdpa_min(long a, long b) {
   return a < b ? a : b;
 }
 
-// The key range [0, end) that query row i of sequence b may attend to.
+// The keys [0, reach) a sequence's rows read: its valid keys, and under top-left alignment no key
+// past the last query token.
+inline long sdpa_reach(long valid_keys, long query_len, long causal_mode) {
+  return causal_mode == 1 ? sdpa_min(valid_keys, query_len) : valid_keys;
+}
+
+// The keys [0, end) that query row i of sequence b may see; the others in its reach are masked.
 inline long sdpa_key_end(long valid_keys, long query_index, long query_len, long causal_mode) {
   if (causal_mode == 1) {
     return sdpa_min(valid_keys, query_index + 1);
@@ -41,14 +52,15 @@ inline long sdpa_key_end(long valid_keys, long query_index, long query_len, long
   return valid_keys;
 }
 
-// One simdgroup's online softmax over keys key_begin + simd_group, + n_simd, ... < key_end.
+// One simdgroup's online softmax over keys key_begin + simd_group, + n_simd, ... < key_end; keys at
+// or past visible_end are masked (their score minus infinity).
 template <typename T>
 inline void sdpa_simdgroup_keys(device const T* query_row, device const T* key_head,
                                 device const T* value_head, device const float* mask_row,
                                 long has_mask, long head_dim, long head_dim_v, long key_begin,
-                                long key_end, float scale, uint lane, uint simd_group,
-                                uint n_simd, thread float& running_max, thread float& running_sum,
-                                thread float* acc) {
+                                long key_end, long visible_end, float scale, uint lane,
+                                uint simd_group, uint n_simd, thread float& running_max,
+                                thread float& running_sum, thread float* acc) {
   float q_reg[SDPA_MAX_PER_LANE];
   for (int i = 0; i < SDPA_MAX_PER_LANE; ++i) {
     long d = long(lane) + long(i) * SDPA_LANES;
@@ -70,12 +82,15 @@ inline void sdpa_simdgroup_keys(device const T* query_row, device const T* key_h
     if (has_mask != 0) {
       score += mask_row[j];
     }
-    if (score == -INFINITY) {
-      continue;  // uniform across the simdgroup: every lane holds the same score
+    if (j >= visible_end) {
+      score -= INFINITY;
     }
+    // a masked key still takes part with weight 0 (a NaN value stays NaN); max() drops a NaN score,
+    // whose weight exp(NaN) then makes the sum NaN
     float new_max = max(running_max, score);
-    float correction = exp(running_max - new_max);
-    float weight = exp(score - new_max);
+    float safe_max = new_max == -INFINITY ? 0.0f : new_max;
+    float correction = exp(running_max - safe_max);
+    float weight = exp(score - safe_max);
     running_sum = running_sum * correction + weight;
     device const T* value_row = value_head + j * head_dim_v;
     for (int i = 0; i < SDPA_MAX_PER_LANE; ++i) {
@@ -109,18 +124,16 @@ inline void sdpa_merge_simdgroups(thread float& running_max, thread float& runni
   for (uint g = 0; g < n_simd; ++g) {
     merged_max = max(merged_max, tg_max[g]);
   }
+  // a state without keys has weight exp(-inf) = 0, and a NaN state stays NaN: none is skipped
+  float safe_max = merged_max == -INFINITY ? 0.0f : merged_max;
   float merged_sum = 0.0f;
   for (uint g = 0; g < n_simd; ++g) {
-    if (tg_max[g] != -INFINITY) {
-      merged_sum += tg_sum[g] * exp(tg_max[g] - merged_max);
-    }
+    merged_sum += tg_sum[g] * exp(tg_max[g] - safe_max);
   }
   for (long d = long(thread_index); d < head_dim_v; d += long(threads_per_group)) {
     float value = 0.0f;
     for (uint g = 0; g < n_simd; ++g) {
-      if (tg_max[g] != -INFINITY) {
-        value += tg_acc[long(g) * SDPA_MAX_HEAD_DIM + d] * exp(tg_max[g] - merged_max);
-      }
+      value += tg_acc[long(g) * SDPA_MAX_HEAD_DIM + d] * exp(tg_max[g] - safe_max);
     }
     tg_merged[d] = value;
   }
@@ -143,23 +156,25 @@ inline void sdpa_decode_one_pass_impl(
   long hq = (row / query_len) % num_heads;
   long qi = row % query_len;
   long hkv = hq / (num_heads / num_kv_heads);
-  long key_end = sdpa_key_end(seqlens[b], qi, query_len, causal_mode);
+  long reach = sdpa_reach(seqlens[b], query_len, causal_mode);
+  long visible_end = sdpa_key_end(seqlens[b], qi, query_len, causal_mode);
   device const T* key_head = key + (b * num_kv_heads + hkv) * seq_kv * head_dim;
   device const T* value_head = value + (b * num_kv_heads + hkv) * seq_kv * head_dim_v;
   float running_max;
   float running_sum;
   float acc[SDPA_MAX_PER_LANE];
   sdpa_simdgroup_keys<T>(query + row * head_dim, key_head, value_head, mask + row * seq_kv,
-                         has_mask, head_dim, head_dim_v, 0, key_end, scale, lane, simd_group,
-                         n_simd, running_max, running_sum, acc);
+                         has_mask, head_dim, head_dim_v, 0, reach, visible_end, scale, lane,
+                         simd_group, n_simd, running_max, running_sum, acc);
   sdpa_merge_simdgroups(running_max, running_sum, acc, head_dim_v, lane, simd_group, n_simd,
                         thread_index, threads_per_group, tg_max, tg_sum, tg_acc, tg_merged);
-  float inverse_sum = running_sum > 0.0f ? 1.0f / running_sum : 0.0f;
+  // the sum is exactly 0 only when every score was -inf; a NaN sum keeps the row NaN
+  float inverse_sum = running_sum == 0.0f ? 0.0f : 1.0f / running_sum;
   for (long d = long(thread_index); d < head_dim_v; d += long(threads_per_group)) {
     out[row * head_dim_v + d] = static_cast<T>(tg_merged[d] * inverse_sum);
   }
   if (thread_index == 0) {
-    lse[row] = running_sum > 0.0f ? running_max + log(running_sum) : -INFINITY;
+    lse[row] = running_sum == 0.0f ? -INFINITY : running_max + log(running_sum);
   }
 }
 
@@ -179,17 +194,18 @@ inline void sdpa_decode_split_impl(
   long hq = (row / query_len) % num_heads;
   long qi = row % query_len;
   long hkv = hq / (num_heads / num_kv_heads);
-  long key_end = sdpa_key_end(seqlens[b], qi, query_len, causal_mode);
+  long reach = sdpa_reach(seqlens[b], query_len, causal_mode);
+  long visible_end = sdpa_key_end(seqlens[b], qi, query_len, causal_mode);
   long part_begin = partition * keys_per_partition;
-  long part_end = sdpa_min(part_begin + keys_per_partition, key_end);
+  long part_end = sdpa_min(part_begin + keys_per_partition, reach);
   device const T* key_head = key + (b * num_kv_heads + hkv) * seq_kv * head_dim;
   device const T* value_head = value + (b * num_kv_heads + hkv) * seq_kv * head_dim_v;
   float running_max;
   float running_sum;
   float acc[SDPA_MAX_PER_LANE];
   sdpa_simdgroup_keys<T>(query + row * head_dim, key_head, value_head, mask + row * seq_kv,
-                         has_mask, head_dim, head_dim_v, part_begin, part_end, scale, lane,
-                         simd_group, n_simd, running_max, running_sum, acc);
+                         has_mask, head_dim, head_dim_v, part_begin, part_end, visible_end, scale,
+                         lane, simd_group, n_simd, running_max, running_sum, acc);
   sdpa_merge_simdgroups(running_max, running_sum, acc, head_dim_v, lane, simd_group, n_simd,
                         thread_index, threads_per_group, tg_max, tg_sum, tg_acc, tg_merged);
   long slot = row * partitions + partition;
@@ -213,25 +229,23 @@ inline void sdpa_decode_combine_impl(device const float* partial_out,
   for (long p = 0; p < partitions; ++p) {
     merged_max = max(merged_max, max_sum[p * 2]);
   }
+  // as in sdpa_merge_simdgroups: empty partitions weigh exp(-inf) = 0, NaN partitions stay NaN
+  float safe_max = merged_max == -INFINITY ? 0.0f : merged_max;
   float merged_sum = 0.0f;
   for (long p = 0; p < partitions; ++p) {
-    if (max_sum[p * 2] != -INFINITY) {
-      merged_sum += max_sum[p * 2 + 1] * exp(max_sum[p * 2] - merged_max);
-    }
+    merged_sum += max_sum[p * 2 + 1] * exp(max_sum[p * 2] - safe_max);
   }
-  float inverse_sum = merged_sum > 0.0f ? 1.0f / merged_sum : 0.0f;
+  float inverse_sum = merged_sum == 0.0f ? 0.0f : 1.0f / merged_sum;
   for (long d = long(thread_index); d < head_dim_v; d += long(threads_per_group)) {
     float value = 0.0f;
     for (long p = 0; p < partitions; ++p) {
-      if (max_sum[p * 2] != -INFINITY) {
-        value += partial_out[(row * partitions + p) * head_dim_v + d] *
-                 exp(max_sum[p * 2] - merged_max);
-      }
+      value += partial_out[(row * partitions + p) * head_dim_v + d] *
+               exp(max_sum[p * 2] - safe_max);
     }
     out[row * head_dim_v + d] = static_cast<T>(value * inverse_sum);
   }
   if (thread_index == 0) {
-    lse[row] = merged_sum > 0.0f ? merged_max + log(merged_sum) : -INFINITY;
+    lse[row] = merged_sum == 0.0f ? -INFINITY : merged_max + log(merged_sum);
   }
 }
 

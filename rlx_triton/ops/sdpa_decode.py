@@ -50,13 +50,13 @@ def _check_same_dtype_and_device(op: str, **tensors: torch.Tensor) -> None:
 def _library_route(build_request, *tensors) -> bool:
     """Whether this call runs torch's own implementation outside the custom op.
 
-    Calls that autograd records always do (the kernels are forward-only and the custom ops have no
-    backward); so does an eager call the router sends to the library, which then skips the
-    custom-op dispatch. Under torch.compile other calls stay one opaque custom-op node.
+    The router decides (in strict mode it raises MissingKernel instead): calls that autograd records
+    go to the library (the kernels are forward-only and the custom ops have no backward, a typed
+    `requires_grad` refusal), and an eager call the router sends to the library then skips the
+    custom-op dispatch. Under torch.compile other calls stay one opaque custom-op node, which routes
+    when it runs.
     """
-    if needs_grad(*tensors):
-        return True
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and not needs_grad(*tensors):
         return False
     return route(build_request()).backend == "torch"
 
@@ -205,20 +205,19 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     decided = exact_route(signature) if signature is not None else None
     if decided is None:  # first call with this signature: validate and route it
         _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        if dropout_p > 0.0:  # needs torch's random stream: torch runs it
-            return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                                             dropout_p=dropout_p, is_causal=is_causal,
-                                                             scale=scale, enable_gqa=enable_gqa)
-        if needs_grad(query, key, value, attn_mask) or not compiling:
-            decided = route(_build_sdpa_request(query, key, value, attn_mask, 0.0, is_causal, enable_gqa))
+        # under torch.compile the custom op routes when it runs; calls it cannot express (dropout, autograd)
+        # are decided here, so strict mode refuses them the same way in both modes
+        if needs_grad(query, key, value, attn_mask) or dropout_p > 0.0 or not compiling:
+            decided = route(_build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
             if signature is not None:
                 remember_exact_route(signature, decided)
     scale = None if scale is None else float(scale)
     if decided is not None and decided.backend == "torch":
-        # torch's own op, outside the custom op: differentiable (autograd calls always route here), and
-        # no custom-op dispatch cost
+        # torch's own op, outside the custom op: differentiable (autograd calls always route here), draws
+        # dropout from torch's random stream (no kernel covers dropout), and no custom-op dispatch cost
         return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+                                                         dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                                         enable_gqa=enable_gqa)
     return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
 
 

@@ -28,6 +28,10 @@ def _write(out: torch.Tensor, values: np.ndarray) -> None:
 
 # ------------------------------------------------------------------------------------ sdpa_decode
 
+def sdpa_reach(valid_keys: int, query_len: int, causal_mode: int) -> int:
+    return min(valid_keys, query_len) if causal_mode == 1 else valid_keys
+
+
 def sdpa_key_end(valid_keys: int, query_index: int, query_len: int, causal_mode: int) -> int:
     if causal_mode == 1:
         return min(valid_keys, query_index + 1)
@@ -36,36 +40,51 @@ def sdpa_key_end(valid_keys: int, query_index: int, query_len: int, causal_mode:
     return valid_keys
 
 
-def _simdgroup_states(q, keys, values, mask_row, begin, end, n_simd, scale):
-    """(max, sum, unnormalised acc) of each simdgroup: simdgroup g takes keys begin + g, + n_simd, ..."""
+def _fmax(values) -> F32:
+    """The shader's max(): a NaN operand is dropped (fmax), -inf for no values."""
+    return F32(np.fmax.reduce(np.asarray(values, F32), initial=-np.inf))
+
+
+def _safe(maximum) -> F32:
+    return F32(0) if maximum == -np.inf else maximum
+
+
+def _simdgroup_states(q, keys, values, mask_row, begin, end, visible_end, n_simd, scale):
+    """(max, sum, unnormalised acc) of each simdgroup: simdgroup g takes keys begin + g, + n_simd, ...;
+    keys at or past visible_end are masked additively (score - inf) and still weigh in with 0."""
     states = []
     q_scaled = q.astype(F32) * F32(scale)
     for group in range(n_simd):
         index = np.arange(begin + group, max(end, begin), n_simd)
-        scores = (keys[index] @ q_scaled).astype(F32)
-        if mask_row is not None:
-            scores = scores + mask_row[index]
-        keep = scores != -np.inf
-        scores, index = scores[keep], index[keep]
-        if scores.size == 0:
-            states.append((-np.inf, F32(0), np.zeros(values.shape[1], F32)))
-            continue
-        running_max = scores.max()
-        weights = np.exp(scores - running_max).astype(F32)
-        states.append((running_max, weights.sum(dtype=F32), (weights @ values[index]).astype(F32)))
+        with np.errstate(invalid="ignore"):
+            scores = (keys[index] @ q_scaled).astype(F32)
+            if mask_row is not None:
+                scores = scores + mask_row[index]
+            scores = np.where(index >= visible_end, scores - np.inf, scores).astype(F32)
+            running_max = _fmax(scores)
+            weights = np.exp(scores - _safe(running_max)).astype(F32)
+            states.append((running_max, weights.sum(dtype=F32), (weights @ values[index]).astype(F32)))
     return states
 
 
 def _merge(states):
-    merged_max = max(m for m, _, _ in states)
+    merged_max = _fmax([m for m, _, _ in states])
     merged_sum = F32(0)
     acc = np.zeros_like(states[0][2])
-    for m, s, a in states:
-        if m != -np.inf:
-            weight = np.exp(F32(m - merged_max))
+    with np.errstate(invalid="ignore"):
+        for m, s, a in states:
+            weight = np.exp(F32(m - _safe(merged_max)))
             merged_sum += s * weight
             acc = acc + a * weight
     return merged_max, merged_sum, acc
+
+
+def _normalised(merged_max, merged_sum, acc):
+    """(out row, lse) as the shaders finish a row: a zero sum means no key (0, -inf); NaN stays NaN."""
+    with np.errstate(invalid="ignore"):
+        if merged_sum == 0:
+            return acc * F32(0), -np.inf
+        return acc * (F32(1) / merged_sum), merged_max + np.log(merged_sum)
 
 
 def _sdpa_row(row, values, begin_end):
@@ -73,13 +92,14 @@ def _sdpa_row(row, values, begin_end):
     b, hq, qi = row // (num_heads * query_len), (row // query_len) % num_heads, row % query_len
     hkv = hq // (num_heads // values["num_kv_heads"])
     seqlens = values["seqlens"].cpu().numpy()
-    key_end = sdpa_key_end(int(seqlens[b]), qi, query_len, values["causal_mode"])
-    begin, end = begin_end(key_end)
+    reach = sdpa_reach(int(seqlens[b]), query_len, values["causal_mode"])
+    visible_end = sdpa_key_end(int(seqlens[b]), qi, query_len, values["causal_mode"])
+    begin, end = begin_end(reach)
     query = _f32(values["query"]).reshape(-1, values["head_dim"])[row]
     keys = _f32(values["key"])[b, hkv]
     vals = _f32(values["value"])[b, hkv]
     mask = _f32(values["mask"]).reshape(-1, values["seq_kv"])[row] if values["has_mask"] else None
-    return query, keys, vals, mask, begin, end
+    return query, keys, vals, mask, begin, end, visible_end
 
 
 def sdpa_decode_one_pass(*, groups, group_size, **values):
@@ -87,10 +107,9 @@ def sdpa_decode_one_pass(*, groups, group_size, **values):
     out = np.zeros((groups, values["head_dim_v"]), F32)
     lse = np.zeros(groups, F32)
     for row in range(groups):
-        q, k, v, mask, begin, end = _sdpa_row(row, values, lambda key_end: (0, key_end))
-        merged_max, merged_sum, acc = _merge(_simdgroup_states(q, k, v, mask, begin, end, n_simd, values["scale"]))
-        out[row] = acc * (F32(1) / merged_sum if merged_sum > 0 else F32(0))
-        lse[row] = merged_max + np.log(merged_sum) if merged_sum > 0 else -np.inf
+        q, k, v, mask, begin, end, visible_end = _sdpa_row(row, values, lambda reach: (0, reach))
+        states = _simdgroup_states(q, k, v, mask, begin, end, visible_end, n_simd, values["scale"])
+        out[row], lse[row] = _normalised(*_merge(states))
     _write(values["out"], out)
     _write(values["lse"], lse)
 
@@ -103,9 +122,10 @@ def sdpa_decode_split(*, groups, group_size, **values):
     for group in range(groups):
         row, partition = divmod(group, partitions)
         begin = partition * per_partition
-        q, k, v, mask, begin, end = _sdpa_row(
-            row, values, lambda key_end: (begin, min(begin + per_partition, key_end)))
-        merged_max, merged_sum, acc = _merge(_simdgroup_states(q, k, v, mask, begin, end, n_simd, values["scale"]))
+        q, k, v, mask, begin, end, visible_end = _sdpa_row(
+            row, values, lambda reach: (begin, min(begin + per_partition, reach)))
+        merged_max, merged_sum, acc = _merge(_simdgroup_states(q, k, v, mask, begin, end, visible_end, n_simd,
+                                                               values["scale"]))
         partial_out[group] = acc
         partial_max_sum[group] = (merged_max, merged_sum)
     _write(values["partial_out"], partial_out)
@@ -119,9 +139,8 @@ def sdpa_decode_combine(*, groups, group_size, **values):
     out = np.zeros((groups, values["head_dim_v"]), F32)
     lse = np.zeros(groups, F32)
     for row in range(groups):
-        merged_max, merged_sum, acc = _merge([(m, s, partial_out[row, p]) for p, (m, s) in enumerate(max_sum[row])])
-        out[row] = acc * (F32(1) / merged_sum if merged_sum > 0 else F32(0))
-        lse[row] = merged_max + np.log(merged_sum) if merged_sum > 0 else -np.inf
+        states = [(m, s, partial_out[row, p]) for p, (m, s) in enumerate(max_sum[row])]
+        out[row], lse[row] = _normalised(*_merge(states))
     _write(values["out"], out)
     _write(values["lse"], lse)
 
@@ -180,22 +199,23 @@ def conv1d_pool(*, groups, group_size, **v):
     for j in range(pool):
         positions = np.arange(length_out) * pool_stride + j
         valid = positions < conv_len
-        pooled[:, :, valid] = np.maximum(pooled[:, :, valid], conv[:, :, positions[valid]])
+        pooled[:, :, valid] = np.maximum(pooled[:, :, valid], conv[:, :, positions[valid]])  # NaN pools to NaN
     slope = F32(v["negative_slope"])
     _write(v["out"], np.where(pooled >= 0, pooled, slope * pooled))
 
 
 def instance_norm_act(*, groups, group_size, **v):
     x = _f32(v["x"]).reshape(groups, v["length"])
-    mean = x.mean(-1, keepdims=True, dtype=F32)
-    variance = ((x - mean) ** 2).mean(-1, keepdims=True, dtype=F32)
+    shifted = x - x[:, :1]                                   # statistics of x - center, center = x[0]
+    mean = shifted.mean(-1, keepdims=True, dtype=F32)
+    variance = ((shifted - mean) ** 2).mean(-1, keepdims=True, dtype=F32)
     scale = F32(1) / np.sqrt(variance + F32(v["eps"]))
     channels = np.arange(groups) % v["channels"]
-    shift = np.zeros((groups, 1), F32)
+    beta = np.zeros((groups, 1), F32)
     if v["has_affine"]:
         scale = scale * _f32(v["gamma"])[channels][:, None]
-        shift = _f32(v["beta"])[channels][:, None]
-    y = (x - mean) * scale + shift
+        beta = _f32(v["beta"])[channels][:, None]
+    y = shifted * scale + (beta - mean * scale)
     _write(v["out"], np.where(y >= 0, y, F32(v["negative_slope"]) * y))
 
 

@@ -21,6 +21,7 @@ from rlx_triton.backends.torch_ref import fbank as ref_fbank
 from rlx_triton.backends.torch_ref import lstm as ref_lstm
 from rlx_triton.backends.torch_ref import sdpa_decode as ref_sdpa
 from rlx_triton.backends.torch_ref import segdense as ref_segdense
+from tests.reference.sdpa_decode import DEGENERATE_CASES, check_degenerate_case
 
 TOLERANCE = {torch.float32: FP32_MAX_REL_ERR, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
 ONE_PASS = SimpleNamespace(split_k=1, tg_size=64, partial_reduce=False)
@@ -50,6 +51,14 @@ def test_decode_shader_matches_float64(executed_metal, dtype, candidate, kernels
     assert torch.all(out[0, 1, 1] == 0) and lse[0, 1, 1] == -math.inf
     assert_matches_float64(out, expected, rtol=TOLERANCE[dtype], reduced=150)
     assert_matches_float64(lse, expected_lse, rtol=TOLERANCE[dtype], reduced=150)
+
+
+@pytest.mark.parametrize("candidate", [ONE_PASS, SPLIT_KV], ids=["one-pass", "split-kv"])
+@pytest.mark.parametrize("case", list(DEGENERATE_CASES))
+def test_decode_shader_on_degenerate_inputs_matches_float64(executed_metal, case, candidate):
+    """Zeros, constants, one key, NaN/Inf in q, k, v and masks: NaN exactly where the reference has it."""
+    check_degenerate_case(lambda q, k, v, **kw: metal_sdpa.sdpa_decode(q, k, v, candidate=candidate, **kw), case,
+                          rtol=FP32_MAX_REL_ERR)
 
 
 @pytest.mark.parametrize("options", [dict(), dict(num_mel_bins=80, window_type="hamming", snip_edges=False,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import rlx_triton as rt
 from rlx_triton.ops.sdpa_decode import AttentionInputError
-from tests.reference.sdpa_decode import attention_reference
+from tests.reference.sdpa_decode import DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -63,6 +64,63 @@ def test_uncovered_requests_fall_back_to_torch_with_the_same_values():
 def test_strict_mode_raises_missing_kernel_for_uncovered_requests():
     q, k, v = qkv(1, 2, 20, 16)
     with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel):
+        rt.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_strict_mode_refuses_dropout_through_the_router(backend):
+    q, k, v = qkv(1, 2, 1, 16)
+    with rt.use_backend(backend, strict=True):
+        with pytest.raises(rt.MissingKernel, match="dropout=True") as from_explain:
+            rt.explain(rt.scaled_dot_product_attention, q, k, v, dropout_p=0.5)
+        with pytest.raises(rt.MissingKernel, match="dropout=True") as from_call:
+            rt.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert from_call.value.reasons == from_explain.value.reasons
+
+
+def test_dropout_runs_torch_with_its_random_stream():
+    q, k, v = qkv(1, 2, 3, 16)
+    with rt.use_backend("triton"):
+        route = rt.explain(rt.scaled_dot_product_attention, q, k, v, dropout_p=0.5)
+        torch.manual_seed(7)
+        out = rt.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    torch.manual_seed(7)
+    expected = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert route.backend == "torch" and "dropout=True" in str(route.skipped_reasons["triton"])
+    torch.testing.assert_close(out, expected)
+
+
+def test_strict_mode_refuses_calls_that_autograd_records():
+    q, k, v = qkv(1, 2, 1, 16)
+    q.requires_grad_()
+    with rt.use_backend("triton", strict=True):
+        for op in (rt.scaled_dot_product_attention, rt.sdpa_decode):
+            with pytest.raises(rt.MissingKernel, match="requires_grad=True"):
+                rt.explain(op, q, k, v)
+            with pytest.raises(rt.MissingKernel, match="requires_grad=True"):
+                op(q, k, v)
+
+
+@pytest.mark.parametrize("shape_q, shape_kv", [((1, 2, 1, 16), (1, 2, 0, 16)), ((0, 2, 1, 16), (0, 2, 5, 16))],
+                         ids=["no-keys", "empty-batch"])
+def test_empty_inputs_are_routed_decisions(shape_q, shape_kv):
+    q, k, v = torch.randn(shape_q), torch.randn(shape_kv), torch.randn(shape_kv)
+    with rt.use_backend("triton"):
+        route = rt.explain(rt.scaled_dot_product_attention, q, k, v)
+        out = rt.scaled_dot_product_attention(q, k, v)
+    assert route.backend == "torch"
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel):
+        rt.scaled_dot_product_attention(q, k, v)
+
+
+def test_float64_runs_torch_and_is_refused_in_strict_mode():
+    q, k, v = qkv(1, 2, 1, 16, dtype=torch.float64)
+    with rt.use_backend("triton"):
+        out = rt.scaled_dot_product_attention(q, k, v)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), rtol=1e-12, atol=1e-12)
+    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel, match="dtype float64"):
         rt.scaled_dot_product_attention(q, k, v)
 
 
@@ -143,6 +201,53 @@ def test_strided_query_from_a_transposed_layout():
     with rt.use_backend("triton", strict=True):
         out = rt.scaled_dot_product_attention(q, k, v)
     assert_like_torch(out, q, k, v)
+
+
+# the SDPA-shaped degenerate cases (no cache lengths); bottom-right alignment over a full cache is a bool mask
+_SDPA_CASES = [name for name in DEGENERATE_CASES if name != "nan_past_the_valid_length"]
+
+
+def _as_sdpa_call(case, dtype):
+    """(q, k, v, SDPA keywords, reference keywords, expect) of a degenerate case."""
+    q, k, v, reference_kwargs, expect = degenerate_inputs(case, dtype)
+    kwargs = dict(reference_kwargs)
+    causal = kwargs.pop("causal", "none")
+    if causal == "bottom_right":
+        kwargs["attn_mask"] = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2])
+    return q, k, v, dict(kwargs, is_causal=causal == "top_left"), reference_kwargs, expect
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("case", _SDPA_CASES)
+def test_degenerate_inputs_give_torch_math_sdpa_values_through_the_kernel(case, dtype):
+    """NaN and Inf land where torch's math SDPA puts them (masks are additive), on the kernel path."""
+    q, k, v, kwargs, reference_kwargs, expect = _as_sdpa_call(case, dtype)
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+    expected, _ = attention_reference(q, k, v, **reference_kwargs)
+    with sdpa_kernel([SDPBackend.MATH]):
+        math_sdpa = torch_sdpa64(q, k, v, enable_gqa=True, **kwargs)
+    if case != "nan_past_the_last_token_top_left":  # torch's math backend reads keys past the last token
+        torch.testing.assert_close(expected, math_sdpa, rtol=1e-12, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(out.double(), expected, rtol=TOL[dtype], atol=TOL[dtype] * 4, equal_nan=True)
+    assert_outcome(out, expect)
+
+
+# sdpa_decode takes no mask and aligns bottom-right: the cases without a mask or top-left alignment
+_DECODE_CASES = [name for name in DEGENERATE_CASES if "mask" not in name and "top_left" not in name]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("case", _DECODE_CASES)
+def test_sdpa_decode_degenerate_inputs_match_the_reference_on_both_paths(case, backend):
+    q, k, v, kwargs, expect = degenerate_inputs(case)
+    lengths = kwargs.get("cache_seqlens")
+    with rt.use_backend(backend, strict=backend != "torch"):
+        out, lse = rt.sdpa_decode(q, k, v, lengths, return_lse=True)
+    ref_out, ref_lse = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert_outcome(out, expect)
 
 
 # --- validation ----------------------------------------------------------------------------------

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlx_triton.backends.torch_ref import sdpa_decode as ref_backend
-from tests.reference.sdpa_decode import attention_reference
+from tests.reference.sdpa_decode import DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs
 
 
 def make_qkv(batch, num_heads, num_kv_heads, seq_q, seq_kv, head_dim, head_dim_v=None):
@@ -18,9 +19,8 @@ def make_qkv(batch, num_heads, num_kv_heads, seq_q, seq_kv, head_dim, head_dim_v
 def check(q, k, v, **kw):
     out, lse = ref_backend.sdpa_decode(q, k, v, candidate=None, **kw)
     ref_out, ref_lse = attention_reference(q, k, v, **kw)
-    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
-    torch.testing.assert_close(lse.double().nan_to_num(0, 0, 0), ref_lse.nan_to_num(0, 0, 0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5, equal_nan=True)
     return out, lse
 
 
@@ -49,3 +49,31 @@ def test_half_inputs_return_half():
     q, k, v = (t.half() for t in make_qkv(1, 2, 1, 1, 5, 8))
     out, lse = ref_backend.sdpa_decode(q, k, v, candidate=None)
     assert out.dtype == torch.float16 and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("case", list(DEGENERATE_CASES))
+def test_degenerate_inputs_match_the_reference(case, dtype):
+    q, k, v, kwargs, expect = degenerate_inputs(case, dtype)
+    out, _ = check(q, k, v, **kwargs)
+    assert out.dtype == dtype
+    assert_outcome(out, expect)
+
+
+# torch's math SDPA reads every key; the kernels and the reference never read keys past a sequence's
+# length or, under top-left alignment, past the last query token (neither do torch's fused kernels)
+_NEVER_READ = {"nan_past_the_valid_length", "nan_past_the_last_token_top_left"}
+
+
+@pytest.mark.parametrize("case", [name for name in DEGENERATE_CASES if name not in _NEVER_READ])
+def test_reference_is_torch_math_sdpa_on_degenerate_inputs(case):
+    """Where NaN/Inf go is torch's math SDPA (the reference implementation of its docs): masks are additive."""
+    q, k, v, kwargs, _ = degenerate_inputs(case, torch.float64)
+    mask, causal = kwargs.get("attn_mask"), kwargs.get("causal", "none")
+    if causal == "bottom_right":  # the full cache is valid: bottom-right is a lower-triangular bool mask
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2])
+    with sdpa_kernel([SDPBackend.MATH]):
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal == "top_left",
+                                                  enable_gqa=True)
+    out, _ = attention_reference(q, k, v, **kwargs)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12, equal_nan=True)

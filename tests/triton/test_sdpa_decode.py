@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlx_triton.backends.triton import sdpa_decode as tk
-from tests.reference.sdpa_decode import attention_reference
+from tests.reference.sdpa_decode import DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
@@ -33,9 +33,8 @@ def assert_matches(out, lse, ref_out, ref_lse, dtype, seq_kv):
     tol = TOL[dtype]
     atol = tol * max(1.0, math.log2(seq_kv + 1))
     assert out.dtype == dtype
-    torch.testing.assert_close(out.double(), ref_out, rtol=tol, atol=atol)
-    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
-    torch.testing.assert_close(lse.double().nan_to_num(0, 0, 0), ref_lse.nan_to_num(0, 0, 0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref_out, rtol=tol, atol=atol, equal_nan=True)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def run_and_check(q, k, v, cand=None, **kw):
@@ -233,3 +232,15 @@ def test_meta_shrinks_tiles_to_the_register_budget(head_dim, rows):
 def test_two_stage_with_a_single_split():
     q, k, v = make_qkv(1, 2, 1, 1, 30, 16)
     run_and_check(q, k, v, cand=candidate(split_k=1, partial_reduce=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("cand", [candidate(split_k=1, partial_reduce=False, tile_n=32), candidate(split_k=4)],
+                         ids=["single-pass", "split-k"])
+@pytest.mark.parametrize("case", list(DEGENERATE_CASES))
+def test_degenerate_inputs_match_the_reference(case, cand, dtype):
+    """Zeros, constants, one key, NaN/Inf in q, k, v and masks: NaN where torch's math SDPA gives NaN,
+    0 with lse -inf for rows that see no key, the reference's values everywhere else."""
+    q, k, v, kwargs, expect = degenerate_inputs(case, dtype)
+    out, _ = run_and_check(q, k, v, cand=cand, **kwargs)
+    assert_outcome(out, expect)

@@ -4,6 +4,11 @@ Same function and signature as the Triton launcher (`sdpa_decode`, the candidate
 computes scores in float32 (float64 inputs stay float64), applies masks, causal alignment and the
 per-sequence valid lengths, and returns the output with its natural-log LSE. Rows that see no key
 give 0 and LSE = -inf, as the kernel and torch's SDPA do.
+
+Non-finite values reach the output as in torch's math SDPA, over the keys the call reads: keys past
+a sequence's valid length (and, under top-left alignment, past the last query token) are never read;
+masking any other key adds -inf to its score, so NaN or +inf in a query row, a key or a mask gives a
+NaN row, and NaN or Inf in a value gives NaN (0 * NaN). lse is NaN wherever the row's softmax is.
 """
 from __future__ import annotations
 
@@ -18,21 +23,33 @@ COVERAGE = Coverage.everything()
 APPROVALS: dict = {}
 
 
-def _visible_keys(batch: int, seq_q: int, seq_kv: int, causal: str, cache_seqlens: Optional[torch.Tensor],
-                  device: torch.device) -> Optional[torch.Tensor]:
-    """(B, 1, Lq, S) bool of keys each token may see from lengths and causal alignment, or None (all)."""
+def _key_masks(batch: int, seq_q: int, seq_kv: int, causal: str, cache_seqlens: Optional[torch.Tensor],
+               device: torch.device) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(in_reach (B, S), visible (B, 1, Lq, S)) bool, each None where it keeps every key.
+
+    in_reach: the keys a call reads (those before each sequence's valid length, and before the last
+    query token under top-left alignment); visible: the keys each token may see under causal alignment.
+    """
     if causal == "none" and cache_seqlens is None:
-        return None
+        return None, None
     key_pos = torch.arange(seq_kv, device=device)
     tok = torch.arange(seq_q, device=device)
     lengths = (torch.full((batch,), seq_kv, device=device) if cache_seqlens is None
                else cache_seqlens.to(device=device, dtype=torch.int64))
-    keep = (key_pos[None, None, :] < lengths[:, None, None]).expand(batch, seq_q, seq_kv)
+    reach = lengths.clamp(max=seq_q) if causal == "top_left" else lengths
+    in_reach = key_pos[None, :] < reach[:, None] if cache_seqlens is not None or causal == "top_left" else None
+    visible = None
     if causal == "top_left":
-        keep = keep & (key_pos[None, None, :] <= tok[None, :, None])
+        visible = (key_pos[None, :] <= tok[:, None])[None, None]
     elif causal == "bottom_right":
-        keep = keep & (key_pos[None, None, :] <= (tok[None, :] + lengths[:, None] - seq_q)[:, :, None])
-    return keep[:, None]
+        visible = (key_pos[None, None, :] <= (tok[None, :] + lengths[:, None] - seq_q)[:, :, None])[:, None]
+    return in_reach, visible
+
+
+def _masked(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    # additive, as torch's math SDPA masks: a hidden key's score becomes score - inf, so NaN and +inf
+    # scores stay NaN instead of being dropped
+    return torch.where(visible, scores, scores - math.inf)
 
 
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
@@ -46,23 +63,32 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32
 
+    in_reach, visible = _key_masks(batch, seq_q, seq_kv, causal, cache_seqlens, query.device)
+    key, value = key.to(compute), value.to(compute)
+    if in_reach is not None:
+        # keys out of reach take no part (a cache's unused tail may hold anything): their scores are
+        # replaced below, their values zeroed here, since a 0 weight times NaN would still be NaN
+        value = value.masked_fill(~in_reach[:, None, :, None], 0.0)
     q = query.to(compute).reshape(batch, num_kv_heads, group * seq_q, head_dim)
-    scores = torch.matmul(q, key.to(compute).transpose(-1, -2)) * scale
+    scores = torch.matmul(q, key.transpose(-1, -2)) * scale
     scores = scores.view(batch, num_heads, seq_q, seq_kv)
-    keep = _visible_keys(batch, seq_q, seq_kv, causal, cache_seqlens, query.device)
+    if visible is not None:
+        scores = _masked(scores, visible)
     if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            keep = attn_mask if keep is None else keep & attn_mask
-        else:
-            scores = scores + attn_mask.to(compute)
-    if keep is not None:
-        scores = scores.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    visible = torch.isfinite(lse)
-    probs = torch.exp(scores - torch.where(visible, lse, torch.zeros_like(lse))[..., None])
-    probs = probs.masked_fill(~visible[..., None], 0.0)
+        scores = _masked(scores, attn_mask) if attn_mask.dtype == torch.bool else scores + attn_mask.to(compute)
+    if in_reach is not None:
+        scores = scores.masked_fill(~in_reach[:, None, None, :], -math.inf)
+    # softmax with its max taken NaN-propagating (amax), so a NaN or +inf score makes the row NaN; a row
+    # whose scores are all -inf sums to 0 and gives 0 with lse = -inf
+    row_max = scores.amax(dim=-1)
+    row_max = torch.where(row_max == -math.inf, 0.0, row_max)
+    probs = torch.exp(scores - row_max[..., None])
+    total = probs.sum(dim=-1)
+    no_keys = total == 0
     probs = probs.reshape(batch, num_kv_heads, group * seq_q, seq_kv)
-    out = torch.matmul(probs, value.to(compute)).view(batch, num_heads, seq_q, value.shape[-1])
+    out = torch.matmul(probs, value).view(batch, num_heads, seq_q, value.shape[-1])
+    out = out / torch.where(no_keys, 1.0, total)[..., None]
+    lse = torch.where(no_keys, -math.inf, row_max + torch.log(total))
     return out.to(query.dtype), lse.to(torch.float32)
 
 

@@ -15,6 +15,11 @@ read through strides, stride 0 on broadcast dimensions. Causal masking is top-le
 bottom-right within each sequence's valid length (the FlashAttention kv-cache convention). Rows whose
 keys are all masked produce 0 and LSE = -inf.
 
+Non-finite values follow torch's math SDPA over the keys a call reads (keys past a sequence's valid
+length, and under top-left alignment past the last query token, are never read): masking any other
+key adds -inf to its score, so NaN or +inf in a query row, a key or a mask gives a NaN row with a NaN
+LSE, and NaN or Inf in a value gives NaN through the P @ V product (0 * NaN), as in torch.
+
 The module also declares the family's routing data (COVERAGE, APPROVALS, RECIPES, AUDIT_KERNELS).
 """
 from __future__ import annotations
@@ -126,20 +131,24 @@ def _sdpa_decode_split_kernel(
             scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         scores = scores * qk_scale
 
+        # padding rows and keys past the range are never read: their scores are replaced by -inf. Masking
+        # inside the range is additive, as torch's math SDPA masks (score - inf): NaN and +inf scores of
+        # masked keys stay NaN instead of being dropped
         keep = row_valid[:, None] & n_valid[None, :]
         if CAUSAL == 1:
-            keep = keep & (offs_n[None, :] <= tok[:, None])
+            scores = tl.where(offs_n[None, :] <= tok[:, None], scores, scores - float("inf"))
         if CAUSAL == 2:
-            keep = keep & (offs_n[None, :] <= causal_limit[:, None])
+            scores = tl.where(offs_n[None, :] <= causal_limit[:, None], scores, scores - float("inf"))
         if MASK_KIND == 1:
-            mask_keep = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=0)
-            keep = keep & (mask_keep != 0)
+            mask_keep = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=1)
+            scores = tl.where(mask_keep != 0, scores, scores - float("inf"))
         if MASK_KIND == 2:
             mask_add = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=0.0)
             scores = scores + mask_add.to(tl.float32) * 1.4426950408889634
         scores = tl.where(keep, scores, float("-inf"))
 
-        # online softmax; a row with no visible key so far keeps m = -inf, l = 0, acc = 0
+        # online softmax; a row with no visible key so far keeps m = -inf, l = 0, acc = 0. A NaN score
+        # makes l NaN whether or not the max keeps it (tl.max drops NaN): p = exp2(NaN - m) is NaN
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(scores - m_safe[:, None])
@@ -155,10 +164,12 @@ def _sdpa_decode_split_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    has_keys = l_i > 0.0
-    l_safe = tl.where(has_keys, l_i, 1.0)
+    # l is exactly 0 only when every score was -inf (the largest score contributes exp2(0) = 1); a NaN l
+    # (a NaN or +inf score) must stay NaN in the output and the LSE, so the test is l == 0, not l > 0
+    no_keys = l_i == 0.0
+    l_safe = tl.where(no_keys, 1.0, l_i)
     out = acc / l_safe[:, None]
-    lse2 = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
+    lse2 = tl.where(no_keys, float("-inf"), m_i + tl.log2(l_safe))
 
     # rows of o / lse / partials are contiguous (batch, head, token)
     out_row = (batch64 * (num_kv_heads * group) + head64) * seq_q + tok64
@@ -202,12 +213,13 @@ def _sdpa_decode_merge_kernel(
     denom = tl.sum(w, 0)
     parts = tl.load(part_o_ptr + (row64 * SPLIT_K + offs_s[:, None]) * head_dim_v + offs_dv[None, :],
                     mask=s_live[:, None] & dv_valid[None, :], other=0.0)
-    has_keys = denom > 0.0
-    denom_safe = tl.where(has_keys, denom, 1.0)
+    # as in the split kernel: a NaN partial LSE makes denom NaN, which must not read as "no keys"
+    no_keys = denom == 0.0
+    denom_safe = tl.where(no_keys, 1.0, denom)
     out = tl.sum(w[:, None] * parts, 0) / denom_safe
     tl.store(o_ptr + row64 * head_dim_v + offs_dv, out.to(o_ptr.dtype.element_ty), mask=dv_valid)
-    tl.store(lse_ptr + row64, tl.where(has_keys, (m_safe + tl.log2(denom_safe)) * 0.6931471805599453,
-                                       float("-inf")))
+    tl.store(lse_ptr + row64, tl.where(no_keys, float("-inf"),
+                                       (m_safe + tl.log2(denom_safe)) * 0.6931471805599453))
 
 
 def _interpreting() -> bool:
@@ -301,11 +313,13 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
-    if causal == "top_left" and cache_seqlens is None and seq_q < seq_kv:
-        # token i sees keys 0..i only: the keys past Lq are never needed (views, no copy)
+    if causal == "top_left" and seq_q < seq_kv:
+        # token i sees keys 0..i only: the keys past Lq are never read (views, no copy)
         key, value = key[:, :, :seq_q], value[:, :, :seq_q]
         if attn_mask is not None and attn_mask.shape[-1] != 1:
             attn_mask = attn_mask[..., :seq_q]
+        if cache_seqlens is not None:
+            cache_seqlens = cache_seqlens.clamp(max=seq_q)
         seq_kv = seq_q
 
     rows = group * seq_q
