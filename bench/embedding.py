@@ -22,6 +22,7 @@ import copy
 import sys
 import types
 from pathlib import Path
+from typing import List, Optional
 
 import torch
 from torch import nn
@@ -72,6 +73,25 @@ def _layer_cases(batch: int, frames: int, m: int = 32, bins: int = 80):
     return rows, (c, h, w)
 
 
+_LAYER_KEYS = ("c_in", "c_out", "height", "width", "kernel", "stride", "padding", "residual")
+
+
+def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
+    """Case descriptions, by "layer": "end to end" (batch, samples), each distinct trunk conv (its name: batch,
+    c_in, c_out, height, width, kernel, stride, padding, residual), "pool" (TSTP: batch, channels, height,
+    width) and "seg_1" (batch, in_features, out_features); gpu None: the case set of the device at hand."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    batch, samples = (32, 160000) if gpu else (1, 16000 if quick else 32000)
+    frames = 1 + (samples - 400) // 160
+    rows, (c_last, h_last, w_last) = _layer_cases(batch, frames)
+    if quick:
+        rows = rows[:2] + rows[-3:]
+    return ([dict(layer="end to end", batch=batch, samples=samples)]
+            + [dict(layer=row[0], batch=batch, **dict(zip(_LAYER_KEYS, row[1:]))) for row in rows]
+            + [dict(layer="pool", batch=batch, channels=c_last, height=h_last, width=w_last),
+               dict(layer="seg_1", batch=batch, in_features=2 * c_last * h_last, out_features=256)])
+
+
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
     from bench.common import case, fp32_setup, relative_error, side_by_side
@@ -79,10 +99,8 @@ def run(quick: bool = False) -> list:
     from rlx_triton.nn.conv2d import Conv2d, Projection, StatsPool
 
     device, backend = fp32_setup()
-    if device.type == "cuda":
-        batch, samples = 32, 160000
-    else:
-        batch, samples = 1, 16000 if quick else 32000
+    specs = {spec["layer"]: spec for spec in cases(quick, gpu=device.type == "cuda")}
+    batch, samples = specs["end to end"]["batch"], specs["end to end"]["samples"]
     results = []
     layer_baseline = "cuDNN conv+bn+relu (TF32 off)" if device.type == "cuda" else "torch CPU conv+bn+relu"
 
@@ -107,10 +125,8 @@ def run(quick: bool = False) -> list:
         results += _end_to_end_per_candidate(stock, fast, wav, quick)
 
     # Per layer of the trunk against cuDNN conv + BatchNorm (+ residual) + ReLU.
-    frames = 1 + (samples - 400) // 160
-    rows, (c_last, h_last, w_last) = _layer_cases(batch, frames)
-    if quick:
-        rows = rows[:2] + rows[-3:]
+    rows = [(name, *(spec[key] for key in _LAYER_KEYS)) for name, spec in specs.items() if "c_in" in spec]
+    pool_spec, proj_spec = specs["pool"], specs["seg_1"]
     with torch.inference_mode(), rt.use_backend(backend):
         for name, c_in, c_out, h, w, k, s, p, with_residual in rows:
             conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)
@@ -155,16 +171,16 @@ def run(quick: bool = False) -> list:
                                     candidate=tag, max_rel_err=float(f"{rel:.3g}"), layer=name))
 
         # TSTP pooling and the projection.
-        frames_4 = torch.randn(batch, c_last, h_last, w_last, device=device)
+        frames_4 = torch.randn(batch, pool_spec["channels"], pool_spec["height"], pool_spec["width"], device=device)
         pool = StatsPool()
         tstp = _tstp()
         rlx_us, base_us = side_by_side(lambda: pool(frames_4), lambda: tstp(frames_4), device, quick=quick)
-        results.append(case("embedding", f"TSTP ({batch}, {c_last}, {h_last}, {w_last}) {device.type}",
+        results.append(case("embedding", f"TSTP {tuple(frames_4.shape)} {device.type}",
                             torch.float32, rlx_us, "torch mean+std", base_us, bytes_moved=frames_4.numel() * 4,
                             backend=pool.explain(frames_4).backend, layer="pool"))
-        linear = nn.Linear(2 * c_last * h_last, 256).to(device)
+        linear = nn.Linear(proj_spec["in_features"], proj_spec["out_features"]).to(device)
         proj = Projection.from_torch(linear).to(device)
-        stats = torch.randn(batch, 2 * c_last * h_last, device=device)
+        stats = torch.randn(batch, proj_spec["in_features"], device=device)
         rlx_us, base_us = side_by_side(lambda: proj(stats), lambda: linear(stats), device, quick=quick)
         results.append(case("embedding", f"seg_1 ({batch}, {stats.shape[1]}) -> 256 {device.type}", torch.float32,
                             rlx_us, "torch linear (TF32 off)", base_us,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 import torch
 
@@ -34,13 +35,19 @@ def _torchaudio_front_end():
     return compute
 
 
+def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
+    """Case descriptions: batch (chunks) and samples per chunk; gpu None: the case set of the device at hand."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    return [dict(batch=32 if gpu and not quick else (8 if gpu else 2), samples=160000)]
+
+
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
     from bench.common import case, fp32_setup, side_by_side
 
     device, backend = fp32_setup()
-    batch = 32 if device.type == "cuda" and not quick else (8 if device.type == "cuda" else 2)
-    samples = 160000
+    spec = cases(quick, gpu=device.type == "cuda")[0]
+    batch, samples = spec["batch"], spec["samples"]
     gen = torch.Generator().manual_seed(0)
     waves = (0.1 * torch.randn(batch, 1, samples, generator=gen)).to(device)
     front_end = rt.nn.Fbank.wespeaker()

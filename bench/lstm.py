@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 import torch
 
@@ -20,19 +21,26 @@ def _bytes_moved(module: torch.nn.LSTM, x: torch.Tensor, out: torch.Tensor) -> i
     return x.numel() * x.element_size() + out.numel() * out.element_size() + weights
 
 
+def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
+    """Case descriptions: batch, seq, input_size, hidden, layers (bidirectional, batch_first); gpu None: the
+    case set of the device at hand."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    batch, seq = (32, 589) if gpu else (2, 50)
+    return [dict(batch=batch, seq=seq, input_size=60, hidden=128, layers=4)]
+
+
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
     from bench.common import case, fp32_setup, relative_error, side_by_side
     from rlx_triton.nn import LSTM
 
     device, backend = fp32_setup()
-    if device.type == "cuda":
-        batch, seq = 32, 589
-    else:
-        batch, seq = 2, 50
-    module = torch.nn.LSTM(60, 128, 4, bidirectional=True, batch_first=True).to(device).eval()
+    spec = cases(quick, gpu=device.type == "cuda")[0]
+    batch, seq = spec["batch"], spec["seq"]
+    module = torch.nn.LSTM(spec["input_size"], spec["hidden"], spec["layers"], bidirectional=True,
+                           batch_first=True).to(device).eval()
     fast = LSTM.from_torch(module)
-    x = torch.randn(batch, seq, 60, device=device)
+    x = torch.randn(batch, seq, spec["input_size"], device=device)
     shape = f"({batch}, {seq}, 60) h128 x4 bi {device.type}"
     cases = []
     with torch.inference_mode(), rt.use_backend(backend):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 import torch
 
@@ -32,16 +33,20 @@ def _pyannet():
     return model.eval()
 
 
+def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
+    """Case descriptions: batch (chunks) and samples per chunk; gpu None: the case set of the device at hand."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    return [dict(batch=32, samples=160000) if gpu else dict(batch=1, samples=32000)]
+
+
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
     from bench.common import case, fp32_setup, side_by_side
     from rlx_triton.integrations import pyannote
 
     device, backend = fp32_setup()
-    if device.type == "cuda":
-        batch, samples = 32, 160000
-    else:
-        batch, samples = 1, 32000
+    spec = cases(quick, gpu=device.type == "cuda")[0]
+    batch, samples = spec["batch"], spec["samples"]
     stock = _pyannet().to(device)
     fast = pyannote.optimize(copy.deepcopy(stock))
     wav = torch.randn(batch, 1, samples, device=device)

@@ -22,9 +22,12 @@ import torch
 KV_BYTES_LIMIT = 24 * 2**30  # skip cases whose K+V would not fit comfortably
 
 
-def cases(quick: bool) -> List[dict]:
-    """Case descriptions: batch, heads, kv_heads, head_dim, seq_kv, dtype, label."""
-    if not torch.cuda.is_available():
+def cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
+    """Case descriptions: batch, heads, kv_heads, head_dim, seq_kv, dtype, label.
+
+    gpu: the case set of a CUDA device (True) or of the CPU (False); None: of the device at hand.
+    """
+    if not (torch.cuda.is_available() if gpu is None else gpu):
         return [dict(label="gqa", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32),
                 dict(label="mha", batch=2, heads=4, kv_heads=4, head_dim=64, seq_kv=128, dtype=torch.float32)]
     out: List[dict] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 import torch
 
@@ -47,14 +48,20 @@ def _cached_sequence(module):
     return forward
 
 
+def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
+    """Case descriptions: batch (chunks) and samples per chunk; gpu None: the case set of the device at hand."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    return [dict(batch=32 if gpu else 1, samples=160000)]
+
+
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
     from bench.common import case, fp32_setup, relative_error, side_by_side
     from rlx_triton.nn.conv import SincNet
 
     device, backend = fp32_setup()
-    batch = 32 if device.type == "cuda" else 1
-    samples = 160000
+    spec = cases(quick, gpu=device.type == "cuda")[0]
+    batch, samples = spec["batch"], spec["samples"]
     module = _pyannote_sincnet().to(device)
     rlx = SincNet.from_pyannote(module)
     wav = torch.randn(batch, 1, samples, device=device)
