@@ -73,13 +73,13 @@ def run(quick: bool = False) -> list:
         max_abs_err = (out - reference).abs().max().item()
         moved = waves.numel() * waves.element_size() + out.numel() * out.element_size()
         shape = f"({batch}, 1, {samples}) -> ({batch}, {out.shape[1]}, {out.shape[2]}) {device.type}"
-        cases = []
+        rows = []
         for name, baseline in baselines:
             rlx_us, base_us = side_by_side(rlx, baseline, device, quick=quick)
-            cases.append(case("fbank", shape, waves.dtype, rlx_us, name, base_us, bytes_moved=moved,
+            rows.append(case("fbank", shape, waves.dtype, rlx_us, name, base_us, bytes_moved=moved,
                               backend=route.backend, candidate=route.candidate_tag,
                               max_abs_err=float(f"{max_abs_err:.3g}")))
-    return cases
+    return rows
 
 
 if __name__ == "__main__":

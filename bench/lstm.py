@@ -42,7 +42,7 @@ def run(quick: bool = False) -> list:
     fast = LSTM.from_torch(module)
     x = torch.randn(batch, seq, spec["input_size"], device=device)
     shape = f"({batch}, {seq}, 60) h128 x4 bi {device.type}"
-    cases = []
+    rows = []
     with torch.inference_mode(), rt.use_backend(backend):
         route = fast.explain(x)
         ref = module(x)[0]
@@ -50,7 +50,7 @@ def run(quick: bool = False) -> list:
         rel_err = relative_error(out, ref)
         moved = _bytes_moved(module, x, out)
         rlx_us, base_us = side_by_side(lambda: fast(x), lambda: module(x), device, quick=quick)
-        cases.append(case("lstm", shape, x.dtype, rlx_us, "nn.LSTM (cuDNN)" if device.type == "cuda" else "nn.LSTM",
+        rows.append(case("lstm", shape, x.dtype, rlx_us, "nn.LSTM (cuDNN)" if device.type == "cuda" else "nn.LSTM",
                           base_us, bytes_moved=moved, backend=route.backend, candidate=route.candidate_tag,
                           max_rel_err=float(f"{rel_err:.3g}")))
         if device.type == "cuda":
@@ -66,9 +66,9 @@ def run(quick: bool = False) -> list:
                 run_cand = lambda cand=cand: triton_lstm.lstm(x, None, module._flat_weights, candidate=cand, **kwargs)
                 err = relative_error(run_cand()[0], ref)
                 rlx_us, base_us = side_by_side(run_cand, lambda: module(x), device, quick=quick)
-                cases.append(case("lstm", shape, x.dtype, rlx_us, "nn.LSTM (cuDNN)", base_us, bytes_moved=moved,
+                rows.append(case("lstm", shape, x.dtype, rlx_us, "nn.LSTM (cuDNN)", base_us, bytes_moved=moved,
                                   backend="triton", candidate=cand.tag(), max_rel_err=float(f"{err:.3g}")))
-    return cases
+    return rows
 
 
 if __name__ == "__main__":

@@ -77,15 +77,15 @@ def run(quick: bool = False) -> list:
         frames = out.shape[-1]
         moved = wav.numel() * wav.element_size() + out.numel() * out.element_size()
         shape = f"({batch}, 1, {samples}) -> ({batch}, {out.shape[1]}, {frames}) {device.type}"
-        cases = []
+        rows = []
         sequence = _cached_sequence(module)
         for name, baseline in (("pyannote SincNet module", lambda: module(wav)),
                                ("torch module sequence, cached filters", lambda: sequence(wav))):
             rlx_us, base_us = side_by_side(lambda: rlx(wav), baseline, device, quick=quick)
-            cases.append(case("sincnet", shape, wav.dtype, rlx_us, name, base_us, bytes_moved=moved,
+            rows.append(case("sincnet", shape, wav.dtype, rlx_us, name, base_us, bytes_moved=moved,
                               backend=route.backend, candidate=route.candidate_tag,
                               max_rel_err=float(f"{rel_err:.3g}")))
-    return cases
+    return rows
 
 
 if __name__ == "__main__":
