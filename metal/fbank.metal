@@ -10,7 +10,8 @@
 // Frame f reads samples f * shift + n - pad for n < window_size, reflected at both ends
 // (snip_edges=False: pad = window_size / 2 - shift / 2; snip_edges=True: pad = 0, no reflection
 // needed). Energy: log(max(sum x^2, eps)) taken before pre-emphasis when raw_energy != 0, else
-// after the window; then max(., log_energy_floor).
+// after the window; then max(., log_energy_floor). NaN and Inf samples give NaN frames, as in
+// torchaudio: the floors keep NaN.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -33,6 +34,12 @@ inline float fbank_group_sum(float value, uint thread_index, uint threads_per_gr
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   return total;
+}
+
+// max(x, floor) that keeps a NaN x: torch.max(x, floor) propagates NaN (a frame holding a NaN or Inf
+// sample is NaN in torchaudio), where MSL's max() would return the floor.
+inline float fbank_floor(float x, float floor) {
+  return isnan(x) ? x : max(x, floor);
 }
 
 // Sample index of a frame position, reflected the way torchaudio pads for snip_edges=False.
@@ -113,12 +120,12 @@ inline void fbank_frame_impl(
     for (long k = 0; k < bins; ++k) {
       energy += weights[k] * spectrum[k];
     }
-    float feature = use_log_fbank != 0 ? log(max(energy, epsilon)) : energy;
+    float feature = use_log_fbank != 0 ? log(fbank_floor(energy, epsilon)) : energy;
     out[row * num_mel + m] = static_cast<T>(feature);
   }
   if (thread_index == 0) {
     float sum_squares = raw_energy != 0 ? raw_sum_squares : windowed_sum_squares;
-    log_energy[row] = max(log(max(sum_squares, epsilon)), log_energy_floor);
+    log_energy[row] = fbank_floor(log(fbank_floor(sum_squares, epsilon)), log_energy_floor);
   }
 }
 

@@ -153,6 +153,8 @@ def fbank(waveform: torch.Tensor, blackman_coeff: float = 0.42, channel: int = -
 def run(rows: torch.Tensor, options: FbankOptions, *, single: bool = False, request: Request = None) -> torch.Tensor:
     """Features of (B, T) rows chosen by fbank(): routes, launches, drops the batch dimension when `single`."""
     out_dtype = torch.float64 if rows.dtype == torch.float64 else torch.float32
+    # every call is routed, empty results too: strict mode and explain see the same decision
+    chosen = route(request if request is not None else _request_for(rows, options))
     if options.too_short(rows.shape[-1]):
         if single:
             return torch.empty(0, device=rows.device, dtype=out_dtype)
@@ -161,8 +163,5 @@ def run(rows: torch.Tensor, options: FbankOptions, *, single: bool = False, requ
     if frames <= 0 or rows.shape[0] == 0:
         out = torch.empty(rows.shape[0], max(frames, 0), options.num_columns, device=rows.device, dtype=out_dtype)
     else:
-        if request is None:
-            request = _request_for(rows, options)
-        chosen = route(request)
         out = chosen.module.fbank(rows, options, candidate=chosen.candidate).to(out_dtype)
     return out[0] if single else out

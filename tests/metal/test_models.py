@@ -22,6 +22,7 @@ from rlx_triton.backends.torch_ref import fbank as ref_fbank
 from rlx_triton.backends.torch_ref import lstm as ref_lstm
 from rlx_triton.backends.torch_ref import sdpa_decode as ref_sdpa
 from rlx_triton.backends.torch_ref import segdense as ref_segdense
+from tests.reference.fbank import DEGENERATE_OPTIONS, DEGENERATE_WAVES, check_degenerate_fbank
 from tests.reference.sdpa_decode import DEGENERATE_CASES, check_degenerate_case
 
 ONE_PASS = SimpleNamespace(split_k=1, tg_size=64, partial_reduce=False)
@@ -157,6 +158,14 @@ def test_fbank_matches_float64_kaldi(emulated_metal, option_set):
     rtol = 1e-4 if options.use_log_fbank else 1e-5  # the issue's log-mel bound; linear mel in fp32
     assert_matches_float64(features, expected, rtol=rtol, reduced=options.window_size)
 
+
+
+@pytest.mark.parametrize("wave_name", DEGENERATE_WAVES)
+@pytest.mark.parametrize("options", sorted(DEGENERATE_OPTIONS))
+def test_fbank_on_degenerate_waveforms_matches_float64(emulated_metal, options, wave_name):
+    """Silence, DC, one frame, and a NaN / Inf sample: NaN in exactly the frames torchaudio makes NaN."""
+    check_degenerate_fbank(lambda wave, kwargs: metal_fbank.fbank(wave, ref_fbank.FbankOptions(**kwargs)),
+                           options, wave_name, tol=1e-4)
 
 # ------------------------------------------------------------------------------------------- conv
 

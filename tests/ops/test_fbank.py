@@ -10,8 +10,9 @@ import torch
 
 import rlx_triton as rt
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
-from tests.reference.fbank import (DEFAULTS, NO_SNIP, WESPEAKER_80, fbank64, fbank64_batch, log_mel_error,
-                                   rel_error, speech_like)
+from rlx_triton.router import recording_routes
+from tests.reference.fbank import (DEFAULTS, NO_SNIP, WESPEAKER_80, check_degenerate_fbank, fbank64, fbank64_batch,
+                                   log_mel_error, rel_error, speech_like)
 from tests.reference.kaldi_libraries import kaldi, knf_fbank, needs_kaldi_native_fbank, needs_torchaudio
 
 
@@ -145,6 +146,40 @@ def test_autograd_routes_to_torch_and_gives_a_gradient():
     assert rt.explain(rt.fbank, wave).backend == "torch"
     rt.fbank(wave).sum().backward()
     assert wave.grad is not None and torch.isfinite(wave.grad).all()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("wave_name", ["silence", "single_frame", "nan_sample", "inf_sample"])
+def test_degenerate_waveforms_give_torchaudios_values_on_both_paths(wave_name, backend):
+    """A NaN or Inf sample gives NaN in the frames that hold it (all frames after CMN), as torchaudio."""
+    def launch(wave, kwargs):
+        with rt.use_backend(backend, strict=backend != "torch"):
+            return rt.fbank(wave[:, None], **kwargs)  # (B, C, T): the output keeps its batch dimension
+
+    check_degenerate_fbank(launch, "wespeaker_cmn", wave_name, tol=TOL)
+    check_degenerate_fbank(launch, "windowed_energy", wave_name, tol=TOL)
+
+
+def test_nan_sample_with_dither_gives_nan_frames_on_the_torch_path():
+    wave = _speech(1207)
+    wave[0, 600] = float("nan")
+    out = rt.fbank(wave, dither=1.0)
+    assert torch.equal(out.isnan().any(-1), fbank64(wave[0].double()).isnan().any(-1))
+
+
+@pytest.mark.parametrize("make_call", [
+    lambda: rt.fbank(_speech(1207), min_duration=1.0),      # shorter than min_duration: empty
+    lambda: rt.fbank(torch.zeros(0, 1207)),                  # no rows: empty
+], ids=["too-short", "empty-batch"])
+def test_empty_results_are_routed_like_every_call(make_call):
+    with rt.use_backend("triton", strict=True), recording_routes() as routes:
+        out = make_call()
+    assert out.numel() == 0 and [route.backend for route in routes] == ["triton"]
+
+
+def test_strict_mode_refuses_float64_even_when_the_result_is_empty():
+    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel, match="dtype float64"):
+        rt.fbank(_speech(1207).double(), min_duration=1.0)
 
 
 def test_strict_triton_raises_missing_kernel_for_dither():

@@ -169,3 +169,61 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """Largest |out - ref| / max(|ref|, 1): relative for large values, absolute near zero (CMN features)."""
     ref = ref.to(torch.float64)
     return ((out.to(torch.float64) - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
+
+
+# ------------------------------------------------------------------------------- degenerate inputs
+# Waveforms users feed in: silence, a DC offset, exactly one frame, and one NaN / +Inf / -Inf sample
+# (a dropout in a decoder or a division by zero upstream). torchaudio gives NaN in every frame whose
+# window holds the bad sample (all frames after subtract_mean) and finite features elsewhere.
+DEGENERATE_WAVES = ("silence", "constant", "single_frame", "nan_sample", "inf_sample", "neg_inf_sample")
+BAD_SAMPLE_AT = 500
+
+# option sets that take a different path through the bad sample: DC removal and pre-emphasis (defaults),
+# reflection at both ends, the windowed energy column, neither DC removal nor pre-emphasis nor window
+# (the energy of an Inf sample is +Inf there), and the WeSpeaker front end (x32768, CMN over frames).
+# At 8 kHz (200-sample frames, 256-point DFT) to keep the interpreter quick.
+DEGENERATE_OPTIONS = {
+    "povey_defaults": dict(sample_frequency=8000.0),
+    "snip_edges_false": dict(sample_frequency=8000.0, snip_edges=False),
+    "windowed_energy": dict(sample_frequency=8000.0, use_energy=True, raw_energy=False),
+    "no_dc_no_preemphasis": dict(sample_frequency=8000.0, remove_dc_offset=False, preemphasis_coefficient=0.0,
+                                 window_type="rectangular", use_energy=True),
+    "wespeaker_cmn": dict(sample_frequency=8000.0, num_mel_bins=40, window_type="hamming", input_scale=32768.0,
+                          subtract_mean=True),
+}
+
+
+def degenerate_wave(name: str, num_samples: int = 1000, *, frame_samples: int = 200) -> torch.Tensor:
+    """(1, T) float64 waveform of one DEGENERATE_WAVES entry (single_frame: T = frame_samples)."""
+    if name == "silence":
+        return torch.zeros(1, num_samples, dtype=torch.float64)
+    if name == "constant":
+        return torch.full((1, num_samples), 0.25, dtype=torch.float64)
+    if name == "single_frame":
+        return speech_like(frame_samples, sample_rate=8000.0)
+    wave = speech_like(num_samples, sample_rate=8000.0)
+    wave[0, BAD_SAMPLE_AT] = {"nan_sample": math.nan, "inf_sample": math.inf, "neg_inf_sample": -math.inf}[name]
+    return wave
+
+
+def assert_features_match(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    """NaN and +-Inf exactly where the reference has them; elsewhere rel_error <= tol."""
+    ref = ref.to(torch.float64)
+    out = out.to(torch.float64)
+    assert out.shape == ref.shape
+    assert torch.equal(out.isnan(), ref.isnan()), "NaN in other places than the reference"
+    assert torch.equal(out.isinf(), ref.isinf()) and torch.equal(out[out.isinf()], ref[ref.isinf()])
+    finite = ref.isfinite()
+    if finite.any():
+        assert rel_error(out[finite], ref[finite]) <= tol
+
+
+def check_degenerate_fbank(launch, options: str, wave_name: str, *, tol: float,
+                           dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Runs `launch((1, T) wave in dtype, torchaudio keywords) -> features` on one degenerate waveform
+    and option set, and compares with fbank64 (assert_features_match)."""
+    kwargs = DEGENERATE_OPTIONS[options]
+    wave = degenerate_wave(wave_name)
+    out = launch(wave.to(dtype), dict(kwargs))
+    assert_features_match(out, fbank64_batch(wave, **kwargs), tol)
+    return out

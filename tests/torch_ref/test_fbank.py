@@ -10,7 +10,9 @@ import torch
 
 from rlx_triton.backends.torch_ref import fbank as ref
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
-from tests.reference.fbank import (NO_SNIP, WESPEAKER_80, fbank64_batch, mel_weights, rel_error, speech_like)
+from tests.reference.fbank import (DEGENERATE_OPTIONS, DEGENERATE_WAVES, NO_SNIP, WESPEAKER_80, assert_features_match,
+                                   check_degenerate_fbank, degenerate_wave, fbank64, fbank64_batch, mel_weights,
+                                   rel_error, speech_like)
 from tests.reference.kaldi_libraries import kaldi, knf_fbank, needs_kaldi_native_fbank, needs_torchaudio
 
 
@@ -106,3 +108,23 @@ def test_matches_kaldi_native_fbank(name):
     out = ref.fbank(wave, FbankOptions(input_scale=scale, subtract_mean=subtract_mean, **kwargs))[0]
     # kaldi-native-fbank computes in float32 with its own FFT: up to ~5e-5 from the float64 reference
     assert (out - expected).abs().max().item() <= 2e-5 * max(1.0, expected.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("wave_name", DEGENERATE_WAVES)
+@pytest.mark.parametrize("options", sorted(DEGENERATE_OPTIONS))
+def test_degenerate_waveforms_match_float64(options, wave_name, dtype):
+    out = check_degenerate_fbank(lambda wave, kwargs: ref.fbank(wave, FbankOptions(**kwargs)), options, wave_name,
+                                 tol=TOL if dtype == torch.float32 else 1e-10, dtype=dtype)
+    assert out.dtype == dtype
+
+
+@needs_torchaudio
+@pytest.mark.parametrize("wave_name", DEGENERATE_WAVES)
+@pytest.mark.parametrize("options", sorted(DEGENERATE_OPTIONS))
+def test_reference_puts_nan_and_inf_where_torchaudio_does(options, wave_name):
+    kwargs = dict(DEGENERATE_OPTIONS[options])
+    scale = kwargs.pop("input_scale", 1.0)
+    wave = degenerate_wave(wave_name)
+    expected = kaldi.fbank((wave * scale).float(), **kwargs)  # float32: values within its rounding
+    assert_features_match(expected, fbank64(wave[0], scale, **kwargs), 2e-4)

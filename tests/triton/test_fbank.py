@@ -15,8 +15,8 @@ import torch
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
 from rlx_triton.backends.triton import fbank as tk
 from rlx_triton.planner.candidates.fbank import DEFAULT_VARIANT, FbankVariant
-from tests.reference.fbank import (EPS, NO_SNIP, POVEY_23, WESPEAKER_80, fbank64_batch, log_mel_error,
-                                   rel_error, speech_like)
+from tests.reference.fbank import (DEGENERATE_OPTIONS, DEGENERATE_WAVES, EPS, NO_SNIP, POVEY_23, WESPEAKER_80,
+                                   check_degenerate_fbank, fbank64_batch, log_mel_error, rel_error, speech_like)
 
 DEFAULT = DEFAULT_VARIANT.candidate()
 FP32_TOL = 3e-5  # relative (|d| / max(|ref|, 1)); measured <= 1.2e-5 on these signals
@@ -99,6 +99,14 @@ def test_silence_hits_the_log_floor_and_the_energy_floor():
     out = _run(torch.zeros(1, 400), use_energy=True, sample_frequency=8000.0)
     assert torch.all(out[..., 1:] == torch.log(torch.tensor(EPS)))
     assert torch.all(out[..., 0] == 0.0)  # log(max(eps, 0)) floored at log(energy_floor=1)
+
+
+@pytest.mark.parametrize("wave_name", DEGENERATE_WAVES)
+@pytest.mark.parametrize("options", sorted(DEGENERATE_OPTIONS))
+def test_degenerate_waveforms_match_float64(options, wave_name):
+    """Silence, DC, one frame, and a NaN / Inf sample: NaN in exactly the frames torchaudio makes NaN
+    (the log floors keep NaN), the reference's values everywhere else."""
+    check_degenerate_fbank(lambda wave, kwargs: _run(wave, **kwargs), options, wave_name, tol=FP32_TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -184,16 +184,18 @@ def _fbank_frames_kernel(
         melt_tile = tl.load(melt_ptr + bins[:, None] * MEL_P + mel_cols[None, :])
         acc = tl.dot(spectrum, melt_tile, acc, input_precision=PRECISION)
 
+    # the floors keep NaN (torch.max(x, eps) propagates it, so a frame that holds a NaN or Inf sample is
+    # NaN in torchaudio); tl.maximum's default would replace NaN by the floor
     if USE_LOG:
-        acc = tl.log(tl.maximum(acc, eps))
+        acc = tl.log(tl.maximum(acc, eps, propagate_nan=tl.PropagateNan.ALL))
 
     out_rows = out_ptr + pid_b.to(tl.int64) * stride_out_b + frames.to(tl.int64) * stride_out_f
     mel_mask = frame_mask[:, None] & (mel_cols < NUM_MEL)[None, :]
     tl.store(out_rows[:, None] + MEL_COL0 + mel_cols[None, :], acc, mask=mel_mask)
     if USE_ENERGY:
-        log_energy = tl.log(tl.maximum(energy, eps))
+        log_energy = tl.log(tl.maximum(energy, eps, propagate_nan=tl.PropagateNan.ALL))
         if ENERGY_FLOOR:
-            log_energy = tl.maximum(log_energy, log_energy_floor)
+            log_energy = tl.maximum(log_energy, log_energy_floor, propagate_nan=tl.PropagateNan.ALL)
         tl.store(out_rows + ENERGY_COL, log_energy, mask=frame_mask)
 
 
