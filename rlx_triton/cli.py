@@ -1,18 +1,65 @@
-"""The `rlx-triton` command (also `python -m rlx_triton`): info, explain, tune, audit, bench.
+"""The `rlx-triton` command (also `python -m rlx_triton`): info, explain, tune, audit, bench, perf.
 
-Exit codes: 0 success, 1 the command ran and found a failure (audit), 2 bad usage or nothing the
-command can do on this machine (e.g. tuning where no kernel backend runs).
+Exit codes: 0 success, 1 the command ran and found a failure (audit, a failing benchmark), 2 a usage
+error or nothing the command can do on this machine (e.g. tuning where no kernel backend runs),
+always with one line on stderr that says what is valid. `--json PATH` means the same in every
+command: the machine-readable result goes to PATH, or to stdout alone with `--json -`.
+Progress of tune, audit and bench goes to stderr (rlx_triton/progress.py).
+
+This module imports neither torch nor triton at import time, so `--version` and `--help` are quick.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, Dict, List, Optional
+
+from rlx_triton.cli_explain import UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+# subcommands whose module is imported only when the subcommand runs: name -> (module, help)
+LAZY_COMMANDS = {
+    "perf": ("rlx_triton.perf", "ahead-of-time performance analysis of the routed launches for a named GPU"),
+}
+
+
+def _version() -> str:
+    from rlx_triton import __version__
+
+    return __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line (and exit 2)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def write_json(path: Optional[str], data: Any) -> bool:
+    """Writes `data` to path ("-": stdout); True when stdout now holds the JSON (print nothing else there)."""
+    if path is None:
+        return False
+    text = json.dumps(data, indent=2, default=str)
+    if path == "-":
+        print(text)
+        return True
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text + "\n")
+    return False
+
+
+def _add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--json", metavar="PATH", help=f"write {what} as JSON to PATH ('-': stdout, nothing else)")
+
+
+# ------------------------------------------------------------------------------------------ info
 
 def _versions() -> dict:
     import torch
@@ -23,12 +70,10 @@ def _versions() -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    import rlx_triton
-
-    return {"rlx_triton": rlx_triton.__version__, "torch": torch.__version__, "triton": triton_version}
+    return {"rlx_triton": _version(), "torch": torch.__version__, "triton": triton_version}
 
 
-def _devices() -> List[str]:
+def _local_devices() -> List[str]:
     import torch
 
     devices = ["cpu"]
@@ -46,7 +91,7 @@ def cmd_info(args) -> int:
 
     env = settings()
     devices = []
-    for name in _devices():
+    for name in _local_devices():
         facts = device_facts(name)
         devices.append({
             "device": name, "name": facts.name, "class": facts.device_class,
@@ -61,8 +106,7 @@ def cmd_info(args) -> int:
         tune_cache = {"path": env.tune_cache_path, "entries": None, "error": str(error)}
     report = {**_versions(), "backend_setting": env.backend, "strict": env.strict, "profile": env.profile,
               "interpreter": env.interpret, "devices": devices, "tune_cache": tune_cache}
-    if args.json:
-        print(json.dumps(report, indent=2))
+    if write_json(args.json, report):
         return EXIT_OK
     print(f"rlx_triton {report['rlx_triton']}  torch {report['torch']}  triton {report['triton'] or 'not installed'}")
     print(f"backend setting: {env.backend} (strict={env.strict}), profile: {env.profile}, "
@@ -75,93 +119,147 @@ def cmd_info(args) -> int:
     return EXIT_OK
 
 
-def _parse_pairs(pairs: Optional[List[str]], what: str, numeric: bool) -> dict:
-    parsed = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise ValueError(f"--{what} expects name=value, got {pair!r}")
-        name, raw = pair.split("=", 1)
-        if numeric:
-            try:
-                parsed[name] = int(raw)
-            except ValueError:
-                raise ValueError(f"--{what} {name} must be an integer, got {raw!r}") from None
-        else:
-            lowered = raw.lower()
-            parsed[name] = {"true": True, "false": False}.get(lowered, int(raw) if raw.lstrip("-").isdigit() else raw)
-    return parsed
+# ------------------------------------------------------------------------------------------ explain
+
+def _profile_keys() -> List[str]:
+    from rlx_triton.devices import PROFILES
+
+    return list(PROFILES)
+
+
+def find_profile(name: str):
+    """The device profile `name` names: its key ("h200", "a100-80gb"), or a unique prefix of a key
+    with or without dashes ("a100", "h100", "rtx4090"); None when it names none."""
+    from rlx_triton.devices import PROFILES
+
+    def plain(text: str) -> str:
+        return text.lower().replace("-", "").replace("_", "")
+
+    wanted = plain(name)
+    exact = [p for key, p in PROFILES.items() if plain(key) == wanted]
+    if exact:
+        return exact[0]
+    prefixed = [p for key, p in PROFILES.items() if plain(key).startswith(wanted)]
+    return prefixed[0] if len(prefixed) == 1 and wanted else None
+
+
+def _explain_device(name: str):
+    """(torch.device, profile or None) for --device: a local device that exists, or a named GPU profile."""
+    import torch
+
+    local = name.split(":")[0]
+    if local in ("cpu", "cuda", "mps"):
+        try:
+            device = torch.device(name)
+        except (RuntimeError, ValueError):
+            raise UsageError(f"--device {name!r} is not a device name (cpu, cuda, cuda:N, mps)") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise UsageError(f"--device {name}: no CUDA device is visible to torch here; name a GPU "
+                                 f"profile instead to explain a call for it ({', '.join(_profile_keys())})")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise UsageError(f"--device mps: no Apple GPU is available to torch here; name an Apple GPU profile "
+                             f"instead ({', '.join(k for k in _profile_keys() if k.startswith('m'))})")
+        return device, None
+    profile = find_profile(name)
+    if profile is None:
+        raise UsageError(f"--device {name!r} is neither cpu, cuda[:N], mps nor a GPU profile "
+                         f"({', '.join(_profile_keys())})")
+    return torch.device(profile.kind), profile
 
 
 def cmd_explain(args) -> int:
+    import contextlib
+
     import torch
 
+    from rlx_triton import cli_explain
     from rlx_triton.router import Request, route, use_backend
 
-    try:
-        fields = _parse_pairs(args.field, "field", numeric=True)
-        features = _parse_pairs(args.feature, "feature", numeric=False)
-        dtype = getattr(torch, args.dtype, None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"--dtype must name a torch dtype, got {args.dtype!r}")
-        request = Request.make(args.family, args.op or args.family, device=args.device, dtype=dtype,
-                               fields=fields, features=features)
-        with use_backend(args.backend, strict=False):
-            decided = route(request)
-    except (ValueError, TypeError, KeyError) as error:
-        print(f"rlx-triton explain: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        print(json.dumps({
-            "family": decided.family, "op": decided.op, "backend": decided.backend,
-            "candidate": decided.candidate_tag, "kernel": decided.kernel_name, "evidence": decided.evidence,
-            "detail": decided.evidence_detail, "accuracy": decided.approval.label() if decided.approval else None,
-            "speed": decided.speed, "skipped": {name: str(reason) for name, reason in decided.skipped},
-        }, indent=2))
+    spec = cli_explain.op_spec(args.family, args.op)
+    dtype = cli_explain.check_dtype(args.dtype)
+    fields, features, filled = cli_explain.resolve(spec, args.field, args.feature)
+    device, profile = _explain_device(args.device)
+    request = Request.make(spec.family, spec.op, device=device, dtype=getattr(torch, dtype), fields=fields,
+                           features=features)
+    if profile is not None:
+        from rlx_triton.router.device import routing_as
+
+        as_device = routing_as(profile)
     else:
-        print(decided)
+        as_device = contextlib.nullcontext()
+    with as_device, use_backend(args.backend, strict=False):
+        decided = route(request)
+    legend = cli_explain.tag_legend(spec.family, decided.candidate) if decided.candidate is not None else []
+    report = {
+        "family": decided.family, "op": decided.op, "device": args.device,
+        "profile": profile.name if profile is not None else None, "dtype": dtype, "backend": decided.backend,
+        "candidate": decided.candidate_tag, "kernel": decided.kernel_name, "evidence": decided.evidence,
+        "detail": decided.evidence_detail, "accuracy": decided.approval.label() if decided.approval else None,
+        "speed": decided.speed, "skipped": {name: str(reason) for name, reason in decided.skipped},
+        "fields": fields, "filled": {name: why for name, _value, why in filled}, "features": features,
+        "legend": dict(legend),
+    }
+    if write_json(args.json, report):
+        return EXIT_OK
+    if profile is not None:
+        print(f"as on {profile.name} ({profile.arch or profile.kind}; device profile '{profile.key}')")
+    print(decided)
+    if filled:
+        print("\nfilled in (not given):")
+        width = max(len(f"{name}={value}") for name, value, _ in filled)
+        for name, value, why in filled:
+            print(f"  {f'{name}={value}':{width}}  {why}")
+    if legend:
+        print(f"\ncandidate {decided.candidate_tag}:")
+        width = max(len(part) for part, _ in legend)
+        for part, meaning in legend:
+            print(f"  {part:{width}}  {meaning}")
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------------------ audit
+
 def cmd_audit(args) -> int:
-    from rlx_triton.backends.triton.audit import ARCHS, failures, format_table, run_audit
+    from rlx_triton.backends.triton.audit import ARCHS
 
     try:
         archs = [ARCHS[name] for name in (args.arch or ["sm_80", "sm_90"])]
     except KeyError as error:
-        print(f"rlx-triton audit: --arch must be one of {', '.join(ARCHS)}, got {error.args[0]!r}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        print("rlx-triton audit: triton is not installed", file=sys.stderr)
-        return EXIT_USAGE
-    done = [0]
+        raise UsageError(f"--arch must be one of {', '.join(ARCHS)}, got {error.args[0]!r}") from None
+    if importlib.util.find_spec("triton") is None:
+        raise UsageError("triton is not installed (the audit compiles with the ptxas in its wheel)")
+    from rlx_triton.backends.triton import audit
+    from rlx_triton.progress import Progress
 
-    def progress(record):
-        done[0] += 1
-        if not args.quiet and sys.stderr.isatty():
-            print(f"\r  compiled {done[0]} variants", end="", file=sys.stderr, flush=True)
+    modules = audit.triton_family_modules()
+    total = len(audit._list_variants(modules, tuple(archs)))
+    with Progress(total, "audit", unit="variant", enabled=not args.quiet) as progress:
+        def advance(record) -> None:
+            progress.set_label(f"{record.kernel} {record.candidate} {record.dtype} {record.arch}")
+            progress.update()
 
-    records = run_audit(archs, workers=args.workers, progress=progress)
-    if sys.stderr.isatty() and not args.quiet:
-        print(file=sys.stderr)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps([r.as_dict() for r in records], indent=1))
-    if not args.quiet:
-        print(format_table(records))
-    bad = failures(records)
-    print(f"\naudit: {len(records)} variants compiled for {', '.join(f'sm_{a}' for a in archs)}; "
-          f"{len(bad)} failing")
+        records = audit.run_audit(archs, modules=modules, workers=args.workers, progress=advance)
+    bad = audit.failures(records)
+    if not write_json(args.json, [r.as_dict() for r in records]):
+        if not args.quiet:
+            print(audit.format_table(records))
+        print(f"\naudit: {len(records)} variants compiled for {', '.join(f'sm_{a}' for a in archs)}; "
+              f"{len(bad)} failing")
     for record, why in bad:
-        print(f"  FAIL {record.kernel} {record.candidate} {record.dtype} {record.arch}: {why}")
+        print(f"  FAIL {record.kernel} {record.candidate} {record.dtype} {record.arch}: {why}", file=sys.stderr)
     if not records:
-        print("audit: no Triton kernels were found", file=sys.stderr)
+        print("rlx-triton audit: no Triton kernels were found", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_FAILED if bad else EXIT_OK
 
 
-def _bench_dir() -> Optional[Path]:
+# ------------------------------------------------------------------------------------------ bench
+
+def _bench_root() -> Optional[Path]:
+    """The source checkout that holds bench/run.py: the working directory, or the one this package is in."""
     for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
         if (root / "bench" / "run.py").is_file():
             return root
@@ -169,79 +267,126 @@ def _bench_dir() -> Optional[Path]:
 
 
 def cmd_bench(args) -> int:
-    root = _bench_dir()
+    root = _bench_root()
     if root is None:
-        print("rlx-triton bench: bench/run.py not found (run it from a source checkout)", file=sys.stderr)
-        return EXIT_USAGE
-    sys.path.insert(0, str(root))
+        raise UsageError("the benchmarks live in the source checkout's bench/ folder, which the installed package "
+                         "does not ship: run this command inside a clone of the repository")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
     from bench import run as bench_run
 
-    argv = (["--quick"] if args.quick else []) + (args.only or [])
+    argv = (["--quick"] if args.quick else []) + (["--out", args.out] if args.out else []) + \
+        (["--json", args.json] if args.json else []) + list(args.only or [])
     return bench_run.main(argv)
 
+
+# ------------------------------------------------------------------------------------------ tune
 
 def cmd_tune(args) -> int:
     from rlx_triton.tune import MODEL_SHAPES, tune_model
 
     if args.model not in MODEL_SHAPES:
-        print(f"rlx-triton tune: model must be one of {', '.join(sorted(MODEL_SHAPES))}, got {args.model!r}",
-              file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"model must be one of {', '.join(sorted(MODEL_SHAPES))}, got {args.model!r}")
     try:
-        summary = tune_model(args.model, device=args.device, progress=not args.json)
+        summary = tune_model(args.model, device=args.device, progress=True)
     except RuntimeError as error:
-        print(f"rlx-triton tune: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
+        raise UsageError(str(error)) from None
+    if not write_json(args.json, summary):
         print(f"tuned {summary['cases']} cases of {args.model}; winner table {summary['tune_cache']} "
               f"now holds {summary['entries']} entries")
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------------------ lazy commands
+
+def _lazy_command(name: str) -> Callable[[Any], int]:
+    module_name, help_text = LAZY_COMMANDS[name]
+
+    def run(args) -> int:
+        module = importlib.import_module(module_name)
+        parser = _Parser(prog=f"rlx-triton {name}", description=help_text)
+        module.add_arguments(parser)
+        return module.run(parser.parse_args(args.rest))
+
+    return run
+
+
+def _module_exists(name: str) -> bool:
+    """Whether `name` is a module or a package with an __init__ (a bare folder is a namespace, not a command)."""
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
+# ------------------------------------------------------------------------------------------ parser
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlx-triton", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    from rlx_triton import cli_explain
+
+    parser = _Parser(prog="rlx-triton", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"rlx-triton {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     info = sub.add_parser("info", help="devices, backends that run here and why not, versions, tune cache")
-    info.add_argument("--json", action="store_true")
+    _add_json(info, "the report")
     info.set_defaults(run=cmd_info)
 
-    explain = sub.add_parser("explain", help="the route for a shape given on the command line")
-    explain.add_argument("family", help="sdpa_decode | conv | fbank | lstm | segdense")
-    explain.add_argument("op", nargs="?", help="op of the family (default: the family name)")
-    explain.add_argument("--field", action="append", metavar="NAME=INT", help="launch field, repeatable")
-    explain.add_argument("--feature", action="append", metavar="NAME=VALUE", help="feature flag, repeatable")
-    explain.add_argument("--dtype", default="float32")
-    explain.add_argument("--device", default="cpu")
+    explain = sub.add_parser(
+        "explain", help="the route a call of a given shape takes, here or on a named GPU",
+        description="The route (backend, candidate, evidence, why every other backend was skipped) that a call "
+                    "of the given shape would take, without running it.",
+        epilog=cli_explain.help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    explain.add_argument("family", help=", ".join(cli_explain.FAMILY_OPS))
+    explain.add_argument("op", nargs="?", help="an op of the family (default: the family's first op)")
+    explain.add_argument("--field", action="append", metavar="NAME=INT", help="a launch field (repeatable)")
+    explain.add_argument("--feature", action="append", metavar="NAME=VALUE",
+                         help="change a feature of the plain call (repeatable)")
+    explain.add_argument("--dtype", default="float32", help=", ".join(cli_explain.FLOAT_DTYPES) + " (default float32)")
+    explain.add_argument("--device", default="cpu",
+                         help="cpu, cuda[:N], mps, or a GPU profile to explain for without one: "
+                              + ", ".join(_profile_keys()) + " (a unique prefix will do: a100, h100, rtx4090)")
     explain.add_argument("--backend", default="auto", choices=["auto", "triton", "metal", "torch"])
-    explain.add_argument("--json", action="store_true")
+    _add_json(explain, "the route")
     explain.set_defaults(run=cmd_explain)
 
-    tune = sub.add_parser("tune", help="pre-tune the buckets of a named model shape set and persist winners")
-    tune.add_argument("model")
+    tune = sub.add_parser("tune", help="time every approved candidate of a model's shapes and keep the winners")
+    tune.add_argument("model", help="llama3-8b, pyannote-segmentation, wespeaker")
     tune.add_argument("--device", default="cuda")
-    tune.add_argument("--json", action="store_true")
+    _add_json(tune, "the summary")
     tune.set_defaults(run=cmd_tune)
 
     audit = sub.add_parser("audit", help="compile every Triton candidate ahead of time (no GPU needed)")
-    audit.add_argument("--arch", action="append", help="sm_80 and/or sm_90 (default both)")
-    audit.add_argument("--json", metavar="PATH")
-    audit.add_argument("--workers", type=int, default=None)
-    audit.add_argument("--quiet", action="store_true", help="print only the summary and failures")
+    audit.add_argument("--arch", action="append", help="sm_80 and/or sm_90 (repeatable; default both)")
+    _add_json(audit, "one record per compiled variant")
+    audit.add_argument("--workers", type=int, default=None, help="compile processes (default: one per core)")
+    audit.add_argument("--quiet", action="store_true", help="print only the summary and failures, no progress")
     audit.set_defaults(run=cmd_audit)
 
-    bench = sub.add_parser("bench", help="run bench/run.py side-by-side benchmarks")
-    bench.add_argument("--quick", action="store_true")
-    bench.add_argument("only", nargs="*", help="bench names (default: all)")
+    bench = sub.add_parser("bench", help="side-by-side benchmarks against torch (needs a source checkout)")
+    bench.add_argument("--quick", action="store_true", help="small case set, fewer repetitions")
+    bench.add_argument("--out", metavar="DIR", help="write <date>-<device>.md/.json/.png there (e.g. bench/results)")
+    _add_json(bench, "the results")
+    bench.add_argument("only", nargs="*", metavar="NAME", help="bench names (default: all)")
     bench.set_defaults(run=cmd_bench)
+
+    for name, (module_name, help_text) in LAZY_COMMANDS.items():
+        if not _module_exists(module_name):
+            continue
+        lazy = sub.add_parser(name, help=help_text, add_help=False, prefix_chars="\0")
+        lazy.add_argument("rest", nargs=argparse.REMAINDER)
+        lazy.set_defaults(run=_lazy_command(name))
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        print(f"rlx-triton {args.command}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"rlx-triton {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
