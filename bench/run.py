@@ -1,11 +1,12 @@
-"""Runs any subset of the benchmarks side by side in one process and writes the results file.
+"""Runs any subset of the benchmarks side by side in one process; writes the results only when asked.
 
-    python bench/run.py [--quick] [--out bench/results] [NAME ...]
+    python bench/run.py [--quick] [--out bench/results] [--json PATH] [NAME ...]
 
 Each bench module exposes run(quick) -> list of case dicts (bench, shape, dtype, rlx_us, baseline,
-baseline_us, speedup, gbps). Output: a markdown table on stdout and in <out>/<date>-<device>.md, a
-PNG plot of the speedup per case, and <out>/<date>-<device>.json with device, torch, triton, the
-measured copy bandwidth, the cases and a summary.
+baseline_us, speedup, gbps). A markdown table goes to stdout; with --out DIR the same table goes to
+DIR/<date>-<device>.md, with a PNG of the speedup per case and DIR/<date>-<device>.json (device,
+torch, triton, the measured copy bandwidth, the cases and a summary); --json PATH writes that report
+to PATH ('-': to stdout, instead of the table). Progress, one unit per bench, goes to stderr.
 """
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> bool:
+    """A horizontal bar per case (label on the left, ratio on a log axis): every label stays readable."""
     try:
         import matplotlib
 
@@ -92,16 +94,30 @@ def plot(report: dict, path: Path) -> bool:
     cases = [c for c in report["cases"] if c.get("speedup")]
     if not cases:
         return False
-    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(cases)), 4))
-    ax.bar(range(len(cases)), [c["speedup"] for c in cases],
-           color=["tab:green" if c["speedup"] >= 1 else "tab:red" for c in cases])
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels([f"{c['bench']} {c['shape']} {c['dtype']}" for c in cases], rotation=90, fontsize=6)
-    ax.set_ylabel("speedup over baseline")
-    ax.set_title(f"rlx_triton on {report['device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    speedups = [c["speedup"] for c in cases]
+    labels = [f"{c['bench']}  {c['shape']}  {c['dtype']}  vs {c['baseline']}" for c in cases]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.28 * len(cases)))
+    rows = range(len(cases))
+    # bars grow from 1x (parity), right when rlx_triton is faster, left when slower
+    ax.barh(rows, [s - 1.0 for s in speedups], left=1.0, color=["tab:green" if s >= 1 else "tab:red" for s in speedups])
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    for row, speedup in zip(rows, speedups):
+        ax.annotate(f"{speedup:.2f}x", (max(speedup, 1.0), row), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set_yticks(list(rows))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()  # first case on top, as in the table
+    low, high = min(speedups + [1.0]), max(speedups + [1.0])
+    ax.set_xlim(low / 1.3, high * 1.6)
+    ticks = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if low / 1.3 <= t <= high * 1.6]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t:g}x" for t in ticks])
+    ax.minorticks_off()
+    ax.grid(axis="x", linewidth=0.3)
+    ax.set_xlabel("speedup over the baseline (log scale; > 1: rlx_triton is faster)")
+    ax.set_title(f"rlx_triton on {report['device']}, {report['date']}{' (quick)' if report['quick'] else ''}")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -109,7 +125,8 @@ def plot(report: dict, path: Path) -> bool:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small case set, fewer repetitions")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--out", metavar="DIR", help="write <date>-<device>.md/.json/.png there (e.g. bench/results)")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
     parser.add_argument("names", nargs="*", help=f"subset of {', '.join(BENCHES)}")
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHES]
@@ -120,6 +137,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch
 
     from bench.common import bench_device, copy_bandwidth_gbps
+    from rlx_triton.cli import write_json
+    from rlx_triton.progress import Progress
 
     device = bench_device()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -132,26 +151,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     copy_gbps = copy_bandwidth_gbps(device, args.quick)
     cases: List[dict] = []
     errors: Dict[str, str] = {}
-    for name in args.names or list(BENCHES):
-        print(f"== {name}", file=sys.stderr, flush=True)
-        try:
-            cases.extend(importlib.import_module(BENCHES[name]).run(args.quick))
-        except Exception as error:  # one broken bench must not lose the others' results
-            traceback.print_exc()
-            errors[name] = f"{type(error).__name__}: {error}"
+    names = args.names or list(BENCHES)
+    with Progress(len(names), "bench", unit="bench") as progress:
+        for name in names:
+            progress.set_label(name)
+            try:
+                cases.extend(importlib.import_module(BENCHES[name]).run(args.quick))
+            except Exception as error:  # one broken bench must not lose the others' results
+                traceback.print_exc()
+                errors[name] = f"{type(error).__name__}: {error}"
+            progress.update()
     date = datetime.date.today().isoformat()
     slug = "".join(ch if ch.isalnum() else "-" for ch in device_name).strip("-").lower()
     report = {"date": date, "device": device_name, "torch": torch.__version__, "triton": triton_version,
               "quick": args.quick, "copy_gbps": round(copy_gbps, 2), "cases": cases,
               "summary": summarise(cases, copy_gbps, device.type), "errors": errors}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{date}-{slug}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
     table = markdown(report)
-    stem.with_suffix(".md").write_text(table)
-    plot(report, stem.with_suffix(".png"))
-    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = out / f"{date}-{slug}"
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        stem.with_suffix(".md").write_text(table)
+        plot(report, stem.with_suffix(".png"))
+    if not write_json(args.json, report):
+        print(table)
     return 1 if errors else 0
 
 

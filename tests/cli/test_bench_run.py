@@ -28,3 +28,46 @@ def test_unknown_bench_name_is_a_usage_error():
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "nope"], capture_output=True,
                             text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 2 and "unknown bench" in result.stderr
+
+
+def _tiny_bench(monkeypatch):
+    import types
+
+    from bench import run as bench_run
+
+    module = types.ModuleType("tiny_bench_for_tests")
+    module.run = lambda quick: [{"bench": "tiny", "shape": "n1", "dtype": "float32", "rlx_us": 2.0,
+                                 "baseline": "torch", "baseline_us": 3.0, "speedup": 1.5, "gbps": None}]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(bench_run.BENCHES, "tiny", module.__name__)
+    return bench_run
+
+
+def test_results_are_written_only_when_asked(monkeypatch, tmp_path, capsys):
+    bench_run = _tiny_bench(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert bench_run.main(["--quick", "tiny"]) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert "| tiny | n1 | float32 |" in capsys.readouterr().out
+
+
+def test_json_dash_puts_only_the_report_on_stdout(monkeypatch, capsys):
+    bench_run = _tiny_bench(monkeypatch)
+    assert bench_run.main(["--quick", "--json", "-", "tiny"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cases"][0]["speedup"] == 1.5
+
+
+def test_plot_keeps_every_label_inside_the_picture(tmp_path):
+    import warnings
+
+    import matplotlib.image
+    from bench.run import plot
+
+    cases = [{"bench": "sdpa_decode", "shape": f"B{b} Hq32 Hkv8 D128 S{s}", "dtype": "bfloat16",
+              "baseline": "torch SDPA (best backend)", "speedup": 0.5 + 0.1 * b} for b in range(12) for s in (512, 65536)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. matplotlib's "Tight layout not applied"
+        assert plot({"cases": cases, "device": "NVIDIA H200", "date": "2026-12-01", "quick": True}, tmp_path / "p.png")
+    height, width, _ = matplotlib.image.imread(tmp_path / "p.png").shape
+    assert height > 24 * 0.28 * 120 and width > 10 * 120 * 0.9  # one row per case at 120 dpi, labels included
