@@ -2,13 +2,13 @@
 
 Every public op asks the router which backend runs it: a Triton kernel, a Metal shader, or the
 torch library op as the always-correct fallback. Names resolve lazily so that `import rlx_triton`
-stays cheap and works without triton or a GPU.
+stays cheap and works without triton or a GPU; `__init__.pyi` shows them to type checkers and IDEs.
 """
 from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it from here
 
 # public name -> (module, attribute)
 _EXPORTS = {
