@@ -24,7 +24,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 # subcommands whose module is imported only when the subcommand runs: name -> (module, help)
 LAZY_COMMANDS = {
-    "perf": ("rlx_triton.perf", "ahead-of-time performance analysis of the routed launches for a named GPU"),
+    "perf": ("rlx_triton.perf", "how fast the routed kernels can be on a named GPU, without one"),
 }
 
 
