@@ -6,23 +6,8 @@ import torch
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.launches import Launch, describe_call, specialize
+from tests.perf.jit_reference import jit_specialization
 from tests.perf.kernels import scaled_add_kernel, unspecialised_copy_kernel
-
-
-def _jit_specialization(kernel, args, meta):
-    """What triton's JIT itself computes for kernel[grid](*args, **meta) on sm_90 (its own binder)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
-
-    jit = kernel if hasattr(kernel, "params") else JITFunction(
-        kernel.fn, **{name: kernel.kwargs.get(name) for name in ("do_not_specialize", "do_not_specialize_on_alignment")})
-    backend = make_backend(GPUTarget("cuda", 90, 32))
-    binder = create_function_from_signature(jit.signature, jit.params, backend)
-    bound, specialization, options = binder(*args, **meta, num_warps=4)
-    _options, signature, constexprs, attrs = jit._pack_args(backend, dict(meta, num_warps=4), bound,
-                                                           specialization, options)
-    return signature, constexprs, attrs
 
 
 def _buffers(device):
@@ -46,7 +31,7 @@ def test_specialization_equals_the_jit(device, case):
         "float 1.0 and bool": (x, x, x, 2**40, 32, 1.0, True),
     }[case]
     mine = specialize(scaled_add_kernel, args, {"BLOCK": 64})
-    signature, constexprs, attrs = _jit_specialization(scaled_add_kernel, args, {"BLOCK": 64})
+    signature, constexprs, attrs = jit_specialization(scaled_add_kernel, args, {"BLOCK": 64})
     assert dict(mine.signature) == signature
     assert dict(mine.constexprs) == constexprs
     assert dict(mine.attrs) == attrs
@@ -57,7 +42,7 @@ def test_specialization_honours_do_not_specialize(n, stride):
     x, _, _ = _buffers("cpu")
     args = (x, x[1:], n, stride)
     mine = specialize(unspecialised_copy_kernel, args, {"BLOCK": 16})
-    signature, constexprs, attrs = _jit_specialization(unspecialised_copy_kernel, args, {"BLOCK": 16})
+    signature, constexprs, attrs = jit_specialization(unspecialised_copy_kernel, args, {"BLOCK": 16})
     assert (dict(mine.signature), dict(mine.constexprs), dict(mine.attrs)) == (signature, constexprs, attrs)
 
 

@@ -97,8 +97,8 @@ def compile_spec(spec: AuditSpec, candidate, dtype: str, arch: int = 90):
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def inspect_cubin(cubin: bytes) -> Tuple[int, int, bool]:
-    """(registers, spill bytes per thread, uses tensor-core instructions) read with the wheel's cuobjdump."""
+def read_cubin(cubin: bytes) -> Tuple[int, int, int, str]:
+    """(registers, spill bytes per thread, static shared bytes, SASS text) read with the wheel's cuobjdump."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
@@ -109,8 +109,14 @@ def inspect_cubin(cubin: bytes) -> Tuple[int, int, bool]:
     match = _RES.search(usage)
     if match is None:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{usage}")
-    registers, stack, _shared, local = (int(group) for group in match.groups())
-    return registers, stack + local, bool(_MMA.search(sass))
+    registers, stack, shared, local = (int(group) for group in match.groups())
+    return registers, stack + local, shared, sass
+
+
+def inspect_cubin(cubin: bytes) -> Tuple[int, int, bool]:
+    """(registers, spill bytes per thread, uses tensor-core instructions) read with the wheel's cuobjdump."""
+    registers, spills, _shared, sass = read_cubin(cubin)
+    return registers, spills, bool(_MMA.search(sass))
 
 
 def audit_variant(module_name: str, spec_name: str, candidate_index: int, dtype: str, arch: int) -> AuditRecord:

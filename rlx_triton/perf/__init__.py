@@ -1,0 +1,383 @@
+"""`rlx-triton perf`: how fast each routed kernel can be on a named GPU, from its launch plan, without the GPU.
+
+    python -m rlx_triton.perf [--device h200] [--json PATH] [--markdown PATH] [BENCH ...]
+
+For every case of every bench in bench/ (their own case lists, as a CUDA run measures them) the call
+is traced on meta tensors as on the device profile (rlx_triton/devices.py): routed by the router as on
+that device, its launch plan built by the family's launcher and collected by the executor instead of
+run (rlx_triton/backends/triton/launches.py). Each distinct launch configuration is compiled for the
+profile's architecture with the JIT's specialisation (rlx_triton.perf.compiled, cached on disk), and
+each launch is read against the profile: CTAs, CTAs per SM, waves, SM fill, registers, shared memory,
+spills, the SASS instruction mix, and a roofline estimate beside the physical floor
+(rlx_triton.perf.roofline; the assumptions are printed and written to the JSON). Per model (PyanNet
+segmentation, WeSpeaker ResNet34): Triton launches and host synchronisations of one forward at the
+bench shape. A case whose family's launcher still launches outside the executor is reported as
+"no launch plan yet" (its launches are counted, its time is not estimated). Every estimate is
+uncalibrated; where bench/results/*.json holds a run on the same GPU, measured / estimated is shown.
+
+Exit codes: 0 every case analysed or reported, 1 a case failed to trace or a launch failed to compile,
+2 bad usage (unknown device or bench, a profile that is not a CUDA GPU, triton not installed).
+
+`add_arguments(parser)` and `run(args)` let the rlx-triton command wire this in as its `perf` subcommand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_DEVICE = "h200"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from rlx_triton.perf.benches import BENCHES
+
+    parser.add_argument("--device", default=DEFAULT_DEVICE,
+                        help=f"device profile (rlx_triton/devices.py; default {DEFAULT_DEVICE})")
+    parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON to PATH")
+    parser.add_argument("--workers", type=int, default=None, help="compile processes (default: one per CPU)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="compiled-kernel facts cache (default $XDG_CACHE_HOME/rlx_triton/perf)")
+    parser.add_argument("--no-cache", action="store_true", help="compile every configuration afresh")
+    parser.add_argument("--markdown", metavar="PATH",
+                        help="write the case table as markdown to PATH (estimates beside the measured columns)")
+    parser.add_argument("--results", default=None,
+                        help="folder of bench results to read measured times from (default bench/results)")
+    parser.add_argument("benches", nargs="*", metavar="BENCH", help=f"subset of {', '.join(BENCHES)}")
+    return parser
+
+
+@dataclass
+class CaseReport:
+    bench: str
+    case: str
+    shape: Dict[str, Any]
+    backend: str
+    candidate: Optional[str]
+    launches: int
+    floor_us: Optional[float]
+    est_us: Optional[float]
+    bw_fraction: Optional[float]
+    kernels: list = field(default_factory=list)   # KernelEstimate
+    dtype: str = ""
+    note: str = ""
+    measured_us: Optional[float] = None
+
+    def as_json(self) -> dict:
+        return {"bench": self.bench, "case": self.case, "shape": self.shape, "backend": self.backend,
+                "candidate": self.candidate, "launches": self.launches, "floor_us": self.floor_us,
+                "est_us": self.est_us, "bw_fraction": self.bw_fraction,
+                "kernels": [kernel.as_json() for kernel in self.kernels]}
+
+
+def _route_summary(case, routes) -> tuple:
+    """(backend, candidate, shape) of a traced case from the routes it took."""
+    if case.pinned is not None:
+        return "triton", case.pinned, None
+    calls = _op_calls(routes)
+    if not calls:
+        return "torch", None, None
+    backends = sorted({route.backend for route in calls})
+    if len(calls) == 1 or len({(r.family, r.op, r.request) for r in calls}) == 1:
+        route = calls[0]
+        shape = dict(route.request.fields) if route.request is not None else {}
+        if route.request is not None:
+            shape["dtype"] = route.request.dtype
+        return route.backend, route.candidate_tag, shape
+    tags = []
+    for route in calls:
+        entry = f"{route.family}.{route.op}={route.candidate_tag or route.backend}"
+        if entry not in tags:
+            tags.append(entry)
+    return "+".join(backends), ", ".join(tags), None
+
+
+def _op_calls(routes) -> list:
+    """Routes with consecutive lookups of the same request (an op routing twice per call) merged."""
+    calls = []
+    for route in routes:
+        if calls and calls[-1].request == route.request and calls[-1].backend == route.backend:
+            continue
+        calls.append(route)
+    return calls
+
+
+def launch_count_mismatches(trace) -> List[str]:
+    """Families that state `launch_count(request, candidate)` and whose count differs from what launched."""
+    problems = []
+    counts = trace.log.launches_per_route() if trace.log is not None else []
+    merged: List[List[int]] = []
+    for index, route in enumerate(trace.routes):
+        previous = trace.routes[index - 1] if index else None
+        if previous is not None and previous.request == route.request and previous.backend == route.backend:
+            merged[-1].append(index)
+        else:
+            merged.append([index])
+    for group in merged:
+        route = trace.routes[group[0]]
+        formula = getattr(route.module, "launch_count", None) if route.backend == "triton" else None
+        if formula is None:
+            continue
+        launched = sum(counts[i] for i in group)
+        stated = formula(route.request, route.candidate)
+        if stated != launched:
+            problems.append(f"{route.family}.{route.op}: launch_count states {stated}, the launcher made {launched}")
+    return problems
+
+
+def _measured(profile, results_dir: Path) -> Dict[tuple, float]:
+    """(bench, case label, dtype, candidate) -> rlx_us from the newest results file of this GPU."""
+    files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    for path in reversed(files):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(report, dict) or not profile.matches(str(report.get("device", ""))):
+            continue
+        table = {}
+        for row in report.get("cases", []):
+            key = (row.get("bench"), row.get("shape"), row.get("dtype"), row.get("candidate"))
+            if row.get("rlx_us") is not None:
+                table.setdefault(key, row["rlx_us"])
+        return table
+    return {}
+
+
+def analyse_plan(records: Sequence[Any], profile, *, workers: Optional[int] = None,
+                 cache_dir: Optional[str] = None) -> list:
+    """KernelEstimates of launch records on a profile (each distinct configuration compiled once)."""
+    from rlx_triton.perf.compiled import CompileJob, compile_all
+    from rlx_triton.perf.roofline import estimate
+
+    jobs = [CompileJob.of(record, profile.arch_number) for record in records]
+    compiled = compile_all(jobs, cache_dir=cache_dir, workers=workers)
+    return [estimate(record, compiled[job], profile) for record, job in zip(records, jobs)]
+
+
+def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cache_dir: Optional[str] = None,
+            results_dir: Optional[Path] = None, progress=None) -> dict:
+    """The full analysis: {"report": JSON-ready dict, "cases": [CaseReport], "models": [...], "errors": [...]}."""
+    from rlx_triton.perf.benches import REPO_ROOT, perf_cases
+    from rlx_triton.perf.compiled import CompileJob, compile_all
+    from rlx_triton.perf.roofline import ASSUMPTIONS, case_totals, estimate
+    from rlx_triton.perf.trace import trace
+    from rlx_triton.router.device import profile_facts
+
+    say = progress or (lambda message: None)
+    facts = profile_facts(profile)
+    errors: List[str] = []
+    traced = []
+    model_traces: Dict[str, Any] = {}
+    wanted = list(names)
+    for name in wanted:
+        started = time.perf_counter()
+        cases = perf_cases(name, facts)
+        for case in cases:
+            result = trace(case.call, facts, host_syncs=case.model is not None)
+            traced.append((case, result))
+            if case.model is not None:
+                model_traces[case.model] = result
+        say(f"traced {name}: {len(cases)} cases in {time.perf_counter() - started:.1f} s")
+    for name in ("pyannote_segmentation", "embedding"):   # the models are reported whatever benches ran
+        if name in wanted:
+            continue
+        for case in perf_cases(name, facts):
+            if case.model is not None:
+                model_traces[case.model] = trace(case.call, facts, host_syncs=True)
+
+    jobs = {}
+    for _case, result in traced:
+        for record in result.records:
+            jobs.setdefault(id(record), CompileJob.of(record, profile.arch_number))
+    distinct = set(jobs.values())
+    say(f"compiling {len(distinct)} distinct launch configurations for {profile.arch}")
+    started = time.perf_counter()
+    compiled = compile_all(distinct, cache_dir=cache_dir, workers=workers)
+    fresh = sum(1 for c in compiled.values() if not c.cached)
+    say(f"compiled {fresh} (cached {len(compiled) - fresh}) in {time.perf_counter() - started:.1f} s")
+    for job, facts_of in compiled.items():
+        if not facts_of.ok:
+            errors.append(f"{job.module}:{job.qualname} (warps {job.num_warps}, stages {job.num_stages}) did not "
+                          f"compile for sm_{job.arch}: {facts_of.error}")
+
+    measured = _measured(profile, results_dir if results_dir is not None else REPO_ROOT / "bench" / "results")
+    reports: List[CaseReport] = []
+    shapes: Dict[tuple, dict] = {}
+    routed_tags: Dict[tuple, Optional[str]] = {}
+    for case, result in traced:
+        backend, candidate, shape = _route_summary(case, result.routes)
+        label = case.case
+        if case.label is not None and result.output is not None and not result.error:
+            label = case.label(result.output)
+        if case.pinned is None:
+            routed_tags[(case.bench, label)] = candidate
+        elif case.unless_routed and routed_tags.get((case.bench, label)) == case.pinned:
+            continue  # the bench measures the routed candidate once
+        if shape is None:
+            shape = shapes.get((case.bench, label), {**case.dims, "dtype": case.dtype} if case.dims else {})
+        else:
+            shapes.setdefault((case.bench, label), shape)
+        kernels = [estimate(record, compiled.get(jobs[id(record)]), profile) for record in result.records]
+        floor_us, est_us, bw_fraction = case_totals(kernels, profile)
+        notes = []
+        if result.error:
+            notes.append(f"trace failed: {result.error}")
+            errors.append(f"{case.bench} {label}: {result.error}")
+        unplanned = result.unplanned_families() if case.pinned is None else (
+            [case.family] if result.log.outside else [])
+        if unplanned:
+            notes.append(f"no launch plan yet: {', '.join(unplanned)}")
+            floor_us = est_us = bw_fraction = None
+        for problem in launch_count_mismatches(result):
+            notes.append(problem)
+            errors.append(f"{case.bench} {label}: {problem}")
+        report = CaseReport(case.bench, label, shape, backend, candidate, result.launches, floor_us, est_us,
+                            bw_fraction, kernels, case.dtype, "; ".join(notes))
+        report.measured_us = measured.get((case.bench, label, case.dtype, candidate))
+        reports.append(report)
+
+    models = []
+    for model in ("PyanNet segmentation", "WeSpeaker ResNet34"):
+        result = model_traces.get(model)
+        complete = result is not None and not result.error
+        if result is not None and result.error:
+            errors.append(f"model {model}: {result.error}")
+        models.append({"model": model, "launches_per_forward": result.launches if complete else None,
+                       "host_syncs_per_forward": len(result.host_syncs) if complete else None,
+                       "_syncs": list(result.host_syncs or []) if result is not None else []})
+    report = {"device": profile.key, "calibrated": False, "assumptions": list(ASSUMPTIONS),
+              "cases": [r.as_json() for r in reports],
+              "models": [{k: v for k, v in m.items() if not k.startswith("_")} for m in models]}
+    return {"report": report, "cases": reports, "models": models, "errors": errors}
+
+
+def _fmt(value, digits: int = 1, percent: bool = False) -> str:
+    if value is None:
+        return "-"
+    if percent:
+        return f"{100 * value:.0f}%"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_report(profile, analysis: dict) -> str:
+    """The printed form: one row per case, one indented row per launch configuration, then the models."""
+    lines = [f"rlx-triton perf: {profile.name} ({profile.arch}, {profile.sm_count} SMs, "
+             f"{profile.bandwidth / 1e12:.2f} TB/s) -- estimates are UNCALIBRATED", ""]
+    header = (f"{'bench':22} {'case':44} {'dtype':8} {'backend':7} {'launches':>8} {'floor us':>10} "
+              f"{'est us':>10} {'bw':>5} {'meas/est':>8}  candidate / note")
+    lines += [header, "-" * len(header)]
+    for case in analysis["cases"]:
+        ratio = f"{case.measured_us / case.est_us:.2f}" if case.measured_us and case.est_us else "-"
+        detail = case.candidate or ""
+        if case.note:
+            detail = f"{detail}  [{case.note}]" if detail else f"[{case.note}]"
+        lines.append(f"{case.bench[:22]:22} {case.case[:44]:44} {case.dtype[:8]:8} {case.backend[:7]:7} "
+                     f"{case.launches:>8} "
+                     f"{_fmt(case.floor_us):>10} {_fmt(case.est_us):>10} {_fmt(case.bw_fraction, percent=True):>5} "
+                     f"{ratio:>8}  {detail}")
+        seen = {}
+        for kernel in case.kernels:
+            key = (kernel.name, tuple(kernel.grid), kernel.regs, kernel.smem)
+            seen.setdefault(key, [kernel, 0])[1] += 1
+        for (name, _grid, _regs, _smem), (kernel, count) in seen.items():
+            times = f" x{count}" if count > 1 else ""
+            if kernel.error and kernel.regs is None:
+                lines.append(f"    {name}{times}: {kernel.error}")
+                continue
+            lines.append(
+                f"    {name}{times}: grid {tuple(kernel.grid)} = {kernel.ctas} CTAs, {kernel.num_warps} warps, "
+                f"{kernel.num_stages} stages; {kernel.regs} regs, {kernel.smem} B smem, {kernel.spills} B spills; "
+                f"{kernel.ctas_per_sm} CTAs/SM ({kernel.limiter}), {_fmt(kernel.waves, 2)} waves, "
+                f"fill {_fmt(kernel.sm_fill, percent=True)}; {kernel.scope}: {kernel.mma} mma, {kernel.ldg128} "
+                f"ldg128 ({kernel.ldgsts} cp.async), {kernel.ffma} ffma; {kernel.unit}; floor {_fmt(kernel.floor_us)} "
+                f"us, est {_fmt(kernel.est_us)} us" + (f" [{kernel.error}]" if kernel.error else ""))
+    lines += ["", "models (one forward at the bench shape)"]
+    for model in analysis["models"]:
+        syncs = model["host_syncs_per_forward"]
+        kinds = {}
+        for kind in model["_syncs"]:
+            kinds[kind] = kinds.get(kind, 0) + 1
+        detail = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        lines.append(f"  {model['model']:22} launches {_fmt(model['launches_per_forward'])}, host syncs "
+                     f"{_fmt(syncs)}{f' ({detail})' if detail else ''}")
+    lines += ["", "assumptions (the same for every kernel):"]
+    lines += [f"  - {text}" for text in analysis["report"]["assumptions"]]
+    if analysis["errors"]:
+        lines += ["", "errors:"] + [f"  - {error}" for error in analysis["errors"]]
+    return "\n".join(lines)
+
+
+def markdown_table(profile, analysis: dict) -> str:
+    """The case table for the docs: estimates beside the measured columns (empty until a run on this GPU)."""
+    lines = [f"`rlx-triton perf --device {profile.key}`: {profile.name}, estimates uncalibrated; measured columns "
+             f"from the newest bench/results/*.json of this GPU, empty until one exists.", "",
+             "| bench | case | dtype | candidate | launches | SM fill | floor us | est us | measured us | "
+             "measured / est |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for case in analysis["cases"]:
+        longest = max((k for k in case.kernels if k.est_us is not None), key=lambda k: k.est_us, default=None)
+        fill = _fmt(longest.sm_fill, percent=True) if longest is not None else "-"
+        est = _fmt(case.est_us) if case.est_us is not None else (case.note or "-")
+        ratio = f"{case.measured_us / case.est_us:.2f}" if case.measured_us and case.est_us else ""
+        measured = _fmt(case.measured_us) if case.measured_us else ""
+        lines.append(f"| {case.bench} | {case.case} | {case.dtype} | {case.candidate or case.backend} | "
+                     f"{case.launches} | {fill} | {_fmt(case.floor_us)} | {est} | {measured} | {ratio} |")
+    lines += ["", "| model | Triton launches per forward | host syncs per forward |", "|---|---:|---:|"]
+    lines += [f"| {m['model']} | {_fmt(m['launches_per_forward'])} | {_fmt(m['host_syncs_per_forward'])} |"
+              for m in analysis["models"]]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    """The perf command on parsed arguments (see add_arguments); returns the exit code."""
+    from rlx_triton import devices
+
+    try:
+        profile = devices.profile(args.device)
+    except ValueError as error:
+        print(f"rlx-triton perf: --device: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if profile.kind != "cuda":
+        print(f"rlx-triton perf: {profile.name} is not a CUDA GPU; perf analyses Triton launches on CUDA "
+              f"profiles: {', '.join(p.key for p in devices.cuda_profiles())}", file=sys.stderr)
+        return EXIT_USAGE
+    from rlx_triton.perf.benches import BENCHES
+
+    unknown = [name for name in args.benches if name not in BENCHES]
+    if unknown:
+        print(f"rlx-triton perf: unknown bench {', '.join(unknown)}; choose from {', '.join(BENCHES)}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("rlx-triton perf: triton is not installed (the analysis compiles with its ptxas)", file=sys.stderr)
+        return EXIT_USAGE
+    from rlx_triton.perf.compiled import default_cache_dir
+
+    cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
+    results_dir = Path(args.results) if args.results else None
+    analysis = analyse(profile, args.benches or list(BENCHES), workers=args.workers, cache_dir=cache_dir,
+                       results_dir=results_dir, progress=lambda message: print(message, file=sys.stderr, flush=True))
+    print(format_report(profile, analysis))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(analysis["report"], indent=1))
+    if args.markdown:
+        path = Path(args.markdown)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(markdown_table(profile, analysis))
+    return EXIT_FAILED if analysis["errors"] else EXIT_OK
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = add_arguments(argparse.ArgumentParser(prog="rlx-triton perf", description=__doc__.splitlines()[0]))
+    return run(parser.parse_args(argv))

@@ -1,0 +1,228 @@
+"""The bench cases as rlx_triton calls on meta tensors, for `rlx-triton perf`.
+
+Each bench module in bench/ states its case list (`cases(quick, gpu=True)`: the cases a CUDA run
+measures); this module turns every case into the call that bench makes (the same module or op, the
+same arguments, the same per-candidate rows a GPU run adds), on meta tensors, and into the case label
+the bench writes to its results file (so measured times can be set next to the estimates). Modules are
+built on the CPU (random weights) and moved to the meta device before the traced call.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+BENCHES = ("sdpa_decode", "fbank", "sincnet", "lstm", "pyannote_segmentation", "embedding")
+META = torch.device("meta")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class PerfCase:
+    bench: str
+    case: str                      # the bench's label for the case (its results file's "shape")
+    dtype: str
+    call: Callable[[], Any]        # the rlx_triton call of the case, on meta tensors
+    dims: Dict[str, int] = field(default_factory=dict)   # the case's dimensions where it spans several ops
+    label: Optional[Callable[[Any], str]] = None          # the label from the call's output, where it names it
+    pinned: Optional[str] = None   # the candidate a per-candidate row launches directly (no route)
+    family: Optional[str] = None   # the family of a pinned row
+    unless_routed: bool = False    # a pinned row the bench leaves out when its candidate is the routed one
+    model: Optional[str] = None    # a whole-model forward: also reported per model (launches, host syncs)
+
+
+def bench_module(name: str):
+    """bench/<name>.py of the source checkout (perf reads the case lists where the benchmarks live)."""
+    if str(REPO_ROOT) not in sys.path and (REPO_ROOT / "bench" / "__init__.py").exists():
+        sys.path.insert(0, str(REPO_ROOT))
+    try:
+        return importlib.import_module(f"bench.{name}")
+    except ImportError as error:
+        raise RuntimeError(f"rlx-triton perf reads the case lists in bench/ of a source checkout; "
+                           f"bench.{name} could not be imported ({error})") from error
+
+
+def _meta(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.empty(*shape, device=META, dtype=dtype)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# ---------------------------------------------------------------------------------------------------
+# one function per bench: its cases as PerfCase rows
+# ---------------------------------------------------------------------------------------------------
+def _sdpa_decode(facts, quick: bool) -> List[PerfCase]:
+    import rlx_triton as rt
+
+    rows = []
+    for spec in bench_module("sdpa_decode").cases(quick, gpu=True):
+        batch, heads, kv_heads, dim, seq_kv, dtype = (spec[key] for key in
+                                                      ("batch", "heads", "kv_heads", "head_dim", "seq_kv", "dtype"))
+
+        def call(batch=batch, heads=heads, kv_heads=kv_heads, dim=dim, seq_kv=seq_kv, dtype=dtype):
+            q = _meta(batch, heads, 1, dim, dtype=dtype)
+            k = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
+            v = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
+            gqa = kv_heads != heads
+            route = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
+            if route.backend != "triton":
+                return None
+            # what the op's custom op runs (ops/sdpa_decode.py): meta tensors would only reach its fake
+            return route.module.scaled_dot_product_attention(q, k, v, None, False, None, gqa,
+                                                             candidate=route.candidate)
+
+        label = f"{spec['label']} b{batch} h{heads}/{kv_heads} d{dim} kv{seq_kv}"
+        rows.append(PerfCase("sdpa_decode", label, _dtype_name(dtype), call))
+    return rows
+
+
+def _waveform_case(bench: str, module, spec: dict, describe_output: Callable[[Any], str], **extra) -> PerfCase:
+    """A bench case that runs `module` on (batch, 1, samples) waveforms; its label names the input and the output."""
+    batch, samples = spec["batch"], spec["samples"]
+    source = f"({batch}, 1, {samples})"
+    return PerfCase(bench, f"{source} cuda", "float32", lambda: module(_meta(batch, 1, samples)),
+                    label=lambda out: f"{source} -> {describe_output(out)} cuda", **extra)
+
+
+def _fbank(facts, quick: bool) -> List[PerfCase]:
+    import rlx_triton as rt
+
+    return [_waveform_case("fbank", rt.nn.Fbank.wespeaker().to(META), spec,
+                           lambda out: f"({out.shape[0]}, {out.shape[1]}, {out.shape[2]})")
+            for spec in bench_module("fbank").cases(quick, gpu=True)]
+
+
+def _sincnet(facts, quick: bool) -> List[PerfCase]:
+    from rlx_triton.nn.conv import SincNet
+
+    bench = bench_module("sincnet")
+    return [_waveform_case("sincnet", SincNet.from_pyannote(bench._pyannote_sincnet()).to(META), spec,
+                           lambda out: f"({out.shape[0]}, {out.shape[1]}, {out.shape[-1]})")
+            for spec in bench.cases(quick, gpu=True)]
+
+
+def _lstm(facts, quick: bool) -> List[PerfCase]:
+    from rlx_triton.backends.triton import lstm as triton_lstm
+    from rlx_triton.nn import LSTM
+    from rlx_triton.planner import LstmVariant
+
+    rows = []
+    for spec in bench_module("lstm").cases(quick, gpu=True):
+        batch, seq, features = spec["batch"], spec["seq"], spec["input_size"]
+        module = torch.nn.LSTM(features, spec["hidden"], spec["layers"], bidirectional=True,
+                               batch_first=True).eval().to(META)
+        fast = LSTM.from_torch(module)
+        label = f"({batch}, {seq}, 60) h128 x4 bi cuda"
+        rows.append(PerfCase("lstm", label, "float32", lambda fast=fast, batch=batch, seq=seq, features=features:
+                             fast(_meta(batch, seq, features))))
+        kwargs = dict(has_biases=True, num_layers=spec["layers"], dropout=0.0, training=False, bidirectional=True,
+                      batch_first=True)
+        for variant in LstmVariant:  # the rows a GPU run adds: every other approved candidate, called directly
+            candidate = variant.candidate()
+            if candidate.tag() not in triton_lstm.APPROVALS:
+                continue
+            rows.append(PerfCase(
+                "lstm", label, "float32",
+                lambda module=module, candidate=candidate, batch=batch, seq=seq, features=features: triton_lstm.lstm(
+                    _meta(batch, seq, features), None, module._flat_weights, candidate=candidate, **kwargs),
+                pinned=candidate.tag(), family="lstm", unless_routed=True))
+    return rows
+
+
+def _pyannote_segmentation(facts, quick: bool) -> List[PerfCase]:
+    from rlx_triton.integrations import pyannote
+
+    bench = bench_module("pyannote_segmentation")
+    return [_waveform_case("pyannote_segmentation", pyannote.optimize(copy.deepcopy(bench._pyannet())).to(META),
+                           spec, lambda out: f"{tuple(out.shape)}", dims=dict(spec), model="PyanNet segmentation")
+            for spec in bench.cases(quick, gpu=True)]
+
+
+def _embedding(facts, quick: bool) -> List[PerfCase]:
+    from torch import nn
+
+    from rlx_triton.backends.triton import conv2d as kernels
+    from rlx_triton.integrations import pyannote
+    from rlx_triton.nn.conv2d import Conv2d, Projection, StatsPool
+    from rlx_triton.router import clear_route_cache
+
+    bench = bench_module("embedding")
+    specs = bench.cases(quick, gpu=True)
+    approved = [c for c in kernels.all_candidates() if kernels.candidate_tag(c) in kernels.APPROVALS]
+    rows = []
+    for spec in specs:
+        batch = spec["batch"]
+        if spec["layer"] == "end to end":
+            fast = pyannote.optimize(copy.deepcopy(bench._wespeaker34())).to(META)
+            waveforms = dict(batch=batch, samples=spec["samples"])
+            whole = _waveform_case("embedding", fast, waveforms, lambda out: f"{tuple(out.shape)}", dims=waveforms,
+                                   model="WeSpeaker ResNet34")
+            rows.append(whole)
+            for candidate in approved:  # the rows a GPU run adds: each approved conv candidate as the recipe
+                tag = kernels.candidate_tag(candidate)
+
+                def pinned(forward=whole.call, tag=tag):
+                    saved = dict(kernels.RECIPES)
+                    kernels.RECIPES[facts.device_class] = tag
+                    clear_route_cache()
+                    try:
+                        return forward()
+                    finally:
+                        kernels.RECIPES.clear()
+                        kernels.RECIPES.update(saved)
+                        clear_route_cache()
+
+                rows.append(PerfCase("embedding", f"{whole.case}, conv recipe {tag}", "float32", pinned, dims=waveforms,
+                                     label=lambda out, label=whole.label, tag=tag: f"{label(out)}, conv recipe {tag}"))
+        elif "c_in" in spec:
+            name, c_in, c_out, h, w = spec["layer"], spec["c_in"], spec["c_out"], spec["height"], spec["width"]
+            k, s, p = spec["kernel"], spec["stride"], spec["padding"]
+            conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)
+            bn = nn.BatchNorm2d(c_out)
+            bench._randomize(nn.Sequential(conv, bn))
+            fused = Conv2d.from_torch(conv.to(META), bn=bn.to(META), relu=True)  # the bn is not its submodule
+            out_h, out_w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+            residual = (batch, c_out, out_h, out_w) if spec["residual"] else None
+            label = f"{name} ({batch}, {c_in}, {h}, {w}) -> {c_out} cuda"
+
+            def layer(fused=fused, shape=(batch, c_in, h, w), residual=residual):
+                return fused(_meta(*shape), residual=None if residual is None else _meta(*residual))
+
+            rows.append(PerfCase("embedding", label, "float32", layer))
+            for candidate in approved:
+                def direct(fused=fused, candidate=candidate, shape=(batch, c_in, h, w), residual=residual, s=s, p=p):
+                    return kernels.conv2d(_meta(*shape), fused.weight, fused.bias, stride=s, padding=p,
+                                          residual=None if residual is None else _meta(*residual), relu=True,
+                                          candidate=candidate)
+
+                rows.append(PerfCase("embedding", label, "float32", direct, pinned=kernels.candidate_tag(candidate),
+                                     family="conv", unless_routed=True))
+        elif spec["layer"] == "pool":
+            shape = (batch, spec["channels"], spec["height"], spec["width"])
+            pool = StatsPool()
+            rows.append(PerfCase("embedding", f"TSTP {shape} cuda", "float32",
+                                 lambda pool=pool, shape=shape: pool(_meta(*shape))))
+        elif spec["layer"] == "seg_1":
+            projection = Projection.from_torch(nn.Linear(spec["in_features"], spec["out_features"])).to(META)
+            rows.append(PerfCase(
+                "embedding", f"seg_1 ({batch}, {spec['in_features']}) -> {spec['out_features']} cuda", "float32",
+                lambda projection=projection, shape=(batch, spec["in_features"]): projection(_meta(*shape))))
+    return rows
+
+
+_ADAPTERS = {"sdpa_decode": _sdpa_decode, "fbank": _fbank, "sincnet": _sincnet, "lstm": _lstm,
+             "pyannote_segmentation": _pyannote_segmentation, "embedding": _embedding}
+
+
+def perf_cases(name: str, facts, quick: bool = False) -> List[PerfCase]:
+    """Every case of bench `name` (as a CUDA run measures it) as a PerfCase."""
+    if name not in _ADAPTERS:
+        raise ValueError(f"unknown bench {name!r}; choose from {', '.join(BENCHES)}")
+    return _ADAPTERS[name](facts, quick)

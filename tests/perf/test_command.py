@@ -1,0 +1,68 @@
+"""The perf command: usage errors, the JSON it writes (exactly the agreed keys), measured/estimated columns."""
+import json
+
+import pytest
+
+from rlx_triton import perf
+from rlx_triton.devices import profile
+
+TOP_KEYS = ["device", "calibrated", "assumptions", "cases", "models"]
+CASE_KEYS = ["bench", "case", "shape", "backend", "candidate", "launches", "floor_us", "est_us", "bw_fraction",
+             "kernels"]
+MODEL_KEYS = ["model", "launches_per_forward", "host_syncs_per_forward"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "h300"], "unknown device"),
+    (["--device", "m2-max"], "not a CUDA GPU"),
+    (["nope"], "unknown bench"),
+])
+def test_bad_usage_exits_2_with_the_reason(argv, message, capsys):
+    assert perf.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def lstm_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("perf") / "out.json"
+    code = perf.main(["--device", "h200", "--json", str(out), "--cache-dir", str(out.parent / "cache"), "lstm"])
+    return code, json.loads(out.read_text())
+
+
+def test_the_json_has_exactly_the_agreed_keys(lstm_report):
+    code, report = lstm_report
+    assert code == 0
+    assert list(report) == TOP_KEYS
+    assert report["device"] == "h200" and report["calibrated"] is False and report["assumptions"]
+    assert report["cases"] and all(list(case) == CASE_KEYS for case in report["cases"])
+    assert [list(model) for model in report["models"]] == [MODEL_KEYS, MODEL_KEYS]
+
+
+def test_every_case_of_the_bench_is_reported(lstm_report):
+    _code, report = lstm_report
+    from rlx_triton.backends.triton import lstm
+
+    approved = [tag for tag in lstm.APPROVALS]
+    routed, *pinned = report["cases"]
+    assert routed["backend"] == "triton" and routed["shape"]["seq"] == 589 and routed["shape"]["batch"] == 32
+    assert {case["candidate"] for case in pinned} | {routed["candidate"]} == set(approved)
+    assert all(case["shape"] == routed["shape"] for case in pinned)
+
+
+def test_models_report_launches_and_host_syncs_per_forward(lstm_report):
+    _code, report = lstm_report
+    models = {model["model"]: model for model in report["models"]}
+    assert set(models) == {"PyanNet segmentation", "WeSpeaker ResNet34"}
+    for model in models.values():
+        assert model["launches_per_forward"] > 0 and model["host_syncs_per_forward"] >= 0
+
+
+def test_measured_times_of_the_same_gpu_are_read(tmp_path):
+    (tmp_path / "2026-12-01-nvidia-h200.json").write_text(json.dumps({
+        "device": "NVIDIA H200", "cases": [
+            {"bench": "lstm", "shape": "(32, 589, 60) h128 x4 bi cuda", "dtype": "float32", "candidate": "x",
+             "rlx_us": 1234.5}]}))
+    (tmp_path / "2026-12-02-nvidia-a100.json").write_text(json.dumps({"device": "NVIDIA A100-SXM4-80GB", "cases": []}))
+    table = perf._measured(profile("h200"), tmp_path)
+    assert table == {("lstm", "(32, 589, 60) h128 x4 bi cuda", "float32", "x"): 1234.5}
+    assert perf._measured(profile("l40s"), tmp_path) == {}
