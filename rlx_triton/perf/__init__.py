@@ -32,11 +32,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_DEVICE = "h200"
+# the benches in bench/ whose cases launch kernels (bench/<name>.py states cases(quick, gpu))
+BENCHES = ("sdpa_decode", "fbank", "sincnet", "lstm", "pyannote_segmentation", "embedding")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from rlx_triton.perf.benches import BENCHES
-
+    """The perf command's options on `parser` (imports nothing heavy, so a CLI can build its parser fast)."""
     parser.add_argument("--device", default=DEFAULT_DEVICE,
                         help=f"device profile (rlx_triton/devices.py; default {DEFAULT_DEVICE})")
     parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON to PATH")
@@ -348,8 +349,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlx-triton perf: {profile.name} is not a CUDA GPU; perf analyses Triton launches on CUDA "
               f"profiles: {', '.join(p.key for p in devices.cuda_profiles())}", file=sys.stderr)
         return EXIT_USAGE
-    from rlx_triton.perf.benches import BENCHES
-
     unknown = [name for name in args.benches if name not in BENCHES]
     if unknown:
         print(f"rlx-triton perf: unknown bench {', '.join(unknown)}; choose from {', '.join(BENCHES)}",

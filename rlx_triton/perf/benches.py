@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-BENCHES = ("sdpa_decode", "fbank", "sincnet", "lstm", "pyannote_segmentation", "embedding")
+from rlx_triton.perf import BENCHES
+
 META = torch.device("meta")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

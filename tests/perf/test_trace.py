@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rlx_triton.devices import profile
-from rlx_triton.perf import launch_count_mismatches
-from rlx_triton.perf.benches import BENCHES, perf_cases
+from rlx_triton.perf import BENCHES, launch_count_mismatches
+from rlx_triton.perf.benches import perf_cases
 from rlx_triton.perf.trace import HostSyncs, trace
 from rlx_triton.router.device import device_facts, profile_facts
 

@@ -19,6 +19,13 @@ them) and hands the list to `run`, which launches exactly those records. The ahe
   on meta tensors yields its plan and its launch count at any shape.
 - A record of an autotuned kernel (`Launch.tuned`, the autotune bridge's `TunedKernel`) runs through the
   bridge with its route, which injects the route's candidate; the record states that candidate's config.
+
+A family module (backends/triton/<family>.py) builds its records in a plan function with its launcher's
+signature, returning the records and the outputs it allocated (on the inputs' device, so meta inputs
+give a plan at any shape); the launcher is `plan, outputs = <op>_plan(...); run(plan); return outputs`,
+and nothing in the module launches a kernel any other way. The module states
+`launch_count(request, candidate) -> int`, the number of records its launcher runs for a routed
+request; `rlx-triton perf` checks it against the launches it counts at every bench shape.
 """
 from __future__ import annotations
 
