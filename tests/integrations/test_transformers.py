@@ -1,6 +1,8 @@
 """A tiny random Llama generates the same tokens with attn_implementation "rlx_triton" as with "sdpa"."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -17,9 +19,9 @@ def tiny_llama():
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def generate(model, implementation, input_ids, attention_mask):
+def generate(model, implementation, input_ids, attention_mask, run_mode=torch.no_grad):
     model.set_attn_implementation(implementation)
-    with torch.no_grad():
+    with run_mode():
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4,
                               do_sample=False, pad_token_id=0)
 
@@ -32,16 +34,21 @@ def test_register_makes_the_name_an_attention_implementation():
     assert "rlx_triton" in AttentionMaskInterface()
 
 
-def test_greedy_generation_with_padding_and_gqa_matches_sdpa():
+@pytest.mark.parametrize("run_mode", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+@pytest.mark.parametrize("built", ["outside", "inside"], ids=["built_outside", "built_in_inference_mode"])
+def test_greedy_generation_with_padding_and_gqa_matches_sdpa(built, run_mode):
+    """Under torch.no_grad and torch.inference_mode, with weights created outside or inside inference mode
+    (inference tensors), every attention call (prefill and decode) runs the kernel and the tokens match."""
     rt_transformers.register("rlx_triton")
-    model = tiny_llama()
+    with torch.inference_mode() if built == "inside" else contextlib.nullcontext():
+        model = tiny_llama()
     input_ids = torch.randint(1, 96, (2, 6))
     attention_mask = torch.ones(2, 6, dtype=torch.long)
     attention_mask[1, :2] = 0  # left padding in the second prompt
     input_ids[1, :2] = 0
-    expected = generate(model, "sdpa", input_ids, attention_mask)
-    with rt.use_backend("triton", strict=True):  # every attention call (prefill and decode) runs the kernel
-        got = generate(model, "rlx_triton", input_ids, attention_mask)
+    expected = generate(model, "sdpa", input_ids, attention_mask, run_mode)
+    with rt.use_backend("triton", strict=True):
+        got = generate(model, "rlx_triton", input_ids, attention_mask, run_mode)
     assert torch.equal(got, expected)
 
 

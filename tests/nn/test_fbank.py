@@ -1,4 +1,6 @@
 """rlx_triton.nn.Fbank: the module form of rlx_triton.fbank, and pyannote's WeSpeaker front end."""
+import contextlib
+
 import pytest
 import torch
 
@@ -46,3 +48,17 @@ def test_bad_option_fails_at_construction_naming_it():
 
 def test_module_has_no_parameters():
     assert list(rt.nn.Fbank.wespeaker().parameters()) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("run_mode", [torch.inference_mode, torch.no_grad], ids=["inference_mode", "no_grad"])
+@pytest.mark.parametrize("built", ["outside", "inside"], ids=["built_outside", "built_in_inference_mode"])
+def test_wespeaker_front_end_in_inference_and_no_grad_mode(built, run_mode, dtype):
+    """float32 runs the kernel, float64 runs torch and returns float64, whichever mode built the module."""
+    with torch.inference_mode() if built == "inside" else contextlib.nullcontext():
+        front_end = rt.nn.Fbank.wespeaker()
+    waves = speech_like(560, batch=1).to(dtype).unsqueeze(1)
+    with run_mode(), rt.use_backend("triton", strict=dtype == torch.float32):
+        out = front_end(waves)
+    assert out.dtype == dtype
+    assert rel_error(out, _pyannote_compute_fbank64(waves.double())) <= (TOL if dtype == torch.float32 else 1e-9)

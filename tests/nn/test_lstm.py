@@ -2,6 +2,8 @@
 keys, forward equals nn.LSTM (Triton kernel under no_grad, torch for autograd and training dropout)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -47,3 +49,28 @@ def test_constructed_directly_and_trained_through_torch():
     out, _ = fast(x)
     out.sum().backward()
     assert fast.weight_ih_l0.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("run_mode", [torch.inference_mode, torch.no_grad], ids=["inference_mode", "no_grad"])
+@pytest.mark.parametrize("built", ["outside", "inside"], ids=["built_outside", "built_in_inference_mode"])
+def test_inference_and_no_grad_with_weights_built_either_way(built, run_mode, dtype):
+    """Weights created inside torch.inference_mode are inference tensors; float32 runs the kernel, float64
+    runs torch (no kernel covers it) and gives torch's values; a weight edited in place is seen."""
+    with torch.inference_mode() if built == "inside" else contextlib.nullcontext():
+        torch.manual_seed(0)
+        source = torch.nn.LSTM(5, 8, 2, bidirectional=True, batch_first=True).eval().to(dtype)
+        fast = LSTM.from_torch(source)
+    x = torch.randn(2, 3, 5, dtype=dtype)
+    with run_mode(), rt.use_backend("triton", strict=dtype == torch.float32):
+        route = fast.explain(x)
+        out, (h, c) = fast(x)
+        want, (want_h, want_c) = source(x)
+        if built == "outside":
+            source.weight_ih_l0.mul_(0.5)
+            edited, _ = fast(x)
+            assert torch.allclose(edited, source(x)[0], rtol=1e-5, atol=1e-5)
+    assert route.backend == ("triton" if dtype == torch.float32 else "torch")
+    for got, ref in ((out, want), (h, want_h), (c, want_c)):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

@@ -6,6 +6,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from rlx_triton.backends.torch_ref import lstm as ref_lstm
+from tests.reference.lstm import LSTM_DEGENERATE_CASES, check_lstm_degenerate_case
 
 
 def run(module, x, hx=None):
@@ -43,3 +44,13 @@ def test_packed_sequence_with_unsorted_lengths_and_state():
     packed = pack_padded_sequence(x, torch.tensor([2, 4, 3]), batch_first=True, enforce_sorted=False)
     hx = (torch.randn(2, 3, 5), torch.randn(2, 3, 5))
     assert_same(run(module, packed, hx), module(packed, hx))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("case", list(LSTM_DEGENERATE_CASES))
+def test_degenerate_inputs_match_float64(case, dtype):
+    def launch(module, x, hx):
+        module = module.to(dtype)
+        return run(module, x.to(dtype), tuple(s.to(dtype) for s in hx))
+
+    check_lstm_degenerate_case(launch, case, rtol=1e-5 if dtype == torch.float32 else 1e-12)

@@ -12,7 +12,7 @@ import torch
 
 from rlx_triton.backends.triton import lstm as tk
 from rlx_triton.planner import LstmVariant
-from tests.reference.lstm import lstm_float64
+from tests.reference.lstm import LSTM_DEGENERATE_CASES, check_lstm_degenerate_case, lstm_float64
 
 TOL = 1e-5
 
@@ -169,3 +169,11 @@ def test_pyannote_shape_on_cuda_matches_float64_for_every_approved_candidate():
             torch.cuda.synchronize()
             for got, want in ((out, ref[0]), (h, ref[1][0]), (c, ref[1][1])):
                 torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=tag)
+
+
+@pytest.mark.parametrize("mode", ["persistent", "stepwise"])
+@pytest.mark.parametrize("case", list(LSTM_DEGENERATE_CASES))
+def test_degenerate_inputs_match_float64(case, mode):
+    """Zeros, constants, one step, NaN/Inf in the input or state: NaN spreads through the recurrence
+    exactly as in nn.LSTM, Inf saturates the gates, values match elsewhere."""
+    check_lstm_degenerate_case(lambda module, x, hx: run(module, x, hx, candidate(mode=mode)), case, rtol=TOL)

@@ -11,7 +11,8 @@ import torch
 
 from rlx_triton.backends.triton import segdense as tk
 from rlx_triton.planner import SegdenseVariant
-from tests.reference.segdense import random_head, segdense_float64
+from tests.reference.segdense import (SEGDENSE_DEGENERATE_CASES, check_segdense_degenerate_case, random_head,
+                                      segdense_float64)
 
 TOL = 1e-5
 
@@ -80,3 +81,14 @@ def test_coverage_refuses_autograd_and_unknown_activations():
     assert tk.COVERAGE.check("segdense", "cuda", "float32", fields, ok) is None
     assert tk.COVERAGE.check("segdense", "cuda", "float32", fields, {**ok, "requires_grad": True}) is not None
     assert tk.COVERAGE.check("segdense", "cuda", "float32", fields, {**ok, "activation": "softmax"}) is not None
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "second-pass"])
+@pytest.mark.parametrize("activation", ["log_softmax", "sigmoid", "none"])
+@pytest.mark.parametrize("case", list(SEGDENSE_DEGENERATE_CASES))
+def test_degenerate_inputs_match_float64(case, activation, fused):
+    """Silence, constant and single frames, NaN/Inf features, a NaN weight: NaN exactly where torch's
+    linear, leaky ReLU and activation put it (log-softmax of a NaN frame is NaN in every class)."""
+    check_segdense_degenerate_case(
+        lambda x, w, b, wc, bc, act: tk.segdense(x, w, b, wc, bc, activation=act, candidate=candidate(fused)),
+        case, activation, rtol=TOL)
