@@ -197,7 +197,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     Decode-shaped calls (up to 16 query tokens, head dims up to 256, fp16/bf16/fp32, bool or float mask,
     top-left is_causal, GQA/MQA, matching leading dims) run the split-K Triton decode kernel when the
-    router picks it; everything else (dropout, long queries, broadcast batch dims, ...) runs torch's op.
+    router picks it; everything else (dropout, long queries, broadcast batch dims, ...) runs torch's op,
+    and strict mode raises MissingKernel for it. On the kernel, NaN and Inf land where torch's math
+    backend puts them (masks are additive: a NaN key under a False mask still gives NaN), except that
+    keys no query token can reach under top-left is_causal (past the last token) are not read.
     """
     compiling = torch.compiler.is_compiling()
     signature = None if compiling else _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale,
@@ -320,6 +323,10 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     sees keys j <= i + L_b - Lq and a token with none gives 0. scale defaults to 1/sqrt(D).
     Returns out (B, Hq, Lq, Dv) in query's dtype, and with return_lse=True also lse (B, Hq, Lq) float32
     in natural log (-inf where a token sees no key).
+    NaN and Inf follow torch's math SDPA within each sequence's valid part: a causally hidden key still
+    takes part with score - inf, so NaN or +inf in a query row or in any valid key gives that row NaN
+    (lse NaN), and NaN or Inf in a valid value gives NaN; the positions past a sequence's length are
+    never read.
     """
     _validate_decode(query, k_cache, v_cache, cache_seqlens, scale)
     scale = None if scale is None else float(scale)
