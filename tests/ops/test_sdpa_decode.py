@@ -124,6 +124,18 @@ def test_float64_runs_torch_and_is_refused_in_strict_mode():
         rt.scaled_dot_product_attention(q, k, v)
 
 
+def test_sdpa_decode_float64_runs_torch_in_float64():
+    q, k, v = qkv(2, 4, 2, 16, kv_heads=2, seq_kv=19, dtype=torch.float64)
+    lengths = torch.tensor([19, 4])
+    with rt.use_backend("triton"):
+        route = rt.explain(rt.sdpa_decode, q, k, v, lengths)
+        out, lse = rt.sdpa_decode(q, k, v, lengths, return_lse=True)
+    ref_out, ref_lse = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    assert route.backend == "torch" and out.dtype == torch.float64 and lse.dtype == torch.float32
+    torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-6, atol=1e-6)
+
+
 # --- torch semantics through the kernel ----------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_gqa_decode_matches_torch(dtype):
