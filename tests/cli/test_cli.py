@@ -194,3 +194,12 @@ def test_a_lazy_subcommand_is_imported_only_when_it_runs(tmp_path, monkeypatch, 
         cli.main(["perf"])
     assert caught.value.code == 2 and "--device" in capsys.readouterr().err
     sys.modules.pop("fake_perf_command", None)
+
+
+def test_perf_is_a_subcommand_that_loads_only_when_it_runs(capsys):
+    code = subprocess.run([sys.executable, "-c", "import sys; from rlx_triton import cli; cli.build_parser(); "
+                           "print([m for m in ('rlx_triton.perf', 'torch') if m in sys.modules])"],
+                          capture_output=True, text=True, timeout=120)
+    assert code.stdout.strip() == "[]", code.stdout + code.stderr
+    code, _, err = run(capsys, "perf", "--device", "m2-max")
+    assert code == 2 and "not a CUDA GPU" in err
