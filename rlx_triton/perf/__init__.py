@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The perf command's options on `parser` (imports nothing heavy, so a CLI can build its parser fast)."""
     parser.add_argument("--device", default=DEFAULT_DEVICE,
                         help=f"device profile (rlx_triton/devices.py; default {DEFAULT_DEVICE})")
-    parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON to PATH")
+    parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON to PATH ('-': stdout, nothing else)")
     parser.add_argument("--workers", type=int, default=None, help="compile processes (default: one per CPU)")
     parser.add_argument("--cache-dir", default=None,
                         help="compiled-kernel facts cache (default $XDG_CACHE_HOME/rlx_triton/perf)")
@@ -365,8 +365,11 @@ def run(args: argparse.Namespace) -> int:
     results_dir = Path(args.results) if args.results else None
     analysis = analyse(profile, args.benches or list(BENCHES), workers=args.workers, cache_dir=cache_dir,
                        results_dir=results_dir, progress=lambda message: print(message, file=sys.stderr, flush=True))
-    print(format_report(profile, analysis))
-    if args.json:
+    # --json -: the JSON alone on stdout (the table goes to stderr), as the rlx-triton command's --json does
+    print(format_report(profile, analysis), file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.json == "-":
+        print(json.dumps(analysis["report"], indent=1))
+    elif args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(analysis["report"], indent=1))

@@ -66,3 +66,9 @@ def test_measured_times_of_the_same_gpu_are_read(tmp_path):
     table = perf._measured(profile("h200"), tmp_path)
     assert table == {("lstm", "(32, 589, 60) h128 x4 bi cuda", "float32", "x"): 1234.5}
     assert perf._measured(profile("l40s"), tmp_path) == {}
+
+
+def test_json_to_stdout_is_the_json_alone(capsys):
+    assert perf.main(["--json", "-", "fbank"]) == 0
+    out = capsys.readouterr()
+    assert list(json.loads(out.out)) == TOP_KEYS and "UNCALIBRATED" in out.err
