@@ -204,11 +204,21 @@ CUDA_FIELDS = ("capability", "sm_count", "memory_bytes", "bandwidth", "launch_us
 
 
 def profile(key: str) -> DeviceProfile:
-    """The profile named `key` (case-insensitive; "H200", "h200"); ValueError naming the choices otherwise."""
-    found = PROFILES.get(key.strip().lower())
-    if found is None:
-        raise ValueError(f"unknown device {key!r}; choose from {', '.join(PROFILES)}")
-    return found
+    """The profile `key` names: a key ("h200", "a100-80gb"; case, dashes and underscores aside) or a unique
+    prefix of one ("a100", "h100", "rtx4090"); ValueError naming the choices otherwise."""
+    def plain(text: str) -> str:
+        return text.strip().lower().replace("-", "").replace("_", "")
+
+    wanted = plain(key)
+    exact = [p for name, p in PROFILES.items() if plain(name) == wanted]
+    if exact:
+        return exact[0]
+    prefixed = [p for name, p in PROFILES.items() if wanted and plain(name).startswith(wanted)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if prefixed:
+        raise ValueError(f"device {key!r} is ambiguous: {', '.join(p.key for p in prefixed)}")
+    raise ValueError(f"unknown device {key!r}; choose from {', '.join(PROFILES)}")
 
 
 def cuda_profiles() -> Tuple[DeviceProfile, ...]:

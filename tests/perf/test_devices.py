@@ -52,6 +52,17 @@ def test_an_unknown_device_names_the_choices():
         profile("h300")
 
 
+@pytest.mark.parametrize("name, key", [("H200", "h200"), ("h100", "h100-sxm"), ("a100", "a100-80gb"),
+                                       ("rtx4090", "rtx-4090"), ("m1", "m1"), ("M2_Max", "m2-max")])
+def test_a_key_or_a_unique_prefix_names_a_profile(name, key):
+    assert profile(name).key == key
+
+
+def test_an_ambiguous_prefix_names_the_profiles_it_fits():
+    with pytest.raises(ValueError, match="ambiguous: h100-sxm, h200"):
+        profile("h")
+
+
 def test_device_names_match_the_longest_profile_name():
     assert profile_for_name("NVIDIA H200").key == "h200"
     assert profile_for_name("NVIDIA H100 80GB HBM3").key == "h100-sxm"
