@@ -1,4 +1,5 @@
-"""References for the 1-D conv family: pyannote's SincNet module tree and float64 conv1d.
+"""References for the 1-D conv family: pyannote's SincNet module tree, float64 conv1d, and the
+degenerate waveforms (silence, DC, the shortest valid length, NaN, Inf) every backend must handle.
 
 pyannote.audio and asteroid-filterbanks are not test dependencies, so their SincNet is written out
 here with the same structure: class names, attribute names and parameter names (state_dict keys
@@ -175,3 +176,47 @@ def conv1d_float64(x, weight, bias=None, stride=1, padding=0, dilation=1, *, abs
     if negative_slope is not None:
         y = F.leaky_relu(y, negative_slope)
     return y
+
+
+# the shortest waveform pyannote's SincNet takes: two output frames (torch's instance_norm refuses one)
+SINCNET_MIN_SAMPLES = 1261
+FP32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def degenerate_waveforms(samples: int = 2000) -> dict:
+    """name -> ((batch, 1, samples) float32 waveforms, relative tolerance against float64).
+
+    zeros / dc: exactly constant rows, which every normalisation must map to exactly beta (float64's
+    answer); shortest: SINCNET_MIN_SAMPLES samples, a constant row and a noise row (its last norm sees
+    two frames and divides by their difference: 1e-3); nan / inf: one non-finite sample in row 0, which
+    makes all of row 0 NaN (torch's instance_norm), row 1 unaffected; dc_offset_signal: 100 + 0.02 *
+    noise, a genuine signal on a large offset (fp32 holds it only to u * 100, and normalizing divides
+    by its std 0.02: any fp32 implementation, torch's included, carries up to ~u * 100 / 0.02 of
+    relative error, so the tolerance is 1e-4 + 16 u * 5000 = 1.6e-3; flattening it would be an O(1) error)."""
+    gen = torch.Generator().manual_seed(1)
+    noise = torch.randn(2, 1, samples, generator=gen)
+    nan = noise.clone()
+    nan[0, 0, samples // 3] = float("nan")
+    inf = noise.clone()
+    inf[0, 0, samples // 2] = float("inf")
+    shortest = torch.cat([torch.full((1, 1, SINCNET_MIN_SAMPLES), 0.25),
+                          torch.randn(1, 1, SINCNET_MIN_SAMPLES, generator=gen)])
+    kappa = 100 / 0.02
+    return {
+        "zeros": (torch.zeros(2, 1, samples), 1e-4),
+        "dc": (torch.tensor([0.5, -100.0]).view(2, 1, 1).expand(2, 1, samples).contiguous(), 1e-4),
+        "shortest": (shortest, 1e-3),
+        "nan": (nan, 1e-4),
+        "inf": (inf, 1e-4),
+        "dc_offset_signal": (100 + 0.02 * noise, 1e-4 + 16 * FP32_UNIT_ROUNDOFF * kappa),
+    }
+
+
+def assert_matches_float64(out: torch.Tensor, ref: torch.Tensor, rtol: float, reduced: int = 1) -> None:
+    """out against a float64 reference: NaN and +-Inf exactly where the reference has them, finite values
+    within rtol with atol = rtol * max |finite reference| * sqrt(reduced)."""
+    ref = ref.double()
+    finite = ref[torch.isfinite(ref)]
+    scale = finite.abs().max().item() if finite.numel() else 1.0
+    torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=rtol * max(scale, 1e-30) * max(1, reduced) ** 0.5,
+                               equal_nan=True)

@@ -6,8 +6,9 @@ import torch.nn.functional as F
 
 from rlx_triton.backends.triton import conv as tconv
 from rlx_triton.ops.conv import ConvEpilogue, sinc_filters
-from tests.reference.conv import conv1d_float64, random_sincnet, sincnet_float64
+from tests.reference.conv import assert_matches_float64, conv1d_float64, random_sincnet, sincnet_float64
 
+NON_FINITE = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # numpy, interpreter
 # relative tolerance per dtype (error / max |reference|)
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
 DEFAULT = tconv.default_candidate()
@@ -130,36 +131,40 @@ def test_sinc_conv_abs_pool_block_with_the_waveform_norm_folded_in():
     wav = torch.randn(2, 1, 3200)
     with torch.no_grad():
         filters = module.conv1d[0].filterbank.filters()
-        scale, shift = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        norm = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
         out = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
-                                out_slope=None, out_dtype=torch.float32, in_scale=scale, in_shift=shift,
-                                candidate=WIDE)
+                                out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=WIDE)
         m64 = module.double()
         ref = m64.pool1d[0](m64.conv1d[0](m64.wav_norm1d(wav.double())).abs())
     assert out.shape == ref.shape == (2, 80, ((3200 - 251) // 10 + 1) // 3)
     assert rel_err(out, ref) <= 2e-5
 
 
-def test_instance_norm_rows_give_scale_and_shift():
+def _normalized(x, norm):
+    """x (B, C, L) through a RowNorm: (x - center) * scale + shift, in float64."""
+    B, C, _ = x.shape
+    center, scale, shift = (t.double().view(B, C, 1) for t in norm)
+    return (x.double() - center) * scale + shift
+
+
+def test_instance_norm_rows_give_center_scale_and_shift():
     x = torch.randn(3, 7, 333) * 4 + 2
     gamma, beta = torch.randn(7), torch.randn(7)
     out = torch.empty_like(x)
-    scale, shift = tconv._row_norm(x, gamma, beta, eps=1e-5, slope=0.01, out=out)
-    ref = F.leaky_relu(F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5), 0.01)
-    assert rel_err(out, ref) <= TOL[torch.float32]
-    assert rel_err((x * scale.view(3, 7, 1) + shift.view(3, 7, 1)),
-                   F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)) <= 1e-5
+    norm = tconv._row_norm(x, gamma, beta, eps=1e-5, slope=0.01, out=out)
+    ref = F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)
+    assert rel_err(out, F.leaky_relu(ref, 0.01)) <= TOL[torch.float32]
+    assert torch.equal(norm.center, x[:, :, 0].flatten())
+    assert rel_err(_normalized(x, norm), ref) <= 1e-5
 
 
 def test_long_rows_use_chunked_statistics():
     x = torch.randn(2, 1, 20000) * 3 + 5                  # > 16384 samples: chunked statistics
     gamma, beta = torch.tensor([1.3]), torch.tensor([-0.2])
-    scale, shift = tconv._row_norm(x, gamma, beta, eps=1e-5)
-    x64 = x.double()
-    mean, var = x64.mean(-1).flatten(), x64.var(-1, unbiased=False).flatten()
-    ref_scale = 1.3 / torch.sqrt(var + 1e-5)
-    assert torch.allclose(scale.double(), ref_scale, rtol=1e-5)
-    assert torch.allclose(shift.double(), -0.2 - mean * ref_scale, rtol=1e-5, atol=1e-5)
+    norm = tconv._row_norm(x, gamma, beta, eps=1e-5)
+    ref = F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)
+    assert torch.equal(norm.center, x[:, 0, 0])
+    assert rel_err(_normalized(x, norm), ref) <= 1e-5
 
 
 def test_conv_block_reads_the_previous_norm_and_leaky_in_its_prologue():
@@ -167,10 +172,10 @@ def test_conv_block_reads_the_previous_norm_and_leaky_in_its_prologue():
     h = torch.randn(2, 80, 98).abs()
     norm, conv = module.norm1d[0], module.conv1d[1]
     with torch.no_grad():
-        scale, shift = tconv._row_norm(h, norm.weight, norm.bias, eps=1e-5)
+        row_norm = tconv._row_norm(h, norm.weight, norm.bias, eps=1e-5)
         out = tconv._conv_block(h, conv.weight, conv.bias, stride=1, padding=0, dilation=1, pool=3,
-                                abs_=False, out_slope=None, out_dtype=torch.float32, in_scale=scale,
-                                in_shift=shift, in_slope=0.01, candidate=DEFAULT)
+                                abs_=False, out_slope=None, out_dtype=torch.float32, in_norm=row_norm,
+                                in_slope=0.01, candidate=DEFAULT)
         m64 = module.double()
         ref = m64.pool1d[1](m64.conv1d[1](F.leaky_relu(m64.norm1d[0](h.double()))))
     assert out.shape == ref.shape == (2, 60, 31)
@@ -209,14 +214,124 @@ def test_sincnet_with_chunked_waveform_statistics(monkeypatch):
     assert rel_err(out, sincnet_float64(module, wav)) <= 1e-4
 
 
-def test_sincnet_on_silence_is_finite_and_matches():
-    module = random_sincnet()
-    wav = torch.zeros(1, 1, 3200)
-    out = _run_sincnet(module, wav, WIDE)
+def _sincnet_blocks(module, wav, candidate):
+    """The SincNet chain launch by launch: every block's pooled conv output, then the final output."""
+    p = _block_params(module)
+    fb = module.conv1d[0].filterbank
+    blocks = []
     with torch.no_grad():
-        ref = module(wav)
-    assert torch.isfinite(out).all()
-    assert (out - ref).abs().max() <= 1e-4 * max(1.0, ref.abs().max().item())
+        filters = sinc_filters(fb.low_hz_, fb.band_hz_, window_=fb.window_, n_=fb.n_)
+        norm = tconv._row_norm(wav, p["wav_norm_weight"], p["wav_norm_bias"], eps=1e-5)
+        h = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
+                              out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate)
+        blocks.append(h)
+        for i, (w, b) in enumerate(zip(p["conv_weights"], p["conv_biases"])):
+            norm = tconv._row_norm(h, p["norm_weights"][i], p["norm_biases"][i], eps=1e-5)
+            h = tconv._conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=3, abs_=False, out_slope=None,
+                                  out_dtype=torch.float32, in_norm=norm, in_slope=0.01, candidate=candidate)
+            blocks.append(h)
+    return blocks
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5, -100.0, 1e4], ids=["zeros", "dc0.5", "dc-100", "dc1e4"])
+def test_constant_waveforms_keep_every_block_exactly_constant(value):
+    """The documented rule: an exactly constant row stays exactly constant through every norm and conv
+    (shifted statistics, centred prologue), whatever BLAS kernel the interpreter's dots use, and the
+    output is float64's constant."""
+    module = random_sincnet()
+    wav = torch.full((2, 1, 2000), value)
+    for h in _sincnet_blocks(module, wav, WIDE):
+        assert torch.equal(h.amax(-1), h.amin(-1))
+    assert_matches_float64(_run_sincnet(module, wav, WIDE), sincnet_float64(module, wav), 1e-5)
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5, -100.0, 1e4], ids=["zeros", "dc0.5", "dc-100", "dc1e4"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["one_pass", "chunked"])
+def test_constant_rows_normalize_to_exactly_beta(value, chunked, monkeypatch):
+    if chunked:
+        monkeypatch.setattr(tconv, "_SPLIT_ROW_MIN", 256)
+        monkeypatch.setattr(tconv, "_STATS_CHUNK", 256)
+    x = torch.full((2, 3, 999), value)
+    gamma, beta = torch.rand(3) + 0.5, torch.randn(3)
+    norm = tconv._row_norm(x, gamma, beta, eps=1e-5)
+    assert torch.equal(_normalized(x, norm).float(), beta.view(1, 3, 1).expand(2, 3, 999))
+    assert torch.equal(norm.center, x[:, :, 0].flatten())
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one_pass", "chunked"])
+def test_offset_rows_keep_their_digits(chunked, monkeypatch):
+    """Shifted statistics and the centred form (x - center) * scale + shift: a small signal on a large
+    offset normalizes to float64's values (x * scale + shift would cancel ~4 digits here)."""
+    if chunked:
+        monkeypatch.setattr(tconv, "_SPLIT_ROW_MIN", 256)
+        monkeypatch.setattr(tconv, "_STATS_CHUNK", 256)
+    x = 100 + 0.02 * torch.randn(2, 3, 999)
+    gamma, beta = torch.rand(3) + 0.5, torch.randn(3)
+    norm = tconv._row_norm(x, gamma, beta, eps=1e-5)
+    ref = F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)
+    assert rel_err(_normalized(x, norm), ref) <= 1e-5
+
+
+@NON_FINITE
+@pytest.mark.parametrize("apply", [False, True], ids=["stats", "stats_apply"])
+def test_a_non_finite_value_gives_a_nan_row_like_torch(apply):
+    x = torch.randn(1, 4, 300)
+    x[0, 1, 17] = float("nan")
+    x[0, 2, 0] = float("inf")          # the row's first element: the shift itself is infinite
+    x[0, 3, 150] = -float("inf")
+    gamma, beta = torch.rand(4) + 0.5, torch.randn(4)
+    ref = F.leaky_relu(F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5), 0.01)
+    out = torch.empty_like(x)
+    norm = tconv._row_norm(x, gamma, beta, eps=1e-5, slope=0.01, out=out if apply else None)
+    got = out if apply else F.leaky_relu(_normalized(x, norm), 0.01)
+    assert_matches_float64(got, ref, TOL[torch.float32])
+    assert ref[0, 1:].isnan().all() and not ref[0, 0].isnan().any()
+
+
+@NON_FINITE
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_non_finite_inputs_propagate_through_conv_and_epilogue_like_torch(fused):
+    """NaN and +-Inf in the signal: conv, |x|, max-pool and leaky ReLU give torch's NaN/Inf pattern."""
+    x = torch.randn(2, 3, 40)
+    x[0, 0, 5] = float("nan")
+    x[0, 2, 20] = float("inf")
+    x[1, 1, 33] = -float("inf")
+    w = torch.randn(4, 3, 3)
+    w[1, 2, 1] = 0.0                   # Inf * 0 is NaN, in torch too
+    b = torch.randn(4)
+    epilogue = ConvEpilogue(abs=True, pool=2, negative_slope=0.01)
+    out = tconv.conv1d(x, w, b, 1, 1, 1, epilogue=epilogue, candidate=tconv.make_candidate(fuse_epilogue=fused))
+    ref = conv1d_float64(x, w, b, 1, 1, 1, abs_=True, pool=2, negative_slope=0.01)
+    assert ref.isnan().any() and ref.isinf().any()
+    assert_matches_float64(out, ref, TOL[torch.float32], reduced=9)
+
+
+@NON_FINITE
+def test_prologue_norm_of_a_nan_row_spreads_nan_like_torch():
+    """A NaN in one input channel makes that channel's norm NaN, so every conv output that reads it is NaN."""
+    h = torch.randn(2, 5, 30).abs()
+    h[1, 3, 4] = float("nan")
+    gamma, beta = torch.rand(5) + 0.5, torch.randn(5)
+    w, b = torch.randn(6, 5, 3) / 4, torch.randn(6)
+    norm = tconv._row_norm(h, gamma, beta, eps=1e-5)
+    out = tconv._conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=2, abs_=False, out_slope=None,
+                            out_dtype=torch.float32, in_norm=norm, in_slope=0.01, candidate=DEFAULT)
+    xn = F.leaky_relu(F.instance_norm(h.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5), 0.01)
+    ref = conv1d_float64(xn, w, b, pool=2)
+    assert ref[1].isnan().all() and not ref[0].isnan().any()
+    assert_matches_float64(out, ref, TOL[torch.float32], reduced=15)
+
+
+def test_packed_weights_of_inference_tensors_follow_in_place_updates():
+    """Inference tensors have no version counter: they are packed on every call, so an in-place edit
+    inside inference mode is seen."""
+    x = torch.randn(1, 7, 40)
+    with torch.inference_mode():
+        w = torch.randn(5, 7, 3)
+        first = tconv.conv1d(x, w, None, candidate=DEFAULT)
+        w.mul_(2.0)
+        second = tconv.conv1d(x, w, None, candidate=DEFAULT)
+    assert torch.allclose(second, 2 * first, rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------ candidates
@@ -227,11 +342,10 @@ def _sweep_case(candidate):
     x = torch.randn(2, 7, 80)
     w = torch.randn(9, 7, 5) / 6
     b = torch.randn(9)
-    scale, shift = torch.rand(14) + 0.5, torch.randn(14)
+    norm = tconv.RowNorm(torch.randn(14), torch.rand(14) + 0.5, torch.randn(14))
     out = tconv._conv_block(x, w, b, stride=1, padding=1, dilation=1, pool=3, abs_=True, out_slope=0.01,
-                            out_dtype=torch.float32, in_scale=scale, in_shift=shift, in_slope=0.01,
-                            candidate=candidate)
-    xn = F.leaky_relu(x.double() * scale.double().view(2, 7, 1) + shift.double().view(2, 7, 1), 0.01)
+                            out_dtype=torch.float32, in_norm=norm, in_slope=0.01, candidate=candidate)
+    xn = F.leaky_relu(_normalized(x, norm), 0.01)
     ref = conv1d_float64(xn, w, b, 1, 1, 1, abs_=True, pool=3, negative_slope=0.01)
     errs = [rel_err(out, ref)]
     wav = torch.randn(1, 1, 1200)

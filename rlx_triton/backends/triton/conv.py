@@ -5,8 +5,8 @@ runs over (input channel, tap) pairs, so out[p, co] = sum_r X[p, r] * W[r, co] i
 BLOCK_K chunk, with the input tile gathered straight from the signal (no im2col buffer) and the weight
 packed once per weight version as (C_in * taps, C_out), so weight tiles load along C_out. Around the
 dot it fuses what SincNet needs:
-  prologue  per-(batch, input channel) affine + leaky ReLU applied to the input as it is loaded
-            (the previous block's instance norm, or the waveform instance norm), zero padding kept zero;
+  prologue  per-(batch, input channel) instance norm + leaky ReLU applied to the input as it is
+            loaded (the previous block's norm, or the waveform norm), zero padding kept zero;
   epilogue  bias -> |x| -> max-pool (kernel = stride = POOL, floor mode) -> leaky ReLU.
 The max-pool is done by running the K loop once per pool phase j (conv position q*POOL + j) and
 keeping the running max, so the un-pooled conv output (15975 x 80 per 10 s chunk) is never stored.
@@ -14,8 +14,34 @@ keeping the running max, so the un-pooled conv output (15975 x 80 per 10 s chunk
 Instance norm needs statistics over the whole pooled row, which one conv tile does not see; a
 per-(batch, channel) program (`_row_norm_kernel`) computes them (two passes over the row: mean, then
 centred variance, deterministic, no atomics; rows longer than 16384, i.e. the waveform, are split into
-chunks whose (mean, M2) one more small kernel merges) and either hands (scale, shift) to the next conv's
-prologue or, for the last block, writes leaky(x * scale + shift) itself.
+chunks whose (mean, M2) one more small kernel merges) and either hands a RowNorm (center, scale, shift)
+to the next conv's prologue or, for the last block, writes leaky((x - center) * scale + shift) itself.
+
+Constant rows (silence, DC offsets). A row with variance v << eps is normalized by 1/sqrt(eps), ~316x,
+and SincNet does that four times in a row, so rounding noise that makes a mathematically constant row
+vary by one ulp becomes O(1) after three blocks (measured before this design on an all-zero waveform
+with OpenBLAS's Zen kernels in the interpreter: the sinc block's rows vary by up to 1.2e-6 with
+std/|mean| up to 1.8, the odd sinc filters summing to ~0; the next blocks by 1.5e-4 and 0.04; the
+output by 2.8, where float64 gives a constant). No tolerance on std/|mean| or on the normalized
+deviation separates that noise from signal (a -120 dBFS tone produces the same deviations in the sinc
+block), so constant rows are made exactly constant instead:
+  - statistics are taken from shifted data, x - center with center = the row's first element, in
+    every chunk of a chunked row: an exactly constant row sums to exactly 0, so its variance is
+    exactly 0, and the norm is applied as (x - center) * scale + shift, which is exactly shift (beta)
+    there and keeps the digits a large DC offset would cancel;
+  - the conv prologue feeds the dot act(norm(x)) - act(shift), exactly 0 where x == center (an
+    explicit test), and adds the removed part, sum_r act(shift[ci(r)]) * W[r, co], once per program:
+    an exactly constant input row gives an exactly constant output row, whatever order, tiling or
+    precision (ieee, tf32x3) the dot uses.
+The rule is therefore exact: a row is constant only if all its values are equal, and then its variance
+is 0 and its output beta. Measured after: every SincNet row is exactly constant on all-zero and DC
+waveforms (0.5, -100, 1e4) with the default, Zen and Haswell OpenBLAS kernels (spread 0, std/|mean| 0
+in every block), and the output matches float64 to 3e-10. Rows that are only nearly constant are data
+and are normalized as float64 does; their error is fp32's, |y - y64| <= |gamma| (k u (x_max - x_min)
++ e_in) / sqrt(var + eps) + k u |y - beta|, with k u the few-ulp rounding of the row's own sums and
+e_in the error its values already carry (torch's fp32 instance_norm amplifies e_in the same way:
+-120 dBFS input carries ~2e-3 relative error after SincNet in either). A NaN or Inf in a row gives a
+NaN row, as in torch.
 
 SincNet = 5 launches (6 when the waveform statistics are chunked, as for 10 s chunks): waveform stats
 -> sinc conv|abs|pool -> stats -> conv|pool -> stats -> conv|pool -> stats+normalize+leaky.
@@ -34,6 +60,7 @@ kernel (True) or in a separate `_epilogue_kernel` pass over the stored conv outp
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 import triton
@@ -42,7 +69,7 @@ import triton.language as tl
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
 from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.config import settings
-from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT, ConvCandidate
+from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT, ConvCandidate, ConvVariant
 from rlx_triton.router.coverage import Coverage
 
 # ----------------------------------------------------------------------------------------------
@@ -51,8 +78,34 @@ from rlx_triton.router.coverage import Coverage
 
 
 @triton.jit
+def _output_offset(w_ptr, bias_ptr, in_shift_ptr, offs_co, co_mask, pid_b, C_in, C_out, in_slope,
+                   TAPS: tl.constexpr, HAS_BIAS: tl.constexpr, IN_AFFINE: tl.constexpr, IN_LEAKY: tl.constexpr,
+                   BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, DOT_K: tl.constexpr):
+    # bias[co] + (with the norm prologue) sum_r base[ci(r)] * W[r, co]: the input of channel ci is
+    # act((x - center) * scale + shift), and its value where x == center, base = act(shift), is taken
+    # out of the dot, which then sees exactly 0 wherever the normalized row is exactly constant
+    # (silence, DC), whatever order, tiling or precision it sums in
+    offset = tl.zeros((BLOCK_CO,), dtype=tl.float32)
+    if HAS_BIAS:
+        offset += tl.load(bias_ptr + offs_co, mask=co_mask, other=0.0).to(tl.float32)
+    if IN_AFFINE:
+        R = C_in * TAPS
+        for r0 in range(0, R, BLOCK_K):
+            for kk in tl.static_range(0, BLOCK_K, DOT_K):
+                offs_r = r0 + kk + tl.arange(0, DOT_K)
+                r_mask = offs_r < R
+                base = tl.load(in_shift_ptr + pid_b * C_in + offs_r // TAPS, mask=r_mask, other=0.0)
+                if IN_LEAKY:
+                    base = tl.where(base >= 0, base, base * in_slope)
+                w_ptrs = w_ptr + offs_r[:, None] * C_out + offs_co[None, :]
+                w_tile = tl.load(w_ptrs, mask=r_mask[:, None] & co_mask[None, :], other=0.0).to(tl.float32)
+                offset += tl.sum(base[:, None] * w_tile, axis=0)
+    return offset
+
+
+@triton.jit
 def _conv1d_kernel(
-    x_ptr, w_ptr, bias_ptr, in_scale_ptr, in_shift_ptr, out_ptr,
+    x_ptr, w_ptr, bias_ptr, in_center_ptr, in_scale_ptr, in_shift_ptr, out_ptr,
     C_in, L_in, C_out, L_out,
     stride_xb, stride_xc, stride_xl,
     stride_ob, stride_oc, stride_ol,
@@ -84,6 +137,14 @@ def _conv1d_kernel(
     R = C_in * TAPS                                       # reduction length: channels x taps
     x_base = x_ptr + pid_b.to(tl.int64) * stride_xb
 
+    # per-channel terms added to every conv output: the bias and, with the norm prologue, the part of
+    # the input taken out of the dot (see _output_offset). |x| needs them before each pool phase;
+    # otherwise they are added once after the max (max_j (a_j + c) == max_j a_j + c, rounding is
+    # monotonic), which keeps them out of the registers of the reduction loop
+    if ABS:
+        offset = _output_offset(w_ptr, bias_ptr, in_shift_ptr, offs_co, co_mask, pid_b, C_in, C_out, in_slope,
+                                TAPS, HAS_BIAS, IN_AFFINE, IN_LEAKY, BLOCK_CO, BLOCK_K, DOT_K)
+
     result = tl.full((BLOCK_P, BLOCK_CO), float("-inf"), dtype=tl.float32)
     for j in tl.static_range(POOL):
         conv_pos = offs_p * POOL + j                       # conv output position of pool phase j
@@ -104,12 +165,21 @@ def _conv1d_kernel(
                 x_ptrs = (x_base + ci.to(tl.int64) * stride_xc)[None, :] + pos * stride_xl
                 x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0).to(tl.float32)
                 if IN_AFFINE:
-                    scale = tl.load(in_scale_ptr + pid_b * C_in + ci, mask=r_mask, other=0.0)
-                    shift = tl.load(in_shift_ptr + pid_b * C_in + ci, mask=r_mask, other=0.0)
-                    x_tile = x_tile * scale[None, :] + shift[None, :]
+                    row = pid_b * C_in + ci
+                    center = tl.load(in_center_ptr + row, mask=r_mask, other=0.0)
+                    scale = tl.load(in_scale_ptr + row, mask=r_mask, other=0.0)
+                    shift = tl.load(in_shift_ptr + row, mask=r_mask, other=0.0)
+                    at_center = x_tile == center[None, :]
+                    x_tile = (x_tile - center[None, :]) * scale[None, :] + shift[None, :]
+                    base = shift
                     if IN_LEAKY:
                         x_tile = tl.where(x_tile >= 0, x_tile, x_tile * in_slope)
-                    x_tile = tl.where(x_mask, x_tile, 0.0)    # padding is zero after the norm too
+                        base = tl.where(base >= 0, base, base * in_slope)
+                    # x == center contributes exactly 0 (an explicit test: no FMA contraction of
+                    # act(...) - base can leave a rounding residue); zero padding is applied after the
+                    # norm, so a padded input is 0, i.e. -base here
+                    x_tile = tl.where(at_center, 0.0, x_tile - base[None, :])
+                    x_tile = tl.where(x_mask, x_tile, -base[None, :])
 
                 # weight tile W[r, co] from the (C_in * TAPS, C_out) packed weight: rows of co are contiguous
                 w_ptrs = w_ptr + offs_r[:, None] * C_out + offs_co[None, :]
@@ -118,13 +188,14 @@ def _conv1d_kernel(
 
                 acc += tl.dot(x_tile, w_tile, input_precision=PRECISION)
 
-        if HAS_BIAS:
-            bias = tl.load(bias_ptr + offs_co, mask=co_mask, other=0.0).to(tl.float32)
-            acc += bias[None, :]
         if ABS:
-            acc = tl.abs(acc)
+            acc = tl.abs(acc + offset[None, :])
         result = tl.maximum(result, acc, propagate_nan=tl.PropagateNan.ALL)   # NaN pools to NaN, as in torch
 
+    if not ABS:
+        offset = _output_offset(w_ptr, bias_ptr, in_shift_ptr, offs_co, co_mask, pid_b, C_in, C_out, in_slope,
+                                TAPS, HAS_BIAS, IN_AFFINE, IN_LEAKY, BLOCK_CO, BLOCK_K, DOT_K)
+        result += offset[None, :]
     if OUT_LEAKY:
         result = tl.where(result >= 0, result, result * out_slope)
 
@@ -174,18 +245,19 @@ def _epilogue_kernel(
 
 
 @triton.jit
-def _store_scale_shift(mean, var, eps, rows, row_mask, c, gamma_ptr, beta_ptr, scale_ptr, shift_ptr,
+def _store_scale_shift(shifted_mean, var, eps, rows, row_mask, c, gamma_ptr, beta_ptr, scale_ptr, shift_ptr,
                        HAS_AFFINE: tl.constexpr, BLOCK_R: tl.constexpr):
-    # instance norm of each row r = b * C + c as an affine map, stored and returned:
-    # scale = gamma / sqrt(var + eps), shift = beta - mean * scale (gamma = 1, beta = 0 without HAS_AFFINE)
+    # instance norm of each row r = b * C + c as an affine map of the centred row, stored and returned:
+    # y = (x - center) * scale + shift with scale = gamma / sqrt(var + eps) and
+    # shift = beta - shifted_mean * scale (gamma = 1, beta = 0 without HAS_AFFINE)
     rstd = tl.div_rn(tl.full((BLOCK_R,), 1.0, tl.float32), tl.sqrt_rn(var + eps))
     scale = rstd
-    shift = -mean * rstd
+    shift = -shifted_mean * rstd
     if HAS_AFFINE:
         gamma = tl.load(gamma_ptr + c, mask=row_mask, other=1.0).to(tl.float32)
         beta = tl.load(beta_ptr + c, mask=row_mask, other=0.0).to(tl.float32)
         scale = gamma * rstd
-        shift = beta - mean * scale
+        shift = beta - shifted_mean * scale
     tl.store(scale_ptr + rows, scale, mask=row_mask)
     tl.store(shift_ptr + rows, shift, mask=row_mask)
     return scale, shift
@@ -193,7 +265,7 @@ def _store_scale_shift(mean, var, eps, rows, row_mask, c, gamma_ptr, beta_ptr, s
 
 @triton.jit
 def _row_norm_kernel(
-    x_ptr, gamma_ptr, beta_ptr, scale_ptr, shift_ptr, out_ptr,
+    x_ptr, gamma_ptr, beta_ptr, center_ptr, scale_ptr, shift_ptr, out_ptr,
     n_rows, C, L,
     stride_xb, stride_xc, stride_xl,
     stride_ob, stride_oc, stride_ol,
@@ -203,24 +275,27 @@ def _row_norm_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_L: tl.constexpr,
 ):
-    # instance norm of BLOCK_R (batch, channel) rows: mean, then biased variance of the centred
-    # row (two passes, deterministic). Writes scale = gamma / sqrt(var + eps) and
-    # shift = beta - mean * scale for each row r = b * C + c; with APPLY it also writes
-    # out = leaky_relu(x * scale + shift).
+    # instance norm of BLOCK_R (batch, channel) rows from shifted data: center = the row's first
+    # element, mean and biased variance of x - center (two passes, deterministic). An exactly constant
+    # row sums to exactly 0, so its variance is exactly 0 and its output exactly beta. Writes center,
+    # scale and shift for each row r = b * C + c (y = (x - center) * scale + shift); with APPLY it also
+    # writes out = leaky_relu(y).
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < n_rows
     b = rows // C
     c = rows % C
     x_rows = x_ptr + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc   # (BLOCK_R,) pointers
     offs0 = tl.arange(0, BLOCK_L)
+    center = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
 
     total = tl.zeros((BLOCK_R, BLOCK_L), dtype=tl.float32)
     for l0 in range(0, L, BLOCK_L):
         offs = l0 + offs0
         mask = row_mask[:, None] & (offs < L)[None, :]
         ptrs = x_rows[:, None] + offs.to(tl.int64)[None, :] * stride_xl
-        total += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(total, axis=1) / L
+        v = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        total += tl.where(mask, v - center[:, None], 0.0)
+    shifted_mean = tl.sum(total, axis=1) / L
 
     sq = tl.zeros((BLOCK_R, BLOCK_L), dtype=tl.float32)
     for l0 in range(0, L, BLOCK_L):
@@ -228,11 +303,12 @@ def _row_norm_kernel(
         mask = row_mask[:, None] & (offs < L)[None, :]
         ptrs = x_rows[:, None] + offs.to(tl.int64)[None, :] * stride_xl
         v = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        d = tl.where(mask, v - mean[:, None], 0.0)
+        d = tl.where(mask, (v - center[:, None]) - shifted_mean[:, None], 0.0)
         sq += d * d
     var = tl.sum(sq, axis=1) / L
-    scale, shift = _store_scale_shift(mean, var, eps, rows, row_mask, c, gamma_ptr, beta_ptr, scale_ptr, shift_ptr,
-                                      HAS_AFFINE, BLOCK_R)
+    tl.store(center_ptr + rows, center, mask=row_mask)
+    scale, shift = _store_scale_shift(shifted_mean, var, eps, rows, row_mask, c, gamma_ptr, beta_ptr, scale_ptr,
+                                      shift_ptr, HAS_AFFINE, BLOCK_R)
 
     if APPLY:
         out_rows = out_ptr + b.to(tl.int64) * stride_ob + c.to(tl.int64) * stride_oc
@@ -241,7 +317,7 @@ def _row_norm_kernel(
             mask = row_mask[:, None] & (offs < L)[None, :]
             ptrs = x_rows[:, None] + offs.to(tl.int64)[None, :] * stride_xl
             v = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-            y = v * scale[:, None] + shift[:, None]
+            y = (v - center[:, None]) * scale[:, None] + shift[:, None]
             y = tl.where(y >= 0, y, y * slope)
             out_ptrs = out_rows[:, None] + offs.to(tl.int64)[None, :] * stride_ol
             tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -249,19 +325,22 @@ def _row_norm_kernel(
 
 @triton.jit
 def _row_partial_stats_kernel(
-    x_ptr, part_ptr,
+    x_ptr, part_ptr, center_ptr,
     C, L, n_chunks,
     stride_xb, stride_xc, stride_xl,
     CHUNK: tl.constexpr,
     BLOCK_L: tl.constexpr,
 ):
     # long rows (the waveform): one program per CHUNK of one row writes the chunk's mean and M2
-    # (sum of squared deviations from the chunk mean) to part[row, chunk, 0:2].
+    # (sum of squared deviations from the chunk mean) of x - center to part[row, chunk, 0:2], every
+    # chunk shifted by the same center, the row's first element (stored by chunk 0). An exactly
+    # constant row gives exactly 0 in every chunk.
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     b = row // C
     c = row % C
     x_row = x_ptr + b.to(tl.int64) * stride_xb + c.to(tl.int64) * stride_xc
+    center = tl.load(x_row).to(tl.float32)
     start = chunk * CHUNK
     count = tl.minimum(L - start, CHUNK).to(tl.float32)
     offs0 = tl.arange(0, BLOCK_L)
@@ -270,7 +349,8 @@ def _row_partial_stats_kernel(
     for l0 in range(0, CHUNK, BLOCK_L):
         offs = start + l0 + offs0
         mask = (offs < L) & (l0 + offs0 < CHUNK)
-        total += tl.load(x_row + offs.to(tl.int64) * stride_xl, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(x_row + offs.to(tl.int64) * stride_xl, mask=mask, other=0.0).to(tl.float32)
+        total += tl.where(mask, v - center, 0.0)
     mean = tl.sum(total, axis=0) / count
 
     sq = tl.zeros((BLOCK_L,), dtype=tl.float32)
@@ -278,11 +358,13 @@ def _row_partial_stats_kernel(
         offs = start + l0 + offs0
         mask = (offs < L) & (l0 + offs0 < CHUNK)
         v = tl.load(x_row + offs.to(tl.int64) * stride_xl, mask=mask, other=0.0).to(tl.float32)
-        d = tl.where(mask, v - mean, 0.0)
+        d = tl.where(mask, (v - center) - mean, 0.0)
         sq += d * d
     part = part_ptr + (row.to(tl.int64) * n_chunks + chunk) * 2
     tl.store(part, mean)
     tl.store(part + 1, tl.sum(sq, axis=0))
+    if chunk == 0:
+        tl.store(center_ptr + row, center)
 
 
 @triton.jit
@@ -295,8 +377,8 @@ def _row_combine_stats_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    # merges the chunk statistics of BLOCK_R rows (Chan et al.: M2 = sum M2_i + sum n_i (mean_i - mean)^2)
-    # into scale = gamma / sqrt(var + eps), shift = beta - mean * scale.
+    # merges the chunk statistics of BLOCK_R rows (Chan et al.: M2 = sum M2_i + sum n_i (mean_i - mean)^2,
+    # all in the row's shifted frame) into scale = gamma / sqrt(var + eps), shift = beta - mean * scale.
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     chunks = tl.arange(0, BLOCK_C)
     row_mask = rows < n_rows
@@ -355,7 +437,11 @@ def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """(C_out, C_in, taps) -> (C_in * taps, C_out) contiguous, so weight tiles load along C_out.
 
     Cached per weight version (data_ptr + `_version`, tied to the tensor by a weak reference), so an
-    inference loop packs each weight once."""
+    inference loop packs each weight once and an in-place update (optimizer step, load_state_dict)
+    repacks. Inference tensors have no version counter and can still be changed in place inside
+    torch.inference_mode(), so they are packed on every call (one copy of the weight)."""
+    if weight.is_inference():
+        return weight.reshape(weight.shape[0], -1).t().contiguous()
     key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(weight.stride()), weight.dtype,
            weight.device)
     hit = _PACKED.get(key)
@@ -368,9 +454,20 @@ def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+class RowNorm(NamedTuple):
+    """Per-(batch, channel) instance norm as an affine map of the centred row, each (B * C,) fp32:
+    y = (x - center) * scale + shift, center = the row's first element."""
+
+    center: torch.Tensor
+    scale: torch.Tensor
+    shift: torch.Tensor
+
+
 def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_, out_slope,
-                 in_scale=None, in_shift=None, in_slope=None, candidate):
-    """out[b, co, q] = leaky(max_j |conv(prologue(x))[b, co, q*pool + j] + bias|); x is (B, C_in, L)."""
+                 in_norm=None, in_slope=None, candidate):
+    """out[b, co, q] = leaky(max_j |conv(prologue(x))[b, co, q*pool + j] + bias|); x is (B, C_in, L).
+
+    prologue(x) = leaky((x - center) * scale + shift, in_slope) per input row (in_norm, a RowNorm)."""
     B, C_in, L_in = x.shape
     C_out, _, taps = weight.shape
     L_out = out.shape[2]
@@ -383,8 +480,7 @@ def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_,
     _conv1d_kernel[grid](
         x, w2d,
         bias if bias is not None else w2d,
-        in_scale if in_scale is not None else w2d,
-        in_shift if in_shift is not None else w2d,
+        *(in_norm if in_norm is not None else (w2d, w2d, w2d)),
         out,
         C_in, L_in, C_out, L_out,
         x.stride(0), x.stride(1), x.stride(2),
@@ -395,7 +491,7 @@ def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_,
         TAPS=taps,
         POOL=pool,
         HAS_BIAS=bias is not None,
-        IN_AFFINE=in_scale is not None,
+        IN_AFFINE=in_norm is not None,
         IN_LEAKY=in_slope is not None,
         ABS=bool(abs_),
         OUT_LEAKY=out_slope is not None,
@@ -424,7 +520,7 @@ def _launch_epilogue(y, bias, out, *, pool, abs_, out_slope):
 
 
 def _conv_block(x, weight, bias, *, stride, padding, dilation, pool, abs_, out_slope, out_dtype,
-                in_scale=None, in_shift=None, in_slope=None, candidate):
+                in_norm=None, in_slope=None, candidate):
     """One conv with its epilogue, fused in the conv kernel or as a second pass (fuse_epilogue)."""
     B, _, L_in = x.shape
     taps = weight.shape[2]
@@ -434,23 +530,21 @@ def _conv_block(x, weight, bias, *, stride, padding, dilation, pool, abs_, out_s
     plain = pool == 1 and not abs_ and out_slope is None
     if candidate.fuse_epilogue or plain:
         return _launch_conv(x, weight, bias, out, stride=stride, padding=padding, dilation=dilation,
-                            pool=pool, abs_=abs_, out_slope=out_slope, in_scale=in_scale,
-                            in_shift=in_shift, in_slope=in_slope, candidate=candidate)
+                            pool=pool, abs_=abs_, out_slope=out_slope, in_norm=in_norm,
+                            in_slope=in_slope, candidate=candidate)
     y = torch.empty((B, weight.shape[0], L_conv), device=x.device, dtype=torch.float32)
     _launch_conv(x, weight, None, y, stride=stride, padding=padding, dilation=dilation, pool=1,
-                 abs_=False, out_slope=None, in_scale=in_scale, in_shift=in_shift, in_slope=in_slope,
-                 candidate=candidate)
+                 abs_=False, out_slope=None, in_norm=in_norm, in_slope=in_slope, candidate=candidate)
     return _launch_epilogue(y, bias, out, pool=pool, abs_=abs_, out_slope=out_slope)
 
 
-def _row_norm(x, weight, bias, *, eps, slope=None, out=None):
-    """Instance-norm statistics of every (batch, channel) row of x: (scale, shift), each (B * C,).
+def _row_norm(x, weight, bias, *, eps, slope=None, out=None) -> RowNorm:
+    """Instance-norm statistics of every (batch, channel) row of x as a RowNorm (center, scale, shift).
 
-    With `out` given, also writes out = leaky_relu(x * scale + shift, slope)."""
+    With `out` given, also writes out = leaky_relu((x - center) * scale + shift, slope)."""
     B, C, L = x.shape
     n_rows = B * C
-    scale = torch.empty(n_rows, device=x.device, dtype=torch.float32)
-    shift = torch.empty(n_rows, device=x.device, dtype=torch.float32)
+    center, scale, shift = (torch.empty(n_rows, device=x.device, dtype=torch.float32) for _ in range(3))
     weight = weight.contiguous() if weight is not None else None
     bias = bias.contiguous() if bias is not None else None
     if out is None and L > _SPLIT_ROW_MIN:
@@ -458,7 +552,7 @@ def _row_norm(x, weight, bias, *, eps, slope=None, out=None):
         n_chunks = triton.cdiv(L, _STATS_CHUNK)
         part = torch.empty((n_rows, n_chunks, 2), device=x.device, dtype=torch.float32)
         _row_partial_stats_kernel[(n_rows, n_chunks)](
-            x, part, C, L, n_chunks, x.stride(0), x.stride(1), x.stride(2),
+            x, part, center, C, L, n_chunks, x.stride(0), x.stride(1), x.stride(2),
             CHUNK=_STATS_CHUNK, BLOCK_L=min(_STATS_BLOCK, _STATS_CHUNK), num_warps=4)
         BLOCK_C = triton.next_power_of_2(n_chunks)
         BLOCK_R = max(1, min(16, _ROW_TILE // BLOCK_C))
@@ -466,14 +560,14 @@ def _row_norm(x, weight, bias, *, eps, slope=None, out=None):
             part, weight if weight is not None else scale, bias if bias is not None else shift,
             scale, shift, n_rows, C, L, n_chunks, float(eps),
             HAS_AFFINE=weight is not None, CHUNK=_STATS_CHUNK, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=4)
-        return scale, shift
+        return RowNorm(center, scale, shift)
     BLOCK_L = min(_ROW_BLOCK_MAX, triton.next_power_of_2(max(L, 16)))
     # rows that fit a tile whole are packed several per program; long rows get a program each
     BLOCK_R = max(1, min(16, _ROW_TILE // triton.next_power_of_2(max(L, 1))))
     target = out if out is not None else x
     _row_norm_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
         x, weight if weight is not None else scale, bias if bias is not None else shift,
-        scale, shift, target,
+        center, scale, shift, target,
         n_rows, C, L,
         x.stride(0), x.stride(1), x.stride(2),
         target.stride(0), target.stride(1), target.stride(2),
@@ -481,7 +575,7 @@ def _row_norm(x, weight, bias, *, eps, slope=None, out=None):
         HAS_AFFINE=weight is not None, APPLY=out is not None, BLOCK_R=BLOCK_R, BLOCK_L=BLOCK_L,
         num_warps=4,
     )
-    return scale, shift
+    return RowNorm(center, scale, shift)
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate):
@@ -503,16 +597,16 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
     entry of conv_weights. norm_weights/norm_biases hold one (affine) instance norm per block."""
     x = waveforms
     # 1. waveform instance norm, folded into the sinc conv's input prologue
-    scale, shift = _row_norm(x, wav_norm_weight, wav_norm_bias, eps=eps)
+    norm = _row_norm(x, wav_norm_weight, wav_norm_bias, eps=eps)
     h = _conv_block(x, sinc_filters, None, stride=sinc_stride, padding=0, dilation=1, pool=pool,
-                    abs_=True, out_slope=None, out_dtype=torch.float32, in_scale=scale,
-                    in_shift=shift, in_slope=None, candidate=candidate)
+                    abs_=True, out_slope=None, out_dtype=torch.float32, in_norm=norm, in_slope=None,
+                    candidate=candidate)
     # 2. each Conv1d block reads the previous block's norm + leaky in its prologue
     for i, (w, b) in enumerate(zip(conv_weights, conv_biases)):
-        scale, shift = _row_norm(h, norm_weights[i], norm_biases[i], eps=eps)
+        norm = _row_norm(h, norm_weights[i], norm_biases[i], eps=eps)
         h = _conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=pool, abs_=False,
-                        out_slope=None, out_dtype=torch.float32, in_scale=scale, in_shift=shift,
-                        in_slope=negative_slope, candidate=candidate)
+                        out_slope=None, out_dtype=torch.float32, in_norm=norm, in_slope=negative_slope,
+                        candidate=candidate)
     # 3. the last block's norm + leaky, written once
     out = torch.empty(h.shape, device=h.device, dtype=waveforms.dtype)
     last = len(conv_weights)
@@ -572,15 +666,18 @@ COVERAGE = Coverage(
 CONV1D_MAX_REL_ERR = 1e-5
 _WHERE = "interpreter, tests/triton/test_conv.py (conv1d + SincNet blocks vs float64)"
 APPROVALS = approvals_by_precision("conv", {"ieee": CONV1D_MAX_REL_ERR}, _WHERE)
-RECIPES: dict = {}         # no measured device recipe yet: bench/sincnet.py on a GPU will supply one
+# Device class -> candidate tag. GPU classes have none until bench/sincnet.py measures them. In the
+# interpreter the cost is per program, so the widest ieee tile wins (measured on SincNet, 2 x 2000
+# samples, on a loaded 2-core machine: 64x32 tiles 5.8-10 s, 128x64 tiles 3.3-5 s per forward).
+RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag()}
 SPEED_EVIDENCE: dict = {}
 
 
 def _audit_kernels() -> list:
     candidates = tuple(all_candidates())
     conv_signature = {
-        "x_ptr": "*{dt}", "w_ptr": "*{dt}", "bias_ptr": "*{dt}", "in_scale_ptr": "*fp32",
-        "in_shift_ptr": "*fp32", "out_ptr": "*{dt}",
+        "x_ptr": "*{dt}", "w_ptr": "*{dt}", "bias_ptr": "*{dt}", "in_center_ptr": "*fp32",
+        "in_scale_ptr": "*fp32", "in_shift_ptr": "*fp32", "out_ptr": "*{dt}",
         "C_in": "i32", "L_in": "i32", "C_out": "i32", "L_out": "i32",
         "stride_xb": "i64", "stride_xc": "i32", "stride_xl": "i32",
         "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32",
@@ -591,8 +688,8 @@ def _audit_kernels() -> list:
         "BLOCK_P": "constexpr", "BLOCK_CO": "constexpr", "BLOCK_K": "constexpr", "DOT_K": "constexpr",
     }
     norm_signature = {
-        "x_ptr": "*fp32", "gamma_ptr": "*fp32", "beta_ptr": "*fp32", "scale_ptr": "*fp32",
-        "shift_ptr": "*fp32", "out_ptr": "*{dt}", "n_rows": "i32", "C": "i32", "L": "i32",
+        "x_ptr": "*fp32", "gamma_ptr": "*fp32", "beta_ptr": "*fp32", "center_ptr": "*fp32",
+        "scale_ptr": "*fp32", "shift_ptr": "*fp32", "out_ptr": "*{dt}", "n_rows": "i32", "C": "i32", "L": "i32",
         "stride_xb": "i64", "stride_xc": "i32", "stride_xl": "i32",
         "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32",
         "eps": "fp32", "slope": "fp32",
@@ -632,7 +729,8 @@ def _audit_kernels() -> list:
             expects_mma=False),
         AuditSpec(
             name="conv1d_row_partial_stats", family="conv", kernel=_row_partial_stats_kernel,
-            signature={"x_ptr": "*{dt}", "part_ptr": "*fp32", "C": "i32", "L": "i32", "n_chunks": "i32",
+            signature={"x_ptr": "*{dt}", "part_ptr": "*fp32", "center_ptr": "*fp32", "C": "i32", "L": "i32",
+                       "n_chunks": "i32",
                        "stride_xb": "i64", "stride_xc": "i32", "stride_xl": "i32",
                        "CHUNK": "constexpr", "BLOCK_L": "constexpr"},
             meta=lambda c, dt: dict(CHUNK=_STATS_CHUNK, BLOCK_L=_STATS_BLOCK, num_warps=4, num_stages=1),
