@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlx_triton.backends.triton import conv2d as K
+from tests.reference.conv import assert_matches_float64
 from tests.reference.conv2d import (TF32_RTOL, assert_close_ref, conv2d64, linear64, rel_err, stats_pool64)
 
 CAND = K.make_candidate(tile_pos=128, tile_co=64, tile_k=32, tg_size=256, stages=3)
@@ -117,6 +118,38 @@ def test_stats_pool_half_inputs(dtype):
     y = K.stats_pool(x, weights)
     assert y.dtype == dtype
     assert_close_ref(y, stats_pool64(x, weights), dtype, 40)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_relu_keeps_nan_and_inf_like_torch(fused):
+    """relu(NaN) is NaN in torch; a plain max(x, 0) on a GPU (and in the interpreter) returns 0."""
+    x = torch.randn(2, 3, 6, 5)
+    x[0, 0, 2, 2] = float("nan")
+    x[1, 2, 0, 0] = float("inf")
+    weight, bias = torch.randn(4, 3, 3, 3), torch.randn(4)
+    residual = torch.randn(2, 4, 6, 5)
+    residual[1, 3, 5, 4] = -float("inf")
+    cand = CAND if fused else K.make_candidate(tile_pos=64, tile_co=16, tile_k=16, fuse_epilogue=False)
+    y = K.conv2d(x, weight, bias, stride=1, padding=1, residual=residual, relu=True, candidate=cand)
+    ref = conv2d64(x, weight, bias, stride=1, padding=1, residual=residual, relu=True)
+    assert ref.isnan().any() and ref.isinf().any()
+    assert_matches_float64(y, ref, 1e-5, reduced=27)
+
+
+@pytest.mark.parametrize("frames", [1, 7, 130])
+def test_stats_pool_of_constant_rows_has_exactly_zero_std(frames):
+    """Shifted statistics: a constant row sums to exactly 0 about its first frame, whatever its offset."""
+    x = torch.tensor([0.0, 0.5, -100.0, 1e4, 3.3]).view(1, 5, 1).expand(2, 5, frames).contiguous()
+    y = K.stats_pool(x)
+    assert torch.equal(y[:, :5], x[:, :, 0]) and torch.equal(y[:, 5:], torch.zeros(2, 5))
+
+
+def test_stats_pool_keeps_the_digits_of_an_offset():
+    x = 1e4 + 0.01 * torch.randn(2, 6, 90)
+    weights = torch.rand(2, 2, 90)
+    assert rel_err(K.stats_pool(x)[:, 6:], stats_pool64(x)[:, 6:]) <= 1e-4
+    assert rel_err(K.stats_pool(x, weights)[..., 6:], stats_pool64(x, weights)[..., 6:]) <= 1e-4
 
 
 def test_every_conv_candidate_meets_its_approval():

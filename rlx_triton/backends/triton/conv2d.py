@@ -136,7 +136,7 @@ def _conv2d_kernel(
         res = tl.load(res_ptr + out_offs, mask=mask_out, other=0.0).to(tl.float32)
         acc += res
     if APPLY_RELU:
-        acc = tl.maximum(acc, 0.0)
+        acc = tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)   # relu(NaN) is NaN, as in torch
     tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
 
 
@@ -158,7 +158,7 @@ def _bias_act_kernel(
     if HAS_RESIDUAL:
         y += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if APPLY_RELU:
-        y = tl.maximum(y, 0.0)
+        y = tl.maximum(y, 0.0, propagate_nan=tl.PropagateNan.ALL)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -174,7 +174,10 @@ def _stats_pool_kernel(
     Unweighted: torch.mean and torch.std (correction=1; one frame gives std 0, as pyannote does).
     Weighted (w[b, s, t]): v1 = sum w + 1e-8, mean = sum w x / v1,
     var = sum w (x - mean)^2 / (v1 - sum w^2 / v1 + 1e-8), pyannote's `_pool`.
-    Two passes over time (mean, then squared deviations) keep the variance free of cancellation.
+    Two passes over time (mean, then squared deviations) keep the variance free of cancellation, and
+    both run on shifted data, x - center with center = the row's first frame (0 if that is infinite):
+    an exactly constant row has an exactly zero std (unweighted), and an offset row keeps the digits its
+    offset would cancel.
     """
     pid_bs = tl.program_id(0)  # (batch, speaker)
     pid_d = tl.program_id(1)
@@ -184,6 +187,10 @@ def _stats_pool_kernel(
     mask_d = offs_d < features
     x_row = x_ptr + (b_idx.to(tl.int64) * features + offs_d.to(tl.int64)) * frames
     w_row = w_ptr + pid_bs.to(tl.int64) * frames
+    center = tl.load(x_row, mask=mask_d, other=0.0).to(tl.float32)
+    # an infinite first frame would turn the shifted sums into inf - inf: no shift then (torch's mean
+    # of a row with -inf is -inf); NaN stays NaN either way
+    center = tl.where(tl.abs(center) < float("inf"), center, 0.0)
 
     # Pass 1: (weighted) sum of x and of the weights.
     sum_x = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -194,6 +201,7 @@ def _stats_pool_kernel(
         mask_t = offs_t < frames
         mask_x = mask_d[:, None] & mask_t[None, :]
         x = tl.load(x_row[:, None] + offs_t[None, :], mask=mask_x, other=0.0).to(tl.float32)
+        x = tl.where(mask_x, x - center[:, None], 0.0)
         if HAS_WEIGHTS:
             w = tl.load(w_row + offs_t, mask=mask_t, other=0.0).to(tl.float32)
             sum_x += tl.sum(x * w[None, :], axis=1)
@@ -204,9 +212,10 @@ def _stats_pool_kernel(
     if HAS_WEIGHTS:
         v1 = tl.sum(sum_w, axis=0) + 1e-8
         v2 = tl.sum(sum_w2, axis=0)
-        mean = sum_x / v1
+        # sum w x / v1 = center + (sum w (x - center) - 1e-8 * center) / v1
+        shifted_mean = (sum_x - 1e-8 * center) / v1
     else:
-        mean = sum_x / frames
+        shifted_mean = sum_x / frames
 
     # Pass 2: (weighted) squared deviations from the mean.
     sum_dx2 = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -215,7 +224,7 @@ def _stats_pool_kernel(
         mask_t = offs_t < frames
         mask_x = mask_d[:, None] & mask_t[None, :]
         x = tl.load(x_row[:, None] + offs_t[None, :], mask=mask_x, other=0.0).to(tl.float32)
-        dx = tl.where(mask_x, x - mean[:, None], 0.0)
+        dx = tl.where(mask_x, (x - center[:, None]) - shifted_mean[:, None], 0.0)
         if HAS_WEIGHTS:
             w = tl.load(w_row + offs_t, mask=mask_t, other=0.0).to(tl.float32)
             sum_dx2 += tl.sum(dx * dx * w[None, :], axis=1)
@@ -226,6 +235,7 @@ def _stats_pool_kernel(
     else:
         var = sum_dx2 / tl.maximum(frames - 1, 1)
     std = tl.sqrt(var)
+    mean = center + shifted_mean
 
     out_row = out_ptr + pid_bs.to(tl.int64) * (2 * features)
     tl.store(out_row + offs_d, mean.to(out_ptr.dtype.element_ty), mask=mask_d)
