@@ -5,10 +5,17 @@
 //   act = |.| when apply_abs != 0 (SincNet's conv | abs | max-pool), else identity; then
 //   leaky(v) = v >= 0 ? v : negative_slope * v (negative_slope 1: identity). pool_size 1 and
 //   pool_stride 1 give a plain Conv1d. Zero padding; conv positions past conv_len are not pooled
-//   (MaxPool1d without padding never reaches them). One thread per output element.
+//   (MaxPool1d without padding never reaches them). A NaN pools to NaN, as in torch's max_pool1d
+//   (Metal's max() would drop it). One thread per output element, each walking (ci, t) in the same
+//   order, so equal input windows give bit-equal outputs: an exactly constant input row gives an
+//   exactly constant output row.
 // instance_norm_act_<T>: y[b, c, l] = leaky((x - mean) / sqrt(var + eps) * gamma[c] + beta[c]),
 //   mean and biased variance over l; leaky(v) = v >= 0 ? v : slope * v (slope 1: identity).
-//   One threadgroup per (b, c); has_affine == 0 ignores gamma and beta.
+//   One threadgroup per (b, c); has_affine == 0 ignores gamma and beta. The statistics are taken
+//   from shifted data, x - center with center = x[b, c, 0], and the output is formed as
+//   (x - center) * scale + (beta - mean(x - center) * scale): an exactly constant row sums to exactly
+//   0, so its variance is exactly 0 and its output exactly leaky(beta), and an offset row (DC) keeps
+//   the digits its offset would cancel. A NaN or Inf anywhere in a row gives a NaN row, as in torch.
 // Layouts: x T (B, C_in, L_in); weight float (C_out, C_in, taps); bias float (C_out,) (read when
 // has_bias != 0); out T (B, C_out, L_out). Accumulation in fp32.
 #include <metal_stdlib>
@@ -51,7 +58,7 @@ inline void conv1d_pool_impl(device const T* x, device const float* weight,
       }
     }
     float activated = apply_abs != 0 ? abs(acc) : acc;
-    best = max(best, activated);
+    best = (activated > best || isnan(activated)) ? activated : best;
   }
   best = best >= 0.0f ? best : negative_slope * best;
   out[index] = static_cast<T>(best);
@@ -67,9 +74,10 @@ inline void instance_norm_act_impl(device const T* x, device const float* gamma,
   long c = row % channels;
   device const T* x_row = x + row * length;
   uint n_simd = (threads_per_group + 31) / 32;
+  float center = float(x_row[0]);
   float local_sum = 0.0f;
   for (long l = long(thread_index); l < length; l += long(threads_per_group)) {
-    local_sum += float(x_row[l]);
+    local_sum += float(x_row[l]) - center;
   }
   float simd_total = simd_sum(local_sum);
   if (lane == 0) {
@@ -80,11 +88,11 @@ inline void instance_norm_act_impl(device const T* x, device const float* gamma,
   for (uint g = 0; g < n_simd; ++g) {
     total += scratch[g];
   }
-  float mean = total / float(length);
+  float shifted_mean = total / float(length);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   float local_squares = 0.0f;
   for (long l = long(thread_index); l < length; l += long(threads_per_group)) {
-    float centered = float(x_row[l]) - mean;
+    float centered = (float(x_row[l]) - center) - shifted_mean;
     local_squares += centered * centered;
   }
   float simd_squares = simd_sum(local_squares);
@@ -98,9 +106,9 @@ inline void instance_norm_act_impl(device const T* x, device const float* gamma,
   }
   float inverse_std = 1.0f / sqrt(squares / float(length) + eps);
   float scale = has_affine != 0 ? gamma[c] * inverse_std : inverse_std;
-  float shift = has_affine != 0 ? beta[c] : 0.0f;
+  float shift = (has_affine != 0 ? beta[c] : 0.0f) - shifted_mean * scale;
   for (long l = long(thread_index); l < length; l += long(threads_per_group)) {
-    float y = (float(x_row[l]) - mean) * scale + shift;
+    float y = (float(x_row[l]) - center) * scale + shift;
     y = y >= 0.0f ? y : negative_slope * y;
     out[row * length + l] = static_cast<T>(y);
   }

@@ -61,8 +61,8 @@ def test_fbank_shader_matches_float64(executed_metal, options):
     assert_matches_float64(features, ref_fbank.fbank(wave.double(), options), rtol=1e-4, reduced=400)
 
 
-def test_sincnet_and_conv1d_shaders_match_float64(executed_metal):
-    wave = torch.randn(1, 1, 1601)
+def _sincnet_shaders_and_float64(wave):
+    """A small SincNet (8 sinc filters, one 8 -> 6 Conv1d block) on the shaders, and its float64 forward."""
     filters = torch.randn(8, 1, 251) * 0.05
     conv_weights, conv_biases = [torch.randn(6, 8, 5) * 0.3], [torch.randn(6) * 0.1]
     norm_weights = [torch.rand(1) + 0.5, torch.rand(8) + 0.5, torch.rand(6) + 0.5]
@@ -74,12 +74,64 @@ def test_sincnet_and_conv1d_shaders_match_float64(executed_metal):
     h = F.leaky_relu(F.instance_norm(h, weight=norm_weights[1].double(), bias=norm_biases[1].double()), 0.01)
     h = F.max_pool1d(F.conv1d(h, conv_weights[0].double(), conv_biases[0].double()), 3, 3)
     h = F.leaky_relu(F.instance_norm(h, weight=norm_weights[2].double(), bias=norm_biases[2].double()), 0.01)
-    assert_matches_float64(out, h, rtol=1e-4, reduced=251)
+    return out, h
+
+
+def test_sincnet_and_conv1d_shaders_match_float64(executed_metal):
+    out, expected = _sincnet_shaders_and_float64(torch.randn(1, 1, 1601))
+    assert_matches_float64(out, expected, rtol=1e-4, reduced=251)
     x, w, b = torch.randn(2, 5, 60).half(), torch.randn(7, 5, 4), torch.randn(7)
     epilogue = SimpleNamespace(abs=False, pool=2, negative_slope=0.01)
     plain = metal_conv.conv1d(x, w, b, 2, 3, 2, epilogue=epilogue, candidate=None)
     expected = F.leaky_relu(F.max_pool1d(F.conv1d(x.double(), w.double(), b.double(), 2, 3, 2), 2, 2), 0.01)
     assert_matches_float64(plain, expected, rtol=1e-3, reduced=20)
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5, -100.0], ids=["zeros", "dc0.5", "dc-100"])
+def test_sincnet_shaders_on_constant_waveforms_give_float64s_constant(executed_metal, value):
+    """Shifted statistics make a constant row's variance exactly 0 (output beta), and each conv thread
+    walks its window in one order, so the constant stays exact through every block."""
+    out, expected = _sincnet_shaders_and_float64(torch.full((2, 1, 1601), value))
+    assert torch.equal(out.amax(-1), out.amin(-1))
+    assert_matches_float64(out, expected, rtol=1e-5)
+
+
+def test_instance_norm_shader_keeps_the_digits_of_an_offset(executed_metal):
+    """Statistics of x - x[0] and the output as (x - x[0]) * scale + shift: a small signal on a large offset
+    normalizes to float64's values (x - mean with mean rounded to fp32 would cancel ~4 digits here)."""
+    x = 100 + 0.02 * torch.randn(2, 3, 999)
+    gamma, beta = torch.rand(3) + 0.5, torch.randn(3)
+    out = metal_conv.instance_norm_act(x, gamma, beta, eps=1e-5, candidate=SimpleNamespace(tg_size=64))
+    ref = F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)
+    assert_matches_float64(out, ref, rtol=FP32_MAX_REL_ERR, reduced=999)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_instance_norm_shader_gives_nan_rows_where_torch_does(executed_metal):
+    x = torch.randn(1, 4, 300)
+    x[0, 1, 17] = float("nan")
+    x[0, 2, 0] = float("inf")
+    x[0, 3, 150] = -float("inf")
+    gamma, beta = torch.rand(4) + 0.5, torch.randn(4)
+    out = metal_conv.instance_norm_act(x, gamma, beta, eps=1e-5, negative_slope=0.01,
+                                       candidate=SimpleNamespace(tg_size=64))
+    ref = F.leaky_relu(F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5), 0.01)
+    assert ref[0, 1:].isnan().all()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_conv_shader_pools_nan_and_inf_like_torch(executed_metal):
+    """Metal's max() drops a NaN; torch's max_pool1d keeps it."""
+    x = torch.randn(2, 3, 40)
+    x[0, 0, 5] = float("nan")
+    x[1, 2, 20] = float("inf")
+    w, b = torch.randn(4, 3, 3), torch.randn(4)
+    epilogue = SimpleNamespace(abs=True, pool=3, negative_slope=0.01)
+    out = metal_conv.conv1d(x, w, b, 1, 1, 1, epilogue=epilogue, candidate=None)
+    ref = F.leaky_relu(F.max_pool1d(F.conv1d(x.double(), w.double(), b.double(), 1, 1).abs(), 3, 3), 0.01)
+    assert ref.isnan().any() and ref.isinf().any()
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * math.sqrt(9), equal_nan=True)
 
 
 @pytest.mark.parametrize("mode", ["persistent", "stepwise"])
