@@ -72,6 +72,24 @@ def check_same_dtype(name: str, value: torch.Tensor, ref: torch.Tensor, ref_name
     return value
 
 
+class InputShapeError(RuntimeError, ValueError):
+    """An input whose size does not fit a weight (wrong number of input channels or features).
+
+    torch raises RuntimeError for this mistake (F.conv1d: "Given groups=1, weight of size ...,
+    expected input[...] to have 3 channels, but got 5 channels instead"), so this is one; it is also a
+    ValueError, like every other bad-shape error of rlx_triton."""
+
+
+def check_input_channels(input: torch.Tensor, weight: torch.Tensor, channel_dim: int = 1) -> torch.Tensor:
+    """InputShapeError, worded like torch's, unless input's channel_dim matches weight's input channels
+    (groups=1)."""
+    if input.shape[channel_dim] != weight.shape[1]:
+        raise InputShapeError(
+            f"Given groups=1, weight of size {list(weight.shape)}, expected input{list(input.shape)} to have "
+            f"{weight.shape[1]} channels, but got {input.shape[channel_dim]} channels instead")
+    return input
+
+
 def check_int(name: str, value, low: int) -> int:
     """An int (not a bool) >= low."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -1,15 +1,17 @@
 """Public 1-D conv ops: pyannote's SincNet stage and F.conv1d with fused epilogues, routed by the router.
 
 - `sinc_filters(...)`: asteroid's ParamSincFB filters from (low_hz_, band_hz_), built with torch ops
-  and cached per weight version (parameter `_version` + data_ptr), so an inference loop builds them once.
+  and cached per weight version (parameter `_version` + data_ptr), so an inference loop builds them once
+  (inference tensors, which have no version counter, are rebuilt on every call).
 - `sincnet(waveforms, sinc_filters, ...)`: the whole non-streaming SincNet forward.
 - `conv1d(input, weight, bias, stride, padding, dilation, *, epilogue=ConvEpilogue(...))`: F.conv1d
   (groups=1) followed by an optional |x| -> max-pool -> leaky ReLU epilogue.
 
-Each op validates its input (ValueError/TypeError naming the argument, before any launch), builds a
-routing Request and runs the backend module the router picks (backends/triton/conv.py, or
-backends/torch_ref/conv.py). Autograd, odd 'same' padding and groups are typed refusals (Request
-features) that fall back to torch.
+Each op validates its input (ValueError/TypeError naming the argument, before any launch; an input
+whose channels do not fit the weight raises InputShapeError, a RuntimeError like torch's and a
+ValueError), builds a routing Request and runs the backend module the router picks
+(backends/triton/conv.py, or backends/torch_ref/conv.py). Autograd, float64, odd 'same' padding and
+groups are typed refusals (Request features, coverage) that fall back to torch.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ from typing import Optional
 
 import torch
 
-from rlx_triton.ops._checks import (KERNEL_DTYPES, check_device, check_dtype, check_int, check_is_tensor,
-                                    check_shape, check_tensor, needs_grad)
+from rlx_triton.ops._checks import (FLOAT_DTYPES, check_device, check_dtype, check_input_channels, check_int,
+                                    check_is_tensor, check_shape, check_tensor, needs_grad)
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "conv"
@@ -52,7 +54,7 @@ class ConvEpilogue:
 def _check_like(name: str, value, ref: torch.Tensor, ref_name: str, shape=None) -> torch.Tensor:
     check_is_tensor(name, value)
     check_device(name, value, ref, ref_name)
-    check_dtype(name, value, KERNEL_DTYPES)
+    check_dtype(name, value, FLOAT_DTYPES)
     return value if shape is None else check_shape(name, value, shape)
 
 
@@ -82,6 +84,9 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
     Built with torch ops in asteroid's exact order (so float32 filters equal pyannote's), once per
     weight version: the cache key holds each parameter's data_ptr and `_version` (bumped by in-place
     updates such as optimizer steps or load_state_dict). When autograd needs the graph, it is rebuilt.
+    Inference tensors (parameters created inside torch.inference_mode()) have no version counter and
+    can still be changed in place inside inference mode, so their filters are rebuilt on every call
+    (80 x 251 values: a few small ops).
     """
     for name, value in (("low_hz_", low_hz_), ("band_hz_", band_hz_)):
         if not isinstance(value, torch.Tensor):
@@ -94,10 +99,11 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
     if kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be odd, got {kernel_size}")
     grad = needs_grad(low_hz_, band_hz_)
-    extra = tuple((t.data_ptr(), t._version) if t is not None else None for t in (window_, n_))
-    key = (low_hz_.data_ptr(), low_hz_._version, band_hz_.data_ptr(), band_hz_._version, low_hz_.device,
-           low_hz_.dtype, extra, kernel_size, float(sample_rate), float(min_low_hz), float(min_band_hz))
-    if not grad:
+    cacheable = not grad and not any(t is not None and t.is_inference() for t in (low_hz_, band_hz_, window_, n_))
+    if cacheable:
+        extra = tuple((t.data_ptr(), t._version) if t is not None else None for t in (window_, n_))
+        key = (low_hz_.data_ptr(), low_hz_._version, band_hz_.data_ptr(), band_hz_._version, low_hz_.device,
+               low_hz_.dtype, extra, kernel_size, float(sample_rate), float(min_low_hz), float(min_band_hz))
         cached = _FILTER_CACHE.get(key)
         # a freed parameter's memory can be reused at version 0: the entry holds weak references to
         # the parameters it was built from and counts only for those very tensors
@@ -114,7 +120,9 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
     math_dtype = torch.float32 if low_hz_.dtype in (torch.float16, torch.bfloat16) else low_hz_.dtype
     window_ = window_.to(device=low_hz_.device, dtype=math_dtype)
     n_ = n_.to(device=low_hz_.device, dtype=math_dtype)
-    with torch.set_grad_enabled(grad):
+    # a cached result is built as a normal tensor even inside inference mode: a later call outside it
+    # may hand it to autograd (gradients with respect to the waveform), which cannot save inference tensors
+    with torch.inference_mode(torch.is_inference_mode_enabled() and not cacheable), torch.set_grad_enabled(grad):
         low = min_low_hz + torch.abs(low_hz_.to(math_dtype))
         high = torch.clamp(low + min_band_hz + torch.abs(band_hz_.to(math_dtype)), min_low_hz, sample_rate / 2)
         band = (high - low)[:, 0]
@@ -128,7 +136,7 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
         filters = torch.cat([(cos_bp / (2 * band[:, None])).view(pairs, 1, kernel_size),
                              (sin_bp / (2 * band[:, None])).view(pairs, 1, kernel_size)], dim=0)
         filters = filters.to(low_hz_.dtype)
-    if not grad:
+    if cacheable:
         with _FILTER_LOCK:
             if len(_FILTER_CACHE) > 64:
                 _FILTER_CACHE.clear()
@@ -142,9 +150,11 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
 def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
                      norm_weights, norm_biases, *, stride: int = 10, pool: int = 3, eps: float = 1e-5,
                      negative_slope: float = 0.01, sample_rate: int = 16000) -> Request:
-    check_tensor("waveforms", waveforms, (3,), KERNEL_DTYPES)
+    check_tensor("waveforms", waveforms, (3,), FLOAT_DTYPES)
     if waveforms.shape[1] != 1:
-        raise ValueError(f"waveforms must have shape (batch, 1, samples), got {tuple(waveforms.shape)}")
+        # pyannote's SincNet raises ValueError here too (its InstanceNorm1d(1) sees the channels)
+        raise ValueError(f"waveforms must have shape (batch, 1, samples): expected 1 channel, got "
+                         f"{waveforms.shape[1]} (shape {tuple(waveforms.shape)})")
     _check_like("sinc_filters", sinc_filters, waveforms, "waveforms")
     if sinc_filters.dim() != 3 or sinc_filters.shape[1] != 1:
         raise ValueError(f"sinc_filters must have shape (filters, 1, taps), got {tuple(sinc_filters.shape)}")
@@ -173,9 +183,11 @@ def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, co
         _check_like(f"conv_biases[{i}]", conv_biases[i], waveforms, "waveforms", (w.shape[0],))
         channels = w.shape[0]
         length = _conv_len(length, w.shape[2], 1, 0, 1) // pool
-    if length < 1:
+    if length < 2:
+        # torch's instance_norm refuses a single element per channel ("Expected more than 1 spatial
+        # element"), so pyannote's SincNet needs two output frames; so does this op
         raise ValueError(f"waveforms has {waveforms.shape[2]} samples: too short for SincNet, which needs at "
-                         f"least one output frame")
+                         f"least two output frames (got {max(length, 0)})")
     if not (isinstance(eps, float) and eps > 0):
         raise ValueError(f"eps must be a positive float, got {eps!r}")
     tensors = [waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, *conv_weights, *conv_biases,
@@ -225,16 +237,14 @@ def _padding(padding, taps: int, stride: int, dilation: int):
 
 def _conv1d_request(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
                     epilogue: Optional[ConvEpilogue] = None) -> Request:
-    check_tensor("input", input, (2, 3), KERNEL_DTYPES)
-    check_tensor("weight", weight, (3,), KERNEL_DTYPES)
+    check_tensor("input", input, (2, 3), FLOAT_DTYPES)
+    check_tensor("weight", weight, (3,), FLOAT_DTYPES)
     if weight.device != input.device:
         raise ValueError(f"weight is on {weight.device} but input is on {input.device}")
     if weight.dtype != input.dtype:
         raise TypeError(f"weight dtype {weight.dtype} must match input dtype {input.dtype}")
+    check_input_channels(input, weight, channel_dim=input.dim() - 2)
     c_in = input.shape[-2]
-    if weight.shape[1] != c_in:
-        raise ValueError(f"weight must have shape (out_channels, {c_in}, taps) for an input with {c_in} "
-                         f"channels (groups=1), got {tuple(weight.shape)}")
     if bias is not None:
         _check_like("bias", bias, input, "input", (weight.shape[0],))
         if bias.dtype != input.dtype:

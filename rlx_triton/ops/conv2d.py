@@ -15,8 +15,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, check_bool, check_device, check_int, check_shape,
-                                    check_tensor, needs_grad)
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, check_bool, check_device,
+                                    check_input_channels, check_int, check_shape, check_tensor, needs_grad)
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "conv"
@@ -40,11 +40,9 @@ def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None,
     check_device("weight", weight, x, "the input")
     stride = _check_int("stride", stride, 1)
     padding = _check_int("padding", padding, 0)
+    check_input_channels(x, weight)
     batch, c_in, height, width = x.shape
-    c_out, w_c_in, kh, kw = weight.shape
-    if w_c_in != c_in:
-        raise ValueError(f"weight must have c_in={c_in} input channels (x is {tuple(x.shape)}), "
-                         f"got weight {tuple(weight.shape)}")
+    c_out, _, kh, kw = weight.shape
     out_h, out_w = _out_size(height, kh, stride, padding), _out_size(width, kw, stride, padding)
     if out_h < 1 or out_w < 1:
         raise ValueError(f"x of spatial size {height}x{width} is smaller than the kernel {kh}x{kw} "
@@ -89,7 +87,9 @@ def _linear_request(x, weight, bias=None) -> Request:
     check_tensor("weight", weight, (2,), FLOAT_DTYPES, "(out_features, in_features)")
     check_device("weight", weight, x, "the input")
     if weight.shape[1] != x.shape[1]:
-        raise ValueError(f"weight must have in_features={x.shape[1]} columns, got {tuple(weight.shape)}")
+        # torch's F.linear raises RuntimeError ("mat1 and mat2 shapes cannot be multiplied")
+        raise InputShapeError(f"x of shape {tuple(x.shape)} has {x.shape[1]} features, but weight of size "
+                              f"{list(weight.shape)} expects in_features={weight.shape[1]}")
     if bias is not None:
         check_tensor("bias", bias, (1,), FLOAT_DTYPES, f"(out_features={weight.shape[0]},)")
         check_device("bias", bias, x, "the input")
@@ -163,10 +163,12 @@ def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) 
 
 
 def fold_batchnorm(weight: torch.Tensor, bias: Optional[torch.Tensor], bn) -> tuple:
-    """Fold an eval-mode BatchNorm{1,2}d into the preceding conv or linear: returns fp32 (weight, bias).
+    """Fold an eval-mode BatchNorm{1,2}d into the preceding conv or linear: returns (weight, bias),
+    float64 for a float64 weight, else float32 (the kernels' weight dtype).
 
     bn(conv(x) + b) = conv'(x) + b' with w' = w * gamma / sqrt(var + eps) per output channel and
-    b' = (b - mean) * gamma / sqrt(var + eps) + beta, computed in float64 and rounded once.
+    b' = (b - mean) * gamma / sqrt(var + eps) + beta, computed in float64 and rounded once, so a
+    zero-variance channel (running_var 0) folds to gamma / sqrt(eps) exactly as eval BatchNorm divides.
     """
     if not isinstance(bn, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
         raise TypeError(f"bn must be a torch.nn.BatchNorm1d/2d, got {type(bn).__name__}")
@@ -184,4 +186,5 @@ def fold_batchnorm(weight: torch.Tensor, bias: Optional[torch.Tensor], bn) -> tu
     scale = gamma / torch.sqrt(var + bn.eps)
     w_folded = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
     b_folded = (b - mean) * scale + beta
-    return w_folded.float().contiguous(), b_folded.float().contiguous()
+    dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    return w_folded.to(dtype).contiguous(), b_folded.to(dtype).contiguous()
