@@ -12,6 +12,10 @@ layer1..layer4 of BasicBlock/Bottleneck blocks, a TSTP pool, seg_1) and a kaldi-
 - projection: seg_1 -> rlx Projection.
 
 BatchNorm is folded with its running statistics, so the swapped model computes eval-mode outputs.
+The swapped model keeps the stock state_dict: the same keys and the same parameter and buffer objects
+(every BatchNorm stays where it was, as a FoldedBatchNorm2d whose forward is the identity), so a stock
+checkpoint loads into it (strict load_state_dict; the convs fold again on load) and its state_dict
+loads into a stock model.
 
     from rlx_triton.integrations import pyannote
     pyannote.optimize(model)                 # finds WeSpeaker models through the recogniser table
@@ -28,7 +32,7 @@ from typing import List
 import torch
 from torch import nn
 
-from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, Projection, StatsPool
+from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, FoldedBatchNorm2d, Projection, StatsPool
 
 # ---------------------------------------------------------------------------------------------
 # Recognition (structure only)
@@ -68,7 +72,8 @@ def is_wespeaker_trunk(module: nn.Module) -> bool:
     if type(module).__name__ != "ResNet" or not isinstance(module, nn.Module):
         return False
     mods = module._modules
-    stem_ok = _is_conv_bn(mods.get("conv1"), mods.get("bn1")) or isinstance(mods.get("conv1"), Conv2d)
+    stem_ok = (_is_conv_bn(mods.get("conv1"), mods.get("bn1"))
+               or isinstance(mods.get("conv1"), Conv2d) and isinstance(mods.get("bn1"), FoldedBatchNorm2d))
     layers_ok = all(isinstance(mods.get(f"layer{i}"), nn.Sequential) and len(mods[f"layer{i}"]) > 0
                     and all(_is_basic_block(b) or _is_bottleneck(b) or _is_rlx_block(b) for b in mods[f"layer{i}"])
                     for i in (1, 2, 3, 4))
@@ -161,8 +166,9 @@ def swap_trunk(resnet: nn.Module, prefix: str = "") -> List[str]:
     swapped: List[str] = []
     if not isinstance(resnet.conv1, Conv2d):
         resnet.conv1 = Conv2d.from_torch(resnet.conv1, bn=resnet.bn1, relu=True)
-        # forward keeps F.relu(self.bn1(self.conv1(x))): bn1 is folded, the extra ReLU is idempotent
-        resnet.bn1 = nn.Identity()
+        # forward keeps F.relu(self.bn1(self.conv1(x))): bn1 stays (same parameters and keys) with an
+        # identity forward, since conv1 applies it; the extra ReLU is idempotent
+        resnet.bn1 = resnet.conv1.bn
         swapped.append(f"{prefix}conv1")
     for i in (1, 2, 3, 4):
         layer = getattr(resnet, f"layer{i}")

@@ -6,7 +6,23 @@ residual blocks, statistics pooling (TSTP) and the embedding projection, all on 
     pool = StatsPool()                                                 # pyannote StatsPool / TSTP
     seg_1 = Projection.from_torch(resnet.seg_1)                        # Linear(5120, 256)
 
-Modules are inference-only (BatchNorm is folded with its running statistics, as in eval mode).
+Modules are inference-only: BatchNorm is applied with its running statistics (eval mode), and no
+gradient flows through the folded weights.
+
+State and checkpoints: each module keeps the parameters and buffers of the torch modules it stands
+for, as the same objects under the same state_dict keys. Conv2d holds the conv's own `weight` (and
+`bias`); a folded BatchNorm stays registered where the stock model has it (a block's `bn1`, a
+shortcut's `1`) as a FoldedBatchNorm2d: the same parameters and buffers, an identity forward, since
+the conv before it applies it. So a stock checkpoint loads into a swapped model strictly, and a
+swapped model's state_dict loads into a stock one.
+
+The (weight, bias) the kernel reads are derived and not saved: folded in float64
+(ops.conv2d.fold_batchnorm), stored tap-major, and folded again when a source changes: a new dtype or
+device (.to(), .double()), an in-place update (version counters: optimizer steps, copy_), or a
+load_state_dict into the conv or its BatchNorm (a load hook; this also covers inference tensors).
+Inference tensors (a model built inside torch.inference_mode()) have no version counter, and torch
+lets them change in place only inside inference mode: such an edit other than load_state_dict is not
+seen until one of the other events happens.
 """
 from __future__ import annotations
 
@@ -26,64 +42,161 @@ def _single(value, name: str) -> int:
     return int(value)
 
 
-class Conv2d(nn.Module):
-    """y = relu?(conv2d(x, weight, bias, stride, padding) + residual), NCHW, one kernel launch.
+def _count_load(module: nn.Module, incompatible_keys) -> None:
+    """load_state_dict post hook: marks the module's tensors as reloaded (the fold cache keys on it)."""
+    module._loads += 1
 
-    The weight is stored tap-major in memory (shape (c_out, c_in, kh, kw), memory (kh, kw, c_out, c_in),
-    c_in contiguous) so the kernel's [c_out, c_in] weight tile of one tap loads coalesced.
+
+def _tensor_key(t: Optional[torch.Tensor]):
+    """What identifies a tensor's current contents: storage, dtype, device and, except for inference
+    tensors (which have none), the version counter that every in-place update bumps."""
+    if t is None:
+        return None
+    return (t.data_ptr(), t.dtype, t.device, tuple(t.shape), None if t.is_inference() else t._version)
+
+
+def _kernel_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The folded weights' dtype: float64 for float64 models (torch runs them), else float32 (the kernels
+    accumulate in fp32 whatever the activation dtype)."""
+    return torch.float64 if weight.dtype == torch.float64 else torch.float32
+
+
+class FoldedBatchNorm2d(nn.BatchNorm2d):
+    """A BatchNorm2d that the rlx Conv2d before it applies (folded into its weights): the same
+    parameters, buffers and state_dict keys as the BatchNorm2d it stands for; its forward is the identity."""
+
+    @classmethod
+    def from_torch(cls, bn: nn.BatchNorm2d) -> "FoldedBatchNorm2d":
+        """Shares `bn`'s parameters and buffers (no copy)."""
+        if isinstance(bn, cls):
+            return bn
+        if not isinstance(bn, nn.BatchNorm2d):
+            raise TypeError(f"bn must be a torch.nn.BatchNorm2d, got {type(bn).__name__}")
+        new = cls(bn.num_features, eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
+                  track_running_stats=bn.track_running_stats, device="meta")
+        new._parameters.update(bn._parameters)
+        new._buffers.update(bn._buffers)
+        new.train(bn.training)
+        return new
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._loads = 0
+        self.register_load_state_dict_post_hook(_count_load)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class Conv2d(nn.Module):
+    """y = relu?(conv2d(x, weight, bias, stride, padding) + residual), NCHW, one kernel launch, with an
+    optional eval BatchNorm `bn` folded into the weight and bias the kernel reads.
+
+    `weight` and `bias` are the conv's own tensors (registered as parameters when they are
+    nn.Parameters, else as buffers), so the state_dict is the conv's; `bn` is not registered here (its
+    owner keeps it). The kernel reads `folded()`: float64-folded, stored tap-major in memory (shape
+    (c_out, c_in, kh, kw), memory (kh, kw, c_out, c_in), c_in contiguous) so the kernel's [c_out, c_in]
+    weight tile of one tap loads coalesced, refolded whenever a source changes.
     """
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *, stride: int = 1,
-                 padding: int = 0, relu: bool = False):
+                 padding: int = 0, relu: bool = False, bn: Optional[nn.BatchNorm2d] = None):
         super().__init__()
         if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
             raise ValueError(f"weight must be a 4-D tensor (c_out, c_in, kh, kw), got "
                              f"{getattr(weight, 'shape', type(weight).__name__)}")
-        packed = weight.detach().float().permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
-        self.register_buffer("weight", packed)
-        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        if bn is not None and not isinstance(bn, (nn.BatchNorm2d)):
+            raise TypeError(f"bn must be a torch.nn.BatchNorm2d or None, got {type(bn).__name__}")
+        for name, value in (("weight", weight), ("bias", bias)):
+            if isinstance(value, nn.Parameter) or (value is None and isinstance(weight, nn.Parameter)):
+                self.register_parameter(name, value)
+            else:
+                self.register_buffer(name, value)
+        # not registered here: the module that owns this conv registers it where the stock model has
+        # its BatchNorm (blocks, the ResNet stem), so the state_dict keys stay the stock ones
+        object.__setattr__(self, "bn", None if bn is None else FoldedBatchNorm2d.from_torch(bn))
         self.stride = _single(stride, "stride")
         self.padding = _single(padding, "padding")
         self.relu = bool(relu)
+        self._loads = 0
+        self._folded = None
+        self._folded_key = None
+        self.register_load_state_dict_post_hook(_count_load)
 
     @classmethod
     def from_torch(cls, conv: nn.Conv2d, bn: Optional[nn.BatchNorm2d] = None, relu: bool = False) -> "Conv2d":
-        """From an nn.Conv2d (groups=1, dilation=1, zero padding), with an eval BatchNorm2d folded in."""
+        """From an nn.Conv2d (groups=1, dilation=1, zero padding), sharing its weight and bias, with an
+        eval BatchNorm2d folded in."""
         if not isinstance(conv, nn.Conv2d):
             raise TypeError(f"conv must be a torch.nn.Conv2d, got {type(conv).__name__}")
         if conv.groups != 1 or tuple(conv.dilation) != (1, 1) or conv.padding_mode != "zeros":
             raise ValueError(f"conv must have groups=1, dilation=1 and zero padding, got {conv}")
         if isinstance(conv.padding, str):
             raise ValueError(f"conv must have an integer padding, got padding={conv.padding!r}")
-        weight, bias = conv.weight, conv.bias
-        if bn is not None:
-            weight, bias = ops.fold_batchnorm(weight, bias, bn)
-        return cls(weight, bias, stride=conv.stride, padding=conv.padding, relu=relu)
+        return cls(conv.weight, conv.bias, stride=conv.stride, padding=conv.padding, relu=relu, bn=bn)
+
+    def _apply(self, fn, recurse=True):
+        # the BatchNorm moves with the conv that applies it (.to(), .double(), ...); where its owner also
+        # registers it, the second conversion finds it converted already
+        super()._apply(fn, recurse)
+        if self.bn is not None:
+            self.bn._apply(fn, recurse)
+        return self
+
+    def _sources(self) -> tuple:
+        bn = self.bn
+        stats = () if bn is None else (bn.weight, bn.bias, bn.running_mean, bn.running_var)
+        return (self.weight, self.bias, *stats)
+
+    def folded(self) -> tuple:
+        """(weight, bias) with the BatchNorm folded in, tap-major, folded again when a source changed."""
+        bn_loads = getattr(self.bn, "_loads", 0)
+        key = (self._loads, bn_loads, None if self.bn is None else self.bn.eps,
+               tuple(_tensor_key(t) for t in self._sources()))
+        if key != self._folded_key:
+            # built as normal tensors even inside inference mode: the cache outlives the call
+            with torch.inference_mode(False), torch.no_grad():
+                dtype = _kernel_dtype(self.weight)
+                if self.bn is not None:
+                    weight, bias = ops.fold_batchnorm(self.weight, self.bias, self.bn)
+                else:
+                    weight = self.weight.detach().to(dtype)
+                    bias = None if self.bias is None else self.bias.detach().to(dtype)
+                weight = weight.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
+                bias = None if bias is None else bias.contiguous()
+            self._folded, self._folded_key = (weight, bias), key
+        return self._folded
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return ops.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                          residual=residual, relu=self.relu)
+        weight, bias = self.folded()
+        return ops.conv2d(x, weight, bias, stride=self.stride, padding=self.padding, residual=residual,
+                          relu=self.relu)
 
     def explain(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """The Route forward(x, residual) takes, without running it."""
         from rlx_triton.router import explain
 
-        return explain(ops.conv2d, x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+        weight, bias = self.folded()
+        return explain(ops.conv2d, x, weight, bias, stride=self.stride, padding=self.padding,
                        residual=residual, relu=self.relu)
 
     def extra_repr(self) -> str:
         c_out, c_in, kh, kw = self.weight.shape
         return (f"{c_in}, {c_out}, kernel_size=({kh}, {kw}), stride={self.stride}, padding={self.padding}, "
-                f"bias={self.bias is not None}, relu={self.relu}")
+                f"bias={self.bias is not None}, relu={self.relu}, batchnorm_folded={self.bn is not None}")
 
 
 class Projection(nn.Module):
-    """nn.Linear's forward for the embedding head (e.g. TSTP 5120 -> 256), on the conv2d op."""
+    """nn.Linear's forward for the embedding head (e.g. TSTP 5120 -> 256), on the conv2d op. Holds the
+    Linear's weight and bias themselves (shared, same state_dict keys)."""
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
         super().__init__()
-        self.register_buffer("weight", weight.detach().float().contiguous())
-        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        for name, value in (("weight", weight), ("bias", bias)):
+            if isinstance(value, nn.Parameter) or (value is None and isinstance(weight, nn.Parameter)):
+                self.register_parameter(name, value)
+            else:
+                self.register_buffer(name, value)
 
     @classmethod
     def from_torch(cls, linear: nn.Linear) -> "Projection":
@@ -93,17 +206,21 @@ class Projection(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = ops.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+        y = ops.linear(x.reshape(-1, x.shape[-1]), self.weight.detach(), _detached(self.bias))
         return y.reshape(*lead, self.weight.shape[0])
 
     def explain(self, x: torch.Tensor):
         """The Route forward(x) takes, without running it."""
         from rlx_triton.router import explain
 
-        return explain(ops.linear, x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+        return explain(ops.linear, x.reshape(-1, x.shape[-1]), self.weight.detach(), _detached(self.bias))
 
     def extra_repr(self) -> str:
         return f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}"
+
+
+def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach()
 
 
 class StatsPool(nn.Module):
@@ -143,9 +260,10 @@ class StatsPool(nn.Module):
 
 class _Block(nn.Module):
     """What the residual blocks share: convs conv1..conv{_depth} (BatchNorm folded, ReLU fused), an
-    optional shortcut conv, and the residual add + ReLU fused into the last conv. pyannote's
-    num_frames / receptive-field methods are taken from the original block class (they read only
-    `self.stride`)."""
+    optional shortcut conv, and the residual add + ReLU fused into the last conv. The folded BatchNorms
+    stay registered as bn1..bn{_depth} and shortcut.1 (FoldedBatchNorm2d), so the block's state_dict
+    keys are the stock block's. pyannote's num_frames / receptive-field methods are taken from the
+    original block class (they read only `self.stride`)."""
 
     _depth = 0        # number of convs (conv1, conv2, ...)
     _geometry = None  # the original block class
@@ -154,7 +272,11 @@ class _Block(nn.Module):
         super().__init__()
         for i, conv in enumerate(convs, 1):
             setattr(self, f"conv{i}", conv)
-        self.shortcut = shortcut
+            if conv.bn is not None:
+                setattr(self, f"bn{i}", conv.bn)
+        if isinstance(shortcut, Conv2d):
+            shortcut = nn.Sequential(shortcut, *([] if shortcut.bn is None else [shortcut.bn]))
+        self.shortcut = nn.Sequential() if shortcut is None else shortcut
         self.stride = stride
 
     @classmethod
@@ -166,7 +288,7 @@ class _Block(nn.Module):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.shortcut is None else self.shortcut(x)
+        identity = self.shortcut(x)   # an empty shortcut is the identity; shortcut.1 is folded into .0
         for i in range(1, self._depth):
             x = getattr(self, f"conv{i}")(x)
         return getattr(self, f"conv{self._depth}")(x, residual=identity)
@@ -210,4 +332,4 @@ class Bottleneck(_Block):
         super().__init__((conv1, conv2, conv3), shortcut, stride)
 
 
-__all__ = ["BasicBlock", "Bottleneck", "Conv2d", "Projection", "StatsPool"]
+__all__ = ["BasicBlock", "Bottleneck", "Conv2d", "FoldedBatchNorm2d", "Projection", "StatsPool"]

@@ -199,7 +199,7 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
             rows.append(PerfCase("embedding", label, "float32", layer))
             for candidate in approved:
                 def direct(fused=fused, candidate=candidate, shape=(batch, c_in, h, w), residual=residual, s=s, p=p):
-                    return kernels.conv2d(_meta(*shape), fused.weight, fused.bias, stride=s, padding=p,
+                    return kernels.conv2d(_meta(*shape), *fused.folded(), stride=s, padding=p,
                                           residual=None if residual is None else _meta(*residual), relu=True,
                                           candidate=candidate)
 

@@ -1,5 +1,7 @@
 """rt.integrations.pyannote.optimize on WeSpeaker ResNet embedding models (pyannote's structure, restated in
-tests/reference/wespeaker_models.py): recognised by structure, swapped in place, same embeddings."""
+tests/reference/wespeaker_models.py): recognised by structure, swapped in place, same embeddings, the
+stock state_dict (stock checkpoints load after optimize), float64 after .double(), and runs under
+torch.inference_mode() as pyannote's Inference does, with weights built outside or inside it."""
 import copy
 
 import pytest
@@ -9,12 +11,13 @@ from torch import nn
 import rlx_triton as rt
 from rlx_triton.integrations import pyannote
 from rlx_triton.integrations._wespeaker import is_wespeaker_model, is_wespeaker_trunk, optimize_wespeaker
-from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, Projection, StatsPool
+from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, FoldedBatchNorm2d, Projection, StatsPool
 from tests.reference.conv2d import rel_err
 from tests.reference.fbank import speech_like
 from tests.reference.wespeaker_models import randomize, tiny_wespeaker
 
 SAMPLES = 4000  # 0.25 s at 16 kHz: 23 fbank frames, enough for three stride-2 stages
+SHORT = 2000    # 11 fbank frames (2 after three stride-2 stages): the checkpoint and inference-mode cases
 
 
 def _waveforms(batch=2, samples=SAMPLES):
@@ -40,7 +43,8 @@ def test_recognised_by_structure_only():
 def test_optimize_swaps_front_end_trunk_pooling_and_projection(stock_and_optimized):
     _, model = stock_and_optimized
     resnet = model.resnet
-    assert isinstance(resnet.conv1, Conv2d) and isinstance(resnet.bn1, nn.Identity)
+    assert isinstance(resnet.conv1, Conv2d) and isinstance(resnet.bn1, FoldedBatchNorm2d)
+    assert resnet.bn1.weight is resnet.conv1.bn.weight
     assert all(isinstance(block, BasicBlock) for layer in (resnet.layer1, resnet.layer2, resnet.layer3,
                                                             resnet.layer4) for block in layer)
     assert isinstance(resnet.pool, StatsPool) and isinstance(resnet.seg_1, Projection)
@@ -126,6 +130,67 @@ def test_a_bare_trunk_inside_another_module_is_found():
     holder.embedding = randomize(tiny_wespeaker().resnet)
     pyannote.optimize(holder)
     assert isinstance(holder.embedding.layer1[0], BasicBlock)
+
+
+BACKENDS = ["torch", "triton"]
+
+
+def test_optimized_model_keeps_the_stock_state_dict(stock_and_optimized):
+    stock, optimized = stock_and_optimized
+    stock_state, state = stock.state_dict(), optimized.state_dict()
+    assert list(state) == list(stock_state)
+    assert all(torch.equal(state[key], stock_state[key]) for key in stock_state)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stock_checkpoint_loads_strictly_after_optimize(backend):
+    """load_state_dict(stock checkpoint) into an optimized model: strict, and the convs fold the new
+    BatchNorm statistics, so the embeddings are the checkpoint's."""
+    optimized = pyannote.optimize(tiny_wespeaker())
+    checkpoint = tiny_wespeaker(seed=3)
+    optimized.load_state_dict(checkpoint.state_dict())
+    wav = _waveforms(batch=1, samples=SHORT)
+    with torch.no_grad():
+        expected = checkpoint(wav)
+        with rt.use_backend(backend, strict=True):
+            got = optimized(wav)
+    assert rel_err(got, expected) < 1e-4
+
+
+def test_an_optimized_state_dict_loads_into_a_stock_model():
+    optimized = pyannote.optimize(tiny_wespeaker(seed=3))
+    stock = tiny_wespeaker()
+    stock.load_state_dict(optimized.state_dict())
+    wav = _waveforms(batch=1, samples=SHORT)
+    with torch.no_grad(), rt.use_backend("torch"):
+        assert rel_err(stock(wav), optimized(wav)) < 1e-4
+
+
+def test_float64_after_optimize_gives_the_stock_float64_values(stock_and_optimized):
+    stock, optimized = stock_and_optimized
+    stock64, optimized64 = copy.deepcopy(stock).double(), copy.deepcopy(optimized).double()
+    wav = _waveforms(batch=1).double()
+    with torch.no_grad():
+        got, expected = optimized64(wav), stock64(wav)
+    assert got.dtype == torch.float64 and rel_err(got, expected) < 1e-12
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("built", ["outside", "inside"])
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])
+def test_embeddings_under_inference_mode_with_weights_built_outside_or_inside_it(backend, built, mode):
+    """pyannote's Inference runs the embedding model inside torch.inference_mode(); a model loaded there has
+    inference-tensor weights (no version counter)."""
+    with torch.inference_mode(built == "inside"):
+        stock = tiny_wespeaker()
+        optimized = pyannote.optimize(copy.deepcopy(stock))
+    wav = _waveforms(batch=1, samples=SHORT)
+    context = torch.inference_mode() if mode == "inference_mode" else torch.no_grad()
+    with context:
+        expected = stock(wav)
+        with rt.use_backend(backend, strict=True):
+            got = optimized(wav)
+    assert rel_err(got, expected) < 1e-4
 
 
 @pytest.mark.gpu

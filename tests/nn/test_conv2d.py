@@ -1,12 +1,18 @@
-"""rlx_triton.nn conv2d modules as drop-ins for WeSpeaker's layers (eval mode, BatchNorm folded)."""
+"""rlx_triton.nn conv2d modules as drop-ins for WeSpeaker's layers (eval mode, BatchNorm folded): they
+keep the stock parameters and state_dict keys, fold again when a source changes, run float64 after
+.double(), take inference-tensor weights and raise torch's error for a wrong input."""
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import rlx_triton as rt
-from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, Projection, StatsPool
+from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, FoldedBatchNorm2d, Projection, StatsPool
 from tests.reference import wespeaker_models as ref
 from tests.reference.conv2d import assert_close_ref
+
+BACKENDS = ["torch", "triton"]
 
 
 def _close(a, b, tol=1e-5):
@@ -76,9 +82,103 @@ def test_modules_explain_their_routes():
     assert Projection(torch.randn(3, 8)).explain(torch.randn(2, 8)).backend == "triton"
 
 
-def test_weight_is_stored_tap_major_and_moves_with_the_module():
+def test_folded_weight_is_stored_tap_major_and_moves_with_the_module():
     conv = Conv2d(torch.randn(6, 4, 3, 3))
-    assert conv.weight.stride() == (4, 1, 3 * 6 * 4, 6 * 4)  # memory (kh, kw, c_out, c_in)
-    assert conv.to(torch.float32).weight.stride(1) == 1
+    assert conv.folded()[0].stride() == (4, 1, 3 * 6 * 4, 6 * 4)  # memory (kh, kw, c_out, c_in)
+    assert conv.to(torch.float32).folded()[0].stride(1) == 1
     assert_close_ref(conv(torch.ones(1, 4, 3, 3)), torch.nn.functional.conv2d(torch.ones(1, 4, 3, 3).double(),
                      conv.weight.double()), torch.float32, 36)
+
+
+def _conv_bn(c_in=3, c_out=6):
+    conv, bn = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out)
+    ref.randomize(nn.Sequential(conv, bn))
+    return conv, bn
+
+
+def test_conv2d_keeps_the_convs_tensors_and_its_state_dict():
+    conv, bn = _conv_bn()
+    module = Conv2d.from_torch(conv, bn=bn, relu=True)
+    assert module.weight is conv.weight and list(module.state_dict()) == ["weight"]
+    folded_bn = module.bn
+    assert isinstance(folded_bn, FoldedBatchNorm2d) and folded_bn.weight is bn.weight
+    assert folded_bn.running_var is bn.running_var
+    x = torch.randn(1, 3, 5, 5)
+    assert folded_bn(x) is x                       # applied by the conv: an identity where it is registered
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_conv2d_folds_again_after_in_place_edits(backend):
+    conv, bn = _conv_bn()
+    module = Conv2d.from_torch(conv, bn=bn, relu=True)
+    x = torch.randn(2, 3, 6, 7)
+    with torch.no_grad(), rt.use_backend(backend, strict=True):
+        module(x)
+        bn.running_var.mul_(4.0)
+        bn.bias.add_(0.5)
+        conv.weight.mul_(-1.0)
+        _close(module(x), torch.relu(bn(conv(x))))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])
+def test_conv2d_built_in_inference_mode_runs_and_folds_again_on_load(backend, mode):
+    """Inference-tensor weights have no version counter: a load_state_dict (inside inference mode, the only
+    place torch lets them change in place) refolds through the load hook."""
+    with torch.inference_mode():
+        conv, bn = _conv_bn()
+        block = nn.Sequential(conv, bn)
+        module = Conv2d.from_torch(conv, bn=bn, relu=True)
+        holder = nn.Module()
+        holder.conv, holder.bn = module, module.bn
+    x = torch.randn(2, 3, 6, 7)
+    other_conv, other_bn = _conv_bn()
+    context = torch.inference_mode() if mode == "inference_mode" else torch.no_grad()
+    with context, rt.use_backend(backend, strict=True):
+        _close(module(x), torch.relu(block(x)))
+        with torch.inference_mode():
+            holder.load_state_dict({"conv.weight": other_conv.weight.detach().clone(),
+                                    **{f"bn.{k}": v.clone() for k, v in other_bn.state_dict().items()}})
+        _close(module(x), torch.relu(other_bn(other_conv(x))))
+
+
+def test_wrong_input_channels_raise_like_nn_conv2d():
+    conv, bn = _conv_bn()
+    x = torch.randn(1, 5, 6, 6)
+    with pytest.raises(RuntimeError) as torch_error:
+        conv(x)
+    with pytest.raises(type(torch_error.value)) as ours:
+        Conv2d.from_torch(conv, bn=bn)(x)
+    assert str(ours.value) == str(torch_error.value)
+
+
+def test_a_conv_with_its_batchnorm_converts_as_one_module():
+    conv, bn = _conv_bn()
+    module = Conv2d.from_torch(conv, bn=bn, relu=True).double()
+    x = torch.randn(2, 3, 6, 7, dtype=torch.float64)
+    with torch.no_grad():
+        y = module(x)
+    assert y.dtype == torch.float64 and module.bn.running_var.dtype == torch.float64
+    torch.testing.assert_close(y, torch.relu(bn.double()(conv.double()(x))), rtol=1e-12, atol=1e-12)
+
+
+def test_float64_blocks_give_the_float64_blocks_values():
+    block = ref.randomize(ref.BasicBlock(4, 8, 2))
+    swapped = BasicBlock.from_torch(copy.deepcopy(block)).double()
+    block = block.double()
+    x = torch.randn(2, 4, 8, 9, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(swapped(x), block(x.clone()), rtol=1e-12, atol=1e-12)
+    assert swapped.conv1.folded()[0].dtype == torch.float64
+
+
+def test_blocks_keep_the_stock_state_dict():
+    block = ref.randomize(ref.BasicBlock(4, 8, 2))
+    keys = list(block.state_dict())
+    swapped = BasicBlock.from_torch(block)
+    assert list(swapped.state_dict()) == keys
+    other = ref.randomize(ref.BasicBlock(4, 8, 2), seed=5)
+    swapped.load_state_dict(other.state_dict())
+    x = torch.randn(2, 4, 8, 9)
+    with torch.no_grad(), rt.use_backend("torch"):
+        _close(swapped(x), other(x.clone()))
