@@ -1,8 +1,11 @@
 """rt.integrations.pyannote: optimize() recognises PyanNet by structure and swaps in rlx modules in
 place (same outputs within 1e-4 with the torch fallback and with the Triton kernels forced, same
-state_dict keys, shared parameters); unknown models are unchanged; pipelines are walked; explain()
-reports the route of every swapped module; other modules register recognisers."""
+state_dict keys, shared parameters, float64 after .double(), under torch.inference_mode() with weights
+built outside or inside it); unknown models are unchanged; pipelines are walked; explain() reports
+the route of every swapped module; other modules register recognisers."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -121,6 +124,35 @@ def test_registered_recognisers_run_first_and_see_every_module():
         pyannote._RECOGNISERS.pop("test-marker")
     with pytest.raises(ValueError):
         pyannote.register_recogniser("", lambda m: False, lambda m: m)
+
+
+def test_float64_after_optimize_gives_the_stock_float64_values():
+    model = make_pyannet()
+    stock = copy.deepcopy(model).double()
+    optimized = pyannote.optimize(model).double()
+    x = waveforms().double()
+    with torch.no_grad():
+        got, want = optimized(x), stock(x)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("built", ["outside", "inside"])
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad"])
+def test_segmentation_under_inference_mode_with_weights_built_outside_or_inside_it(backend, built, mode):
+    """pyannote's Inference runs the segmentation model inside torch.inference_mode(); a model loaded there
+    has inference-tensor weights (no version counter)."""
+    with torch.inference_mode(built == "inside"):
+        model = make_pyannet(hidden=8, linear_hidden=8)
+        optimized = pyannote.optimize(copy.deepcopy(model))
+    x = waveforms(1)
+    context = torch.inference_mode() if mode == "inference_mode" else torch.no_grad()
+    with context:
+        want = model(x)
+        with rt.use_backend(backend, strict=True):
+            got = optimized(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu
