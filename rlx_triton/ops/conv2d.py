@@ -35,13 +35,13 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
 
 
 def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None, relu=False) -> Request:
-    check_tensor("x", x, (4,), FLOAT_DTYPES, "(batch, c_in, height, width)")
+    check_tensor("x", x, (3, 4), FLOAT_DTYPES, "(batch, c_in, height, width) or (c_in, height, width)")
     check_tensor("weight", weight, (4,), FLOAT_DTYPES, "(c_out, c_in, kh, kw)")
     check_device("weight", weight, x, "the input")
     stride = _check_int("stride", stride, 1)
     padding = _check_int("padding", padding, 0)
-    check_input_channels(x, weight)
-    batch, c_in, height, width = x.shape
+    check_input_channels(x, weight, channel_dim=x.dim() - 3)
+    batch, c_in, height, width = x.shape if x.dim() == 4 else (1, *x.shape)
     c_out, _, kh, kw = weight.shape
     out_h, out_w = _out_size(height, kh, stride, padding), _out_size(width, kw, stride, padding)
     if out_h < 1 or out_w < 1:
@@ -52,11 +52,12 @@ def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None,
         check_device("bias", bias, x, "the input")
         check_shape("bias", bias, (c_out,))
     if residual is not None:
-        check_tensor("residual", residual, (4,), FLOAT_DTYPES, "(batch, c_out, out_h, out_w)")
+        out_shape = (batch, c_out, out_h, out_w)[4 - x.dim():]
+        check_tensor("residual", residual, (x.dim(),), FLOAT_DTYPES,
+                     "(batch, c_out, out_h, out_w)" if x.dim() == 4 else "(c_out, out_h, out_w)")
         check_device("residual", residual, x, "the input")
-        if tuple(residual.shape) != (batch, c_out, out_h, out_w):
-            raise ValueError(f"residual must have the output's shape {(batch, c_out, out_h, out_w)}, "
-                             f"got {tuple(residual.shape)}")
+        if tuple(residual.shape) != out_shape:
+            raise ValueError(f"residual must have the output's shape {out_shape}, got {tuple(residual.shape)}")
     check_bool("relu", relu)
     return Request.make(
         FAMILY, "conv2d", tensor=x,
@@ -71,15 +72,21 @@ def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None,
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
            stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
            relu: bool = False) -> torch.Tensor:
-    """relu?(torch.nn.functional.conv2d(x, weight, bias, stride, padding) + residual) for NCHW x.
+    """relu?(torch.nn.functional.conv2d(x, weight, bias, stride, padding) + residual) for NCHW x, or
+    CHW x (one image, as torch takes it; residual then CHW too).
 
     The output has x's dtype; the kernels accumulate in fp32 (true fp32 unless an approved
     candidate says otherwise).
     """
     request = _conv2d_request(x, weight, bias, stride=stride, padding=padding, residual=residual, relu=relu)
     r = route(request)
-    return r.module.conv2d(x, weight, bias, stride=request.field_map["stride"], padding=request.feature_map["padding"], residual=residual, relu=relu,
-                           candidate=r.candidate, route=r)
+    unbatched = x.dim() == 3
+    if unbatched:
+        x, residual = x.unsqueeze(0), None if residual is None else residual.unsqueeze(0)
+    out = r.module.conv2d(x, weight, bias, stride=request.field_map["stride"],
+                          padding=request.feature_map["padding"], residual=residual, relu=relu,
+                          candidate=r.candidate, route=r)
+    return out.squeeze(0) if unbatched else out
 
 
 def _linear_request(x, weight, bias=None) -> Request:

@@ -37,6 +37,17 @@ def test_conv2d_routes_to_triton_in_the_interpreter_with_a_true_fp32_candidate()
     assert route.approval is not None
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_image_without_a_batch_dimension_is_taken_like_torch(backend):
+    x, weight, bias = _conv_args()
+    residual = torch.randn(4, 5, 4)
+    with rt.use_backend(backend, strict=True):
+        y = ops.conv2d(x[1], weight, bias, stride=2, padding=1, residual=residual, relu=True)
+    assert y.shape == (4, 5, 4)
+    assert_close_ref(y, conv2d64(x[1:2], weight, bias, stride=2, padding=1, residual=residual[None], relu=True)[0],
+                     torch.float32, 27)
+
+
 def test_float64_falls_back_to_torch_with_a_reason():
     x, weight, bias = (t.double() for t in _conv_args())
     route = rt.explain(ops.conv2d, x, weight, bias, padding=1)
@@ -64,7 +75,7 @@ def test_dilated_or_wide_geometry_outside_coverage_falls_back():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda x, w, b: ops.conv2d(x[0], w, b), "x must be 4-D"),
+    (lambda x, w, b: ops.conv2d(x[0, 0], w, b), "x must be 3-D or 4-D"),
     (lambda x, w, b: ops.conv2d(x, w[:, :2], b), r"expected input\[2, 3, 9, 8\] to have 2 channels"),
     (lambda x, w, b: ops.conv2d(x, w, b[:3]), "bias must have shape"),
     (lambda x, w, b: ops.conv2d(x, w, b, stride=0), "stride must be >= 1"),
