@@ -15,11 +15,17 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, check_bool, check_device, check_dtype, check_int,
-                                    check_is_tensor, check_same_dtype, check_shape, needs_grad)
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, check_bool, check_device, check_dtype,
+                                    check_int, check_is_tensor, check_same_dtype, needs_grad)
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "lstm"
+
+
+class InputDtypeError(TypeError, ValueError):
+    """An input whose dtype differs from the weights'. torch's nn.LSTM raises ValueError for this mistake
+    ("RNN input dtype ... does not match weight dtype"), so this is one; it is also a TypeError, like
+    every other wrong-dtype error of rlx_triton."""
 
 
 def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, num_layers: int = 1,
@@ -51,17 +57,24 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
     for i, w in enumerate(weights):
         check_is_tensor(f"flat_weights[{i}]", w)
         check_device(f"flat_weights[{i}]", w, data, "input")
-        check_same_dtype(f"flat_weights[{i}]", w, data, "input")
+    if weights[0].dtype != data.dtype:  # the input's mistake (a model's weights share one dtype)
+        raise InputDtypeError(f"input dtype ({data.dtype}) does not match the weights' dtype ({weights[0].dtype}): "
+                              f"convert the input (input.to({weights[0].dtype})) or the weights")
+    for i, w in enumerate(weights[1:], start=1):
+        check_same_dtype(f"flat_weights[{i}]", w, weights[0], "flat_weights[0]")
     w_ih0, w_hh0 = weights[0], weights[1]
     hidden = w_hh0.shape[0] // 4 if w_hh0.dim() == 2 else 0
     h_size = proj_size if proj_size > 0 else hidden
     if w_hh0.dim() != 2 or hidden < 1 or tuple(w_hh0.shape) != (4 * hidden, h_size):
         raise ValueError(f"flat_weights[1] (weight_hh_l0) must be (4*hidden, {'proj_size' if proj_size else 'hidden'}), "
                          f"got {tuple(w_hh0.shape)}")
+    if w_ih0.dim() != 2 or w_ih0.shape[0] != 4 * hidden:
+        raise ValueError(f"flat_weights[0] (weight_ih_l0) must be (4*hidden={4 * hidden}, input_size), "
+                         f"got {tuple(w_ih0.shape)}")
     input_size = data.shape[-1]
-    if w_ih0.dim() != 2 or tuple(w_ih0.shape) != (4 * hidden, input_size):
-        raise ValueError(f"flat_weights[0] (weight_ih_l0) must be (4*hidden={4 * hidden}, input_size={input_size}) "
-                         f"to match input's last dimension, got {tuple(w_ih0.shape)}")
+    if input_size != w_ih0.shape[1]:  # worded as nn.LSTM words it
+        raise InputShapeError(f"input.size(-1) must be equal to input_size. Expected {w_ih0.shape[1]}, "
+                              f"got {input_size} (input of shape {tuple(data.shape)})")
 
     if packed:
         batch, seq = int(input.batch_sizes[0]), int(input.batch_sizes.numel())
@@ -76,7 +89,8 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
         for name, t, size in (("hx[0] (h0)", hx[0], h_size), ("hx[1] (c0)", hx[1], hidden)):
             want = (num_layers * directions, size) if unbatched else (num_layers * directions, batch, size)
             check_is_tensor(name, t)
-            check_shape(name, t, want)
+            if tuple(t.shape) != want:  # nn.LSTM raises RuntimeError for a state of the wrong size
+                raise InputShapeError(f"{name} must have shape {want}, got {tuple(t.shape)}")
             check_device(name, t, data, "input")
             check_same_dtype(name, t, data, "input")
 

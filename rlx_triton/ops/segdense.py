@@ -13,7 +13,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from rlx_triton.ops._checks import FLOAT_DTYPES, check_device, check_dtype, check_is_tensor, check_shape, needs_grad
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, check_device, check_dtype, check_is_tensor,
+                                    check_shape, needs_grad)
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "segdense"
@@ -47,6 +48,11 @@ def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[
     if len(biases) != len(weights):
         raise ValueError(f"biases must hold one entry (tensor or None) per weight: {len(weights)}, got {len(biases)}")
     features = x.shape[-1]
+    first_name, first = ("weights[0]", weights[0]) if weights else ("classifier_weight", classifier_weight)
+    if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] != features:
+        # x does not fit the head: blame x, with the RuntimeError torch's linear raises for it
+        raise InputShapeError(f"x.size(-1) must be equal to the in_features of {first_name}. Expected "
+                              f"{first.shape[1]}, got {features} (x of shape {tuple(x.shape)})")
     for i, (w, b) in enumerate(zip(weights, biases)):
         _check_matrix(f"weights[{i}]", w, "out_features", features, x)
         _check_bias(f"biases[{i}]", b, w.shape[0], x)

@@ -73,14 +73,41 @@ def test_bad_input_errors_name_the_argument(bilstm):
         lstm(torch.randn(2, 3, 4, 1), None, bilstm._flat_weights, num_layers=2, bidirectional=True)
     with pytest.raises(ValueError, match="flat_weights"):
         lstm(x, None, bilstm._flat_weights[:4], num_layers=2, bidirectional=True, batch_first=True)
-    with pytest.raises(ValueError, match="weight_ih_l0"):
+    with pytest.raises(ValueError, match=r"input.size\(-1\) must be equal to input_size. Expected 4, got 5"):
         lstm(torch.randn(2, 3, 5), None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True)
     with pytest.raises(ValueError, match="h0"):
         lstm(x, (torch.zeros(4, 3, 8), torch.zeros(4, 2, 8)), bilstm._flat_weights, num_layers=2,
              bidirectional=True, batch_first=True)
     with pytest.raises(ValueError, match="dropout"):
         lstm(x, None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True, dropout=2.0)
-    with pytest.raises(TypeError, match=r"flat_weights\[0\]"):
+    with pytest.raises(TypeError, match=r"input dtype \(torch.float64\) does not match the weights' dtype"):
         lstm(x.double(), None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True)
+    mixed = list(bilstm._flat_weights)
+    mixed[3] = mixed[3].double()
+    with pytest.raises(TypeError, match=r"flat_weights\[3\]"):
+        lstm(x, None, mixed, num_layers=2, bidirectional=True, batch_first=True)
     with pytest.raises(TypeError, match="num_layers"):
         lstm(x, None, bilstm._flat_weights, num_layers=2.0, bidirectional=True, batch_first=True)
+
+
+@pytest.mark.parametrize("mistake", ["input_size", "unbatched_input_size", "h0_batch", "c0_hidden", "input_dtype"])
+def test_the_modules_input_mistakes_raise_torchs_exception_type_naming_the_input(mistake):
+    """rt.nn.LSTM blames the input (not the weights) for an input that does not fit the model, with the
+    exception type nn.LSTM raises for the same mistake (and a ValueError/TypeError, as every rt check)."""
+    module = torch.nn.LSTM(6, 9, 2, bidirectional=True, batch_first=True).eval()
+    fast = rt.nn.LSTM.from_torch(module)
+    x, hx = torch.randn(2, 5, 6), (torch.randn(4, 2, 9), torch.randn(4, 2, 9))
+    x, hx, name = {
+        "input_size": (torch.randn(2, 5, 7), None, "input"),
+        "unbatched_input_size": (torch.randn(5, 7), None, "input"),
+        "h0_batch": (x, (torch.randn(4, 3, 9), hx[1]), "h0"),
+        "c0_hidden": (x, (hx[0], torch.randn(4, 2, 8)), "c0"),
+        "input_dtype": (x.double(), None, "input dtype"),
+    }[mistake]
+    with pytest.raises(Exception) as from_torch:
+        module(x, hx)
+    with torch.no_grad(), pytest.raises(type(from_torch.value), match=name) as from_rt:
+        fast(x, hx)
+    assert isinstance(from_rt.value, (ValueError, TypeError))
+    if mistake.endswith("input_size"):
+        assert "Expected 6, got 7" in str(from_rt.value)

@@ -2,6 +2,8 @@
 autograd falls back to torch with a typed reason."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -32,7 +34,7 @@ def test_bad_input_errors_name_the_argument():
     with pytest.raises(TypeError, match="x"):
         segdense([1.0], ws, bs, wc, bc)
     with pytest.raises(ValueError, match=r"weights\[0\]"):
-        segdense(torch.randn(3, 11), ws, bs, wc, bc)
+        segdense(x, [torch.randn(8, 12, 1)], bs, wc, bc)
     with pytest.raises(ValueError, match=r"biases\[0\]"):
         segdense(x, ws, [torch.zeros(5)], wc, bc)
     with pytest.raises(ValueError, match="classifier_weight"):
@@ -43,3 +45,15 @@ def test_bad_input_errors_name_the_argument():
         segdense(x, ws, bs, wc, bc, activation="softmax")
     with pytest.raises(ValueError, match="biases"):
         segdense(x, ws, [], wc, bc)
+
+
+@pytest.mark.parametrize("linear_layers", [2, 0])
+def test_input_that_does_not_fit_the_head_blames_x_with_torchs_exception_type(linear_layers):
+    ws, bs, wc, bc = random_head(12, [8] * linear_layers, 3)
+    x = torch.randn(3, 11)
+    with pytest.raises(Exception) as from_torch:
+        segdense_float64(x, ws, bs, wc, bc, "sigmoid")
+    first = "weights[0]" if linear_layers else "classifier_weight"
+    with pytest.raises(type(from_torch.value), match=rf"x.size\(-1\) .*{re.escape(first)}. Expected 12, got 11") as caught:
+        segdense(x, ws, bs, wc, bc, activation="sigmoid")
+    assert isinstance(caught.value, ValueError)
