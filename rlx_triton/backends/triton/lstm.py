@@ -25,7 +25,9 @@ import triton
 import triton.language as tl
 
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
+from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.lstm import DEFAULT_VARIANT, LstmCandidate
 from rlx_triton.router.coverage import Coverage
 
@@ -214,27 +216,76 @@ def _layer_weights(flat_weights: Sequence[torch.Tensor], has_biases: bool, layer
     return w_ih_cat, w_hh_stack, bias
 
 
-def lstm(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: List[torch.Tensor],
-         *, has_biases: bool, num_layers: int, dropout: float, training: bool, bidirectional: bool,
-         batch_first: bool, proj_size: int = 0, candidate) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """nn.LSTM's forward (torch.lstm's arguments) on Triton kernels; returns (output, (h_n, c_n)).
+_PROJ_UNITS = {"ieee": "fp32_fma", "tf32x3": "tf32x3", "tf32": "tf32"}
 
-    input: (T, B, I), or (B, T, I) when batch_first, or unbatched (T, I). hx: (h0, c0), each
-    (layers*D, B, H) (or (layers*D, H) unbatched), or None for zeros. dropout/training are accepted
-    for signature parity; covered requests have no active dropout and proj_size == 0.
-    """
+
+def _as_batched(input, hx, batch_first: bool):
+    """(x, hx, unbatched): an unbatched (T, I) input and its (layers*D, H) state gain a batch of one."""
     unbatched = input.dim() == 2
     x = input.unsqueeze(1 if not batch_first else 0) if unbatched else input
     if hx is not None and unbatched:
         hx = (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
+    return x, hx, unbatched
+
+
+def _projection_launch(layer_in, w_ih_cat, bias, gates, candidate) -> Launch:
+    """G = X @ W_ih_cat^T + bias for every timestep and direction of one layer."""
+    meta = _proj_meta(candidate)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+    rows, in_features = gates.shape[0], layer_in.shape[-1]
+    n_cols = w_ih_cat.shape[0]
+    grid = (triton.cdiv(rows, meta["BLOCK_M"]), triton.cdiv(n_cols, meta["BLOCK_N"]))
+    read = (rows * in_features + n_cols * in_features + (n_cols if bias is not None else 0)) * 4
+    return Launch(_lstm_input_proj_kernel, grid,
+                  (layer_in, w_ih_cat, bias if bias is not None else w_ih_cat, gates,
+                   rows, n_cols, in_features, in_features, w_ih_cat.stride(0), gates.stride(0)),
+                  meta=dict(HAS_BIAS=bias is not None, **meta), num_warps=num_warps, num_stages=num_stages,
+                  bytes_read=read, bytes_written=rows * n_cols * 4, flops=2 * rows * n_cols * in_features,
+                  unit=_PROJ_UNITS[candidate.precision])
+
+
+def _recurrence_launches(gates, w_hh_stack, h0, c_state, y, hn, *, T, B, hidden, directions, batch_first,
+                         candidate) -> List[Launch]:
+    """The recurrence of one layer: one launch over [0, T) (persistent), or one per timestep (stepwise).
+
+    Bytes are what each launch needs from memory once: W_hh (every stepwise launch reads all of it again),
+    the input gates, the previous h and the cell state of its steps, and the h rows it writes."""
+    meta = _rec_meta(candidate)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+    n_cols = 4 * hidden * directions
+    if batch_first:   # rows are b*T + t
+        strides = (n_cols, T * n_cols, y.stride(1), y.stride(0))
+    else:             # rows are t*B + b
+        strides = (B * n_cols, n_cols, y.stride(0), y.stride(1))
+    grid = (directions, triton.cdiv(B, meta["BLOCK_B"]))
+    state = directions * B * hidden * 4
+
+    def launch(step_begin: int, step_end: int) -> Launch:
+        steps = step_end - step_begin
+        read = w_hh_stack.numel() * 4 + steps * (B * n_cols * 4 + state) + 2 * state
+        written = steps * state + 2 * state
+        return Launch(_lstm_recurrence_kernel, grid,
+                      (gates, w_hh_stack, h0, c_state, y, hn, T, B, hidden, step_begin, step_end, *strides),
+                      meta=meta, num_warps=num_warps, num_stages=num_stages, bytes_read=read, bytes_written=written,
+                      flops=steps * (2 * B * directions * 4 * hidden * hidden), unit="fp32_fma")
+
+    if candidate.mode == "stepwise":
+        return [launch(s, s + 1) for s in range(T)]
+    return [launch(0, T)]
+
+
+def lstm_plan(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]],
+              flat_weights: List[torch.Tensor], *, has_biases: bool, num_layers: int, dropout: float, training: bool,
+              bidirectional: bool, batch_first: bool, proj_size: int = 0, candidate):
+    """The launches of `lstm` as records, and the fp32 buffers they fill: (records, (y, h_n, c_n)).
+
+    Per layer: the input projection, then the recurrence (see `_recurrence_launches`). Buffers are
+    allocated on the input's device, so meta inputs give the plan at any shape."""
+    x, hx, _unbatched = _as_batched(input, hx, batch_first)
     directions = 2 if bidirectional else 1
     hidden = flat_weights[1].shape[1]
-    if batch_first:
-        B, T = x.shape[0], x.shape[1]
-    else:
-        T, B = x.shape[0], x.shape[1]
+    B, T = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
     device = x.device
-    out_dtype = x.dtype
 
     h_n = torch.empty(num_layers * directions, B, hidden, device=device, dtype=torch.float32)
     if hx is None:
@@ -244,47 +295,48 @@ def lstm(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], f
         c_n = hx[1].to(torch.float32).contiguous().clone()
         h0_all = hx[0].to(torch.float32).contiguous()
 
-    proj = _proj_meta(candidate)
-    rec = _rec_meta(candidate)
+    records: List[Launch] = []
     layer_in = x.to(torch.float32).contiguous()
     for layer in range(num_layers):
         w_ih_cat, w_hh_stack, bias = _layer_weights(flat_weights, has_biases, layer, directions)
-        in_features = layer_in.shape[-1]
-        rows = B * T
-        n_cols = w_ih_cat.shape[0]
-        gates = torch.empty(rows, n_cols, device=device, dtype=torch.float32)
-        grid = (triton.cdiv(rows, proj["BLOCK_M"]), triton.cdiv(n_cols, proj["BLOCK_N"]))
-        _lstm_input_proj_kernel[grid](
-            layer_in, w_ih_cat, bias if bias is not None else w_ih_cat, gates,
-            rows, n_cols, in_features,
-            in_features, w_ih_cat.stride(0), gates.stride(0),
-            HAS_BIAS=bias is not None, **proj)
-
+        gates = torch.empty(B * T, w_ih_cat.shape[0], device=device, dtype=torch.float32)
+        records.append(_projection_launch(layer_in, w_ih_cat, bias, gates, candidate))
         y = torch.empty(*layer_in.shape[:2], directions * hidden, device=device, dtype=torch.float32)
-        if batch_first:   # rows are b*T + t
-            stride_gt, stride_gb = n_cols, T * n_cols
-            stride_yt, stride_yb = y.stride(1), y.stride(0)
-        else:             # rows are t*B + b
-            stride_gt, stride_gb = B * n_cols, n_cols
-            stride_yt, stride_yb = y.stride(0), y.stride(1)
         sl = slice(layer * directions, (layer + 1) * directions)
-        h0, c_state, hn = h0_all[sl], c_n[sl], h_n[sl]
-        rec_grid = (directions, triton.cdiv(B, rec["BLOCK_B"]))
-        args = (gates, w_hh_stack, h0, c_state, y, hn, T, B, hidden)
-        strides = (stride_gt, stride_gb, stride_yt, stride_yb)
-        if candidate.mode == "stepwise":
-            for s in range(T):
-                _lstm_recurrence_kernel[rec_grid](*args, s, s + 1, *strides, **rec)
-        else:
-            _lstm_recurrence_kernel[rec_grid](*args, 0, T, *strides, **rec)
+        records += _recurrence_launches(gates, w_hh_stack, h0_all[sl], c_n[sl], y, h_n[sl], T=T, B=B,
+                                        hidden=hidden, directions=directions, batch_first=batch_first,
+                                        candidate=candidate)
         layer_in = y
+    return records, (layer_in, h_n, c_n)
 
-    output = layer_in.to(out_dtype)
-    h_n, c_n = h_n.to(out_dtype), c_n.to(out_dtype)
-    if unbatched:
+
+def lstm(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: List[torch.Tensor],
+         *, has_biases: bool, num_layers: int, dropout: float, training: bool, bidirectional: bool,
+         batch_first: bool, proj_size: int = 0, candidate) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """nn.LSTM's forward (torch.lstm's arguments) on Triton kernels; returns (output, (h_n, c_n)).
+
+    input: (T, B, I), or (B, T, I) when batch_first, or unbatched (T, I). hx: (h0, c0), each
+    (layers*D, B, H) (or (layers*D, H) unbatched), or None for zeros. dropout/training are accepted
+    for signature parity; covered requests have no active dropout and proj_size == 0.
+    """
+    plan, (output, h_n, c_n) = lstm_plan(input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers,
+                                         dropout=dropout, training=training, bidirectional=bidirectional,
+                                         batch_first=batch_first, proj_size=proj_size, candidate=candidate)
+    launches.run(plan)
+    out_dtype = input.dtype
+    output, h_n, c_n = output.to(out_dtype), h_n.to(out_dtype), c_n.to(out_dtype)
+    if input.dim() == 2:
         output = output.squeeze(1 if not batch_first else 0)
         h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
     return output, (h_n, c_n)
+
+
+def launch_count(request, candidate) -> int:
+    """Launches of one routed call: per layer the projection, then 1 recurrence launch (persistent) or
+    one per timestep (stepwise)."""
+    fields = request.field_map
+    per_layer = 1 + (fields["seq"] if candidate.mode == "stepwise" else 1)
+    return fields["layers"] * per_layer
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ import triton
 import triton.language as tl
 
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
+from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.segdense import DEFAULT_VARIANT, SegdenseCandidate
 from rlx_triton.router.coverage import Coverage
 
@@ -150,11 +152,17 @@ def _meta(candidate, classes: int = 16) -> dict:
 # ---------------------------------------------------------------------------------------------
 # launcher
 # ---------------------------------------------------------------------------------------------
-def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
-             classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor], *,
-             activation: str, candidate) -> torch.Tensor:
-    """(..., F) -> (..., C): leaky_relu(linear) for each (weight, bias), classifier, activation."""
-    lead = x.shape[:-1]
+_UNITS = {"ieee": "fp32_fma", "tf32x3": "tf32x3", "tf32": "tf32"}
+
+
+def segdense_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
+                  classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor], *,
+                  activation: str, candidate):
+    """The launches of `segdense` as records, and the (rows, classes) fp32 output they fill.
+
+    One `_segdense_kernel` launch over row blocks, plus `_segdense_activation_kernel` when the activation
+    is a second pass; no launch for zero rows. Bytes: x, the weights and biases, each layer's activations
+    written to and read back from the scratch buffer, the output; FLOPs: the dots (2 per multiply-add)."""
     f_in = x.shape[-1]
     rows = x.reshape(-1, f_in).to(torch.float32).contiguous()
     R = rows.shape[0]
@@ -177,14 +185,41 @@ def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[
     out = torch.empty(R, C, device=device, dtype=torch.float32)
     act = ACTIVATIONS.index(activation)
     meta = _meta(candidate, C)
-    if R > 0:
-        grid = (triton.cdiv(R, meta["BLOCK_R"]),)
-        _segdense_kernel[grid](rows, w_stack, b_stack, out_dims, wc, bc, scratch, out,
-                               R, f_in, C, d_max, NUM_LINEAR=num_linear, ACTIVATION=act, **meta)
-        if not candidate.fused_activation and act != 0:
-            _segdense_activation_kernel[grid](out, R, C, ACTIVATION=act, BLOCK_R=meta["BLOCK_R"],
-                                              BLOCK_C=meta["BLOCK_C"], num_warps=meta["num_warps"])
-    return out.reshape(*lead, C).to(x.dtype)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+    if R == 0:
+        return [], out
+    grid = (triton.cdiv(R, meta["BLOCK_R"]),)
+    products = sum(n * k for n, k in zip(dims[1:], dims[:-1])) + C * dims[-1]
+    weight_bytes = 4 * (products + sum(dims[1:]) + C)
+    scratch_bytes = 4 * R * sum(dims[1:])   # each layer's activations: written once, read once
+    plan = [Launch(_segdense_kernel, grid, (rows, w_stack, b_stack, out_dims, wc, bc, scratch, out, R, f_in, C, d_max),
+                   meta=dict(NUM_LINEAR=num_linear, ACTIVATION=act, **meta), num_warps=num_warps,
+                   num_stages=num_stages, bytes_read=4 * R * f_in + weight_bytes + scratch_bytes,
+                   bytes_written=scratch_bytes + 4 * R * C, flops=2 * R * products, unit=_UNITS[candidate.precision])]
+    if not candidate.fused_activation and act != 0:
+        plan.append(Launch(_segdense_activation_kernel, grid, (out, R, C),
+                           meta=dict(ACTIVATION=act, BLOCK_R=meta["BLOCK_R"], BLOCK_C=meta["BLOCK_C"]),
+                           num_warps=num_warps, bytes_read=4 * R * C, bytes_written=4 * R * C, flops=4 * R * C))
+    return plan, out
+
+
+def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
+             classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor], *,
+             activation: str, candidate) -> torch.Tensor:
+    """(..., F) -> (..., C): leaky_relu(linear) for each (weight, bias), classifier, activation."""
+    plan, out = segdense_plan(x, weights, biases, classifier_weight, classifier_bias, activation=activation,
+                              candidate=candidate)
+    launches.run(plan)
+    return out.reshape(*x.shape[:-1], classifier_weight.shape[0]).to(x.dtype)
+
+
+def launch_count(request, candidate) -> int:
+    """Launches of one routed call: none for zero rows, else the head kernel, plus the activation pass
+    when the candidate does not fuse it."""
+    if request.field_map["rows"] == 0:
+        return 0
+    second_pass = not candidate.fused_activation and request.feature_map["activation"] != "none"
+    return 1 + int(second_pass)
 
 
 # ---------------------------------------------------------------------------------------------
