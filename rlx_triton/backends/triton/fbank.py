@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import torch
 import triton
@@ -35,7 +35,9 @@ import triton.language as tl
 from rlx_triton.backends.candidates import approvals_by_precision
 from rlx_triton.backends.torch_ref import fbank as _ref
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
+from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.fbank import DEFAULT_VARIANT, FbankCandidate, FbankVariant
 from rlx_triton.router.coverage import Coverage
 
@@ -44,6 +46,8 @@ MAX_BINS = 128  # mel bins (padded to a power of two) accumulated per frame row
 # window samples per tl.dot step of the DFT: the frames are rebuilt in registers step by step (the
 # whole 512-sample frame as one dot operand lowers to far too much unrolled code for fp32 dots)
 WINDOW_STEP = 16
+# the unit that executes a candidate's dots (rlx_triton.devices.UNITS)
+_UNITS = {"ieee": "fp32_fma", "tf32x3": "tf32x3"}
 
 COVERAGE = Coverage(
     ops=frozenset({"fbank"}),
@@ -323,11 +327,23 @@ def _constexprs(options: FbankOptions) -> Dict[str, object]:
     )
 
 
-def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate) -> torch.Tensor:
-    """(B, T) waveform (float32/float16/bfloat16) -> (B, frames, num_mel_bins + use_energy) float32.
+_CMN_BLOCK_F = 32
 
-    The caller (rlx_triton.ops.fbank) has validated the shape: T holds at least one window and
-    min_duration is met. dither must be 0 (the router sends dither > 0 to the torch fallback).
+
+def _cmn_block_cols(num_columns: int) -> int:
+    return 16 if num_columns <= 16 else 32
+
+
+def fbank_plan(waveform: torch.Tensor, options: FbankOptions, *, candidate) -> Tuple[List[Launch], torch.Tensor]:
+    """The launches of `fbank` as records, and the output they fill (on the waveform's device; meta
+    tensors give the plan at any shape without running anything).
+
+    Records: `_fbank_frames_kernel` over (frame tiles, batch), then `_fbank_cmn_kernel` with
+    subtract_mean. Bytes are the global traffic each launch needs, each byte once: the waveform rows,
+    the window, DFT basis and mel matrix, and the features written (the CMN pass reads and writes them).
+    FLOPs are the dots as executed (padded tiles: BLOCK_F frames x NFREQ_P bins x WIN_P samples, four
+    basis planes; the mel dot over MEL_P columns) plus the power spectrum, on the unit of the
+    candidate's precision; the per-sample framing arithmetic is not counted.
     """
     if options.dither != 0.0:
         raise ValueError("fbank: the triton kernel covers dither=0 only; dither > 0 runs on the torch fallback")
@@ -337,26 +353,60 @@ def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate) -> torch.
     num_frames = options.num_frames(num_samples)
     out = torch.empty(batch, num_frames, options.num_columns, device=wave.device, dtype=torch.float32)
     if batch == 0 or num_frames <= 0:
-        return out
+        return [], out
     device = wave.device
     meta = _meta(candidate, options)
-    grid = (triton.cdiv(num_frames, meta["BLOCK_F"]), batch)
-    _fbank_frames_kernel[grid](
-        wave, _window(options, device), _dft_basis(options.window_size, options.padded_window_size, device), _mel_transposed(options, device), out,
-        num_samples, num_frames,
-        wave.stride(0), out.stride(0), out.stride(1),
-        options.window_shift, 0 if options.snip_edges else options.reflect_pad,
-        float(options.input_scale), 1.0 - float(options.preemphasis_coefficient),
-        math.log(options.energy_floor) if options.energy_floor > 0 else 0.0,
-        **_constexprs(options), **meta,
-    )
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+    constexprs = _constexprs(options)
+    window = _window(options, device)
+    basis = _dft_basis(options.window_size, options.padded_window_size, device)
+    melt = _mel_transposed(options, device)
+    tiles = triton.cdiv(num_frames, meta["BLOCK_F"])
+    padded_frames = batch * tiles * meta["BLOCK_F"]
+    win_p, nfreq_p, mel_p = constexprs["WIN_P"], constexprs["NFREQ_P"], constexprs["MEL_P"]
+    dft_flops = 2 * 4 * padded_frames * nfreq_p * win_p
+    mel_flops = 2 * padded_frames * nfreq_p * mel_p + 3 * padded_frames * nfreq_p
+    out_bytes = out.numel() * out.element_size()
+    plan = [Launch(
+        _fbank_frames_kernel, (tiles, batch),
+        (wave, window, basis, melt, out,
+         num_samples, num_frames,
+         wave.stride(0), out.stride(0), out.stride(1),
+         options.window_shift, 0 if options.snip_edges else options.reflect_pad,
+         float(options.input_scale), 1.0 - float(options.preemphasis_coefficient),
+         math.log(options.energy_floor) if options.energy_floor > 0 else 0.0),
+        meta=dict(**constexprs, **meta), num_warps=num_warps, num_stages=num_stages,
+        bytes_read=batch * num_samples * wave.element_size() + sum(
+            t.numel() * t.element_size() for t in (window, basis, melt)),
+        bytes_written=out_bytes, flops=dft_flops + mel_flops, unit=_UNITS[candidate.precision])]
     if options.subtract_mean:
-        cmn_cols = 16 if options.num_columns <= 16 else 32
-        _fbank_cmn_kernel[(batch, triton.cdiv(options.num_columns, cmn_cols))](
-            out, num_frames, options.num_columns, out.stride(0), out.stride(1),
-            BLOCK_F=32, BLOCK_C=cmn_cols, num_warps=1,
-        )
+        cmn_cols = _cmn_block_cols(options.num_columns)
+        plan.append(Launch(
+            _fbank_cmn_kernel, (batch, triton.cdiv(options.num_columns, cmn_cols)),
+            (out, num_frames, options.num_columns, out.stride(0), out.stride(1)),
+            meta=dict(BLOCK_F=_CMN_BLOCK_F, BLOCK_C=cmn_cols), num_warps=1, num_stages=3,
+            bytes_read=out_bytes, bytes_written=out_bytes, flops=2 * out.numel()))
+    return plan, out
+
+
+def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate) -> torch.Tensor:
+    """(B, T) waveform (float32/float16/bfloat16) -> (B, frames, num_mel_bins + use_energy) float32.
+
+    The caller (rlx_triton.ops.fbank) has validated the shape: T holds at least one window and
+    min_duration is met. dither must be 0 (the router sends dither > 0 to the torch fallback).
+    """
+    plan, out = fbank_plan(waveform, options, candidate=candidate)
+    launches.run(plan)
     return out
+
+
+def launch_count(request, candidate) -> int:
+    """Launches `fbank` makes for a routed request (a waveform that meets min_duration): the frames
+    kernel, plus the CMN pass with subtract_mean; none for an empty batch or no frames."""
+    fields, features = request.field_map, request.feature_map
+    if fields.get("batch", 0) == 0 or fields.get("frames", 0) <= 0:
+        return 0
+    return 1 + int(bool(features.get("subtract_mean", False)))
 
 
 # ---------------------------------------------------------------------------------------------
