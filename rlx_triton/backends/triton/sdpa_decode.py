@@ -25,13 +25,15 @@ The module also declares the family's routing data (COVERAGE, APPROVALS, RECIPES
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 from rlx_triton.backends.torch_ref.sdpa_decode import sdpa_through_decode
+from rlx_triton.backends.triton import launches
+from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant
 from rlx_triton.router.approvals import Approval
@@ -46,6 +48,8 @@ _CAUSAL_CODES = {"none": CAUSAL_NONE, "top_left": CAUSAL_TOP_LEFT, "bottom_right
 
 MAX_SEQ_Q = 16
 MAX_HEAD_DIM = 256
+# the unit that executes the dots with low-precision operands (fp32 operands run on the FMA units)
+_DOT_UNITS = {torch.float16: "fp16_mma", torch.bfloat16: "bf16_mma"}
 
 
 @triton.jit
@@ -294,18 +298,26 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
-                attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
-                scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                candidate) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of a few query tokens against a KV range; returns (out, lse).
+def _unique_bytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct elements a strided view reads (broadcast dimensions have stride 0)."""
+    count = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            count *= size
+    return count * t.element_size()
 
-    query (B, Hq, Lq, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) with Hq % Hkv == 0 (strided views are
-    read in place when their last dim is contiguous). attn_mask: bool (True keeps) or float (added),
-    broadcastable to (B, Hq, Lq, S). causal: "none", "top_left" (torch SDPA) or "bottom_right" (within each
-    sequence's valid length). cache_seqlens: (B,) int valid KV lengths in [1, S] or None (= S).
-    Returns out (B, Hq, Lq, Dv) in query's dtype and lse (B, Hq, Lq) float32 in natural log (-inf and a
-    zero output for rows that see no key). Inputs are assumed validated by the op layer.
+
+def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                     attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
+                     scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
+                     candidate) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
+    """The launches of `sdpa_decode` as records, and the (out, lse) buffers they fill.
+
+    Built from shapes and strides only, so meta tensors give the plan at any shape. Bytes count every
+    element a launch may read once (K and V up to the padded length S: with cache_seqlens the keys past
+    a sequence's length are skipped, so the real traffic can be less) and every element it writes;
+    FLOPs are the two dots as the dot units execute them (query rows padded to BLOCK_M, head dims to
+    BLOCK_D / BLOCK_DV).
     """
     batch, num_heads, seq_q, head_dim = query.shape
     num_kv_heads, seq_kv, head_dim_v = key.shape[1], key.shape[2], value.shape[-1]
@@ -324,11 +336,13 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
 
     rows = group * seq_q
     meta = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
     split_k = meta["SPLIT_K"]
     num_m_blocks = triton.cdiv(rows, meta["BLOCK_M"])
+    device = query.device
 
-    out = torch.empty((batch, num_heads, seq_q, head_dim_v), device=query.device, dtype=query.dtype)
-    lse = torch.empty((batch, num_heads, seq_q), device=query.device, dtype=torch.float32)
+    out = torch.empty((batch, num_heads, seq_q, head_dim_v), device=device, dtype=query.dtype)
+    lse = torch.empty((batch, num_heads, seq_q), device=device, dtype=torch.float32)
 
     if attn_mask is None:
         mask_kind, mask, mask_strides = MASK_NONE, query, (0, 0, 0, 0)
@@ -344,30 +358,69 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     if meta["SINGLE_PASS"]:
         part_o, part_lse = out, lse
     else:
-        part_o = torch.empty((batch, num_heads, seq_q, split_k, head_dim_v), device=query.device,
-                             dtype=torch.float32)
-        part_lse = torch.empty((batch, num_heads, seq_q, split_k), device=query.device, dtype=torch.float32)
+        part_o = torch.empty((batch, num_heads, seq_q, split_k, head_dim_v), device=device, dtype=torch.float32)
+        part_lse = torch.empty((batch, num_heads, seq_q, split_k), device=device, dtype=torch.float32)
 
-    grid = (batch * num_kv_heads * num_m_blocks, split_k)
-    _sdpa_decode_split_kernel[grid](
-        query, key, value, mask, seqlens, out, lse, part_o, part_lse,
-        query.stride(0), query.stride(1), query.stride(2),
-        key.stride(0), key.stride(1), key.stride(2),
-        value.stride(0), value.stride(1), value.stride(2),
-        *mask_strides,
-        num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, num_m_blocks,
-        float(scale) * LOG2E,
-        MASK_KIND=mask_kind, CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None, **meta,
-    )
+    size = query.element_size()
+    read = (query.numel() + batch * num_kv_heads * seq_kv * (head_dim + head_dim_v)) * size
+    if attn_mask is not None:
+        read += _unique_bytes(mask)
+    if cache_seqlens is not None:
+        read += cache_seqlens.numel() * cache_seqlens.element_size()
+    written = part_o.numel() * part_o.element_size() + part_lse.numel() * part_lse.element_size()
+    padded_rows = batch * num_kv_heads * num_m_blocks * meta["BLOCK_M"]
+    flops = 2 * padded_rows * seq_kv * (meta["BLOCK_D"] + meta["BLOCK_DV"])
+    unit = _DOT_UNITS.get(query.dtype, "fp32_fma") if meta["DOT_LOWP"] else "fp32_fma"
+
+    plan = [Launch(
+        _sdpa_decode_split_kernel, (batch * num_kv_heads * num_m_blocks, split_k),
+        (query, key, value, mask, seqlens, out, lse, part_o, part_lse,
+         query.stride(0), query.stride(1), query.stride(2),
+         key.stride(0), key.stride(1), key.stride(2),
+         value.stride(0), value.stride(1), value.stride(2),
+         *mask_strides,
+         num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, num_m_blocks,
+         float(scale) * LOG2E),
+        meta=dict(MASK_KIND=mask_kind, CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None, **meta),
+        num_warps=num_warps, num_stages=num_stages, bytes_read=read, bytes_written=written, flops=flops, unit=unit,
+    )]
     if not meta["SINGLE_PASS"]:
-        _sdpa_decode_merge_kernel[(batch * num_heads * seq_q,)](
-            part_o, part_lse, out, lse, seqlens,
-            num_heads * seq_q, seq_kv, head_dim_v,
-            SPLIT_K=split_k, BLOCK_N=meta["BLOCK_N"], BLOCK_S=triton.next_power_of_2(split_k),
-            BLOCK_DV=meta["BLOCK_DV"], HAS_SEQLENS=cache_seqlens is not None,
-            num_warps=4,
-        )
-    return out, lse
+        out_bytes = out.numel() * out.element_size() + lse.numel() * lse.element_size()
+        seqlen_bytes = cache_seqlens.numel() * cache_seqlens.element_size() if cache_seqlens is not None else 0
+        plan.append(Launch(
+            _sdpa_decode_merge_kernel, (batch * num_heads * seq_q,),
+            (part_o, part_lse, out, lse, seqlens, num_heads * seq_q, seq_kv, head_dim_v),
+            meta=dict(SPLIT_K=split_k, BLOCK_N=meta["BLOCK_N"], BLOCK_S=triton.next_power_of_2(split_k),
+                      BLOCK_DV=meta["BLOCK_DV"], HAS_SEQLENS=cache_seqlens is not None),
+            num_warps=4, bytes_read=written + seqlen_bytes, bytes_written=out_bytes,
+            flops=3 * part_o.numel(), unit="fp32_fma",
+        ))
+    return plan, (out, lse)
+
+
+def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
+                scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
+                candidate) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of a few query tokens against a KV range; returns (out, lse).
+
+    query (B, Hq, Lq, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) with Hq % Hkv == 0 (strided views are
+    read in place when their last dim is contiguous). attn_mask: bool (True keeps) or float (added),
+    broadcastable to (B, Hq, Lq, S). causal: "none", "top_left" (torch SDPA) or "bottom_right" (within each
+    sequence's valid length). cache_seqlens: (B,) int valid KV lengths in [1, S] or None (= S).
+    Returns out (B, Hq, Lq, Dv) in query's dtype and lse (B, Hq, Lq) float32 in natural log (-inf and a
+    zero output for rows that see no key). Inputs are assumed validated by the op layer. Runs exactly the
+    records of `sdpa_decode_plan`.
+    """
+    plan, outputs = sdpa_decode_plan(query, key, value, attn_mask=attn_mask, causal=causal, scale=scale,
+                                     cache_seqlens=cache_seqlens, candidate=candidate)
+    launches.run(plan)
+    return outputs
+
+
+def launch_count(request, candidate) -> int:
+    """Launches `sdpa_decode` runs for a routed request: the split kernel, and the merge unless single pass."""
+    return 1 if (int(candidate.split_k) <= 1 and not candidate.partial_reduce) else 2
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
