@@ -194,7 +194,7 @@ def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, co
                *norm_weights, *norm_biases]
     fields = {"batch": waveforms.shape[0], "c_in": 1, "c_out": sinc_filters.shape[0],
               "length": waveforms.shape[2], "taps": sinc_filters.shape[2], "stride": stride, "tokens": length}
-    features = {"groups": 1, "padding_mode": "zeros", "pool": pool, "streaming": False,
+    features = {"groups": 1, "padding_mode": "zeros", "pool": pool, "blocks": len(conv_weights), "streaming": False,
                 "sample_rate": int(sample_rate), "requires_grad": needs_grad(*tensors)}
     return Request.make(FAMILY, op="sincnet", tensor=waveforms, fields=fields, features=features)
 
@@ -267,6 +267,8 @@ def _conv1d_request(input, weight, bias=None, stride=1, padding=0, dilation=1, *
     fields = {"batch": batch, "c_in": c_in, "c_out": weight.shape[0], "length": length, "taps": taps,
               "stride": stride, "tokens": out_len // pool}
     features = {"groups": 1, "padding_mode": mode, "pool": pool,
+                "abs": False if epilogue is None else epilogue.abs,
+                "leaky": epilogue is not None and epilogue.negative_slope is not None,
                 "requires_grad": needs_grad(input, weight, bias)}
     return Request.make(FAMILY, op="conv1d", tensor=input, fields=fields, features=features)
 

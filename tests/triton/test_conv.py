@@ -3,8 +3,10 @@ blocks and the whole SincNet stage, every candidate once, and every accuracy app
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from rlx_triton.backends.triton import conv as tconv
+from rlx_triton.backends.triton import launches
 from rlx_triton.ops.conv import ConvEpilogue, sinc_filters
 from tests.reference.conv import assert_matches_float64, conv1d_float64, random_sincnet, sincnet_float64
 
@@ -388,6 +390,124 @@ def test_routing_data_is_declared():
         for candidate in spec.candidates:
             meta = spec.meta(candidate, "fp32")
             assert "num_warps" in meta and "num_stages" in meta
+
+
+# ------------------------------------------------------------------------------ launch plans
+
+
+def _sincnet_args(module, wav):
+    p = _block_params(module)
+    fb = module.conv1d[0].filterbank
+    with torch.no_grad():
+        filters = sinc_filters(fb.low_hz_, fb.band_hz_, window_=fb.window_, n_=fb.n_)
+    return (wav, filters, p["wav_norm_weight"], p["wav_norm_bias"], p["conv_weights"], p["conv_biases"],
+            p["norm_weights"], p["norm_biases"])
+
+
+def _summary(record):
+    """What the GPU is asked to run, without the pointer specialisation: kernel, grid, constexprs, options."""
+    constexprs = {key: value for key, value in record.meta.items() if key.isupper()}
+    return record.name, record.grid, constexprs, record.num_warps, record.num_stages
+
+
+def test_sincnet_runs_exactly_its_plan():
+    module, wav = random_sincnet(), torch.randn(2, 1, 4000)
+    args = _sincnet_args(module, wav)
+    with torch.no_grad(), launches.recording() as log:
+        out = tconv.sincnet(*args, candidate=WIDE)
+    plan, planned = tconv.sincnet_plan(*args, candidate=WIDE)
+    assert log.outside == [] and [r.describe() for r in log.records] == [r.describe() for r in plan]
+    launches.run(plan)
+    assert torch.equal(planned, out)
+
+
+def test_sincnet_plan_is_the_hand_count():
+    """(2, 1, 4000) with the default 64 x 32 x 32 tile: 125 pooled sinc frames, then 40 and 12."""
+    module, wav = random_sincnet(), torch.randn(2, 1, 4000)
+    plan, out = tconv.sincnet_plan(*_sincnet_args(module, wav), candidate=DEFAULT)
+    k = DEFAULT.tile_k     # one dot per BLOCK_K in the interpreter
+    conv = dict(POOL=3, BLOCK_P=64, BLOCK_CO=32, BLOCK_K=k, DOT_K=k, PRECISION="ieee")
+    norm = dict(HAS_AFFINE=True, APPLY=False)
+    assert [_summary(r) for r in plan] == [
+        ("_row_norm_kernel", (2,), dict(norm, BLOCK_R=1, BLOCK_L=1024), 4, 3),
+        ("_conv1d_kernel", (2, 3, 2), dict(TAPS=251, HAS_BIAS=False, IN_AFFINE=True, IN_LEAKY=False, ABS=True,
+                                           OUT_LEAKY=False, **conv), 4, 2),
+        ("_row_norm_kernel", (10,), dict(norm, BLOCK_R=16, BLOCK_L=128), 4, 3),
+        ("_conv1d_kernel", (1, 2, 2), dict(TAPS=5, HAS_BIAS=True, IN_AFFINE=True, IN_LEAKY=True, ABS=False,
+                                           OUT_LEAKY=False, **conv), 4, 2),
+        ("_row_norm_kernel", (8,), dict(norm, BLOCK_R=16, BLOCK_L=64), 4, 3),
+        ("_conv1d_kernel", (1, 2, 2), dict(TAPS=5, HAS_BIAS=True, IN_AFFINE=True, IN_LEAKY=True, ABS=False,
+                                           OUT_LEAKY=False, **conv), 4, 2),
+        ("_row_norm_kernel", (8,), dict(HAS_AFFINE=True, APPLY=True, BLOCK_R=16, BLOCK_L=16), 4, 3),
+    ]
+    sinc = plan[1]
+    assert sinc.flops == 2 * (2 * 3 * 2) * 3 * 256 * 64 * 32      # 12 programs x 3 phases x 256 padded taps
+    assert sinc.bytes_read == 4 * (2 * 4000 + 251 * 80 + 3 * 2) and sinc.bytes_written == 4 * 2 * 80 * 125
+    assert sinc.unit == "fp32_fma" and out.shape == (2, 60, 12)
+
+
+def test_conv1d_record_counts_bytes_once_and_executed_flops():
+    x, w, b = torch.randn(2, 7, 80), torch.randn(5, 7, 3), torch.randn(5)
+    tf32x3 = tconv.make_candidate(precision="tf32x3")
+    (record,), out = tconv.conv1d_plan(x, w, b, 2, 0, 1, epilogue=ConvEpilogue(abs=True, pool=3), candidate=tf32x3)
+    # 39 conv positions -> 13 pooled: one 64-position tile, one 32-channel tile, 2 batch rows
+    assert record.grid == (1, 1, 2) and out.shape == (2, 5, 13)
+    assert record.flops == 2 * 2 * 3 * 32 * 64 * 32 and record.unit == "tf32x3"
+    assert record.bytes_read == 4 * (2 * 7 * 80 + 21 * 5 + 5) and record.bytes_written == 4 * 2 * 5 * 13
+
+
+def _routed(op, *args, **kwargs):
+    import rlx_triton as rt
+
+    return rt.explain(op, *args, **kwargs)
+
+
+@pytest.mark.parametrize("case", ["one_pass", "chunked", "unfused", "no_blocks", "pool1"])
+def test_launch_count_is_the_plan_length(case, monkeypatch):
+    from rlx_triton.ops import conv as ops
+
+    if case == "chunked":
+        monkeypatch.setattr(tconv, "_SPLIT_ROW_MIN", 300)
+    module = random_sincnet()
+    wav = torch.empty(2, 1, 4000 if case != "chunked" else 12000, device="meta")
+    args = list(_sincnet_args(module.to("meta"), wav))
+    pool = 1 if case == "pool1" else 3
+    if case == "no_blocks":
+        args[4:8] = [], [], args[6][:1], args[7][:1]
+    request = ops._sincnet_request(*args, pool=pool)
+    candidate = tconv.all_candidates()[-1] if case == "unfused" else DEFAULT
+    assert candidate.fuse_epilogue == (case != "unfused")
+    with launches.planning() as log:
+        tconv.sincnet(*args, pool=pool, candidate=candidate)
+    assert len(log.records) == tconv.launch_count(request, candidate) and log.outside == []
+
+
+@pytest.mark.parametrize("epilogue", [None, ConvEpilogue(abs=True), ConvEpilogue(pool=2),
+                                      ConvEpilogue(negative_slope=0.1)], ids=["plain", "abs", "pool", "leaky"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_conv1d_launch_count_is_the_plan_length(epilogue, fused):
+    from rlx_triton.ops import conv as ops
+
+    x, w = torch.empty(2, 7, 80, device="meta"), torch.empty(5, 7, 3, device="meta")
+    candidate = DEFAULT if fused else tconv.all_candidates()[-1]
+    plan, _ = tconv.conv1d_plan(x, w, None, epilogue=epilogue, candidate=candidate)
+    assert len(plan) == tconv.launch_count(ops._conv1d_request(x, w, epilogue=epilogue), candidate)
+
+
+def test_sincnet_plans_on_meta_tensors_at_the_bench_shape():
+    """32 chunks of 10 s plan without data: the chunked waveform statistics, then the three blocks."""
+    wav = torch.empty(32, 1, 160000, device="meta")
+    filters = torch.empty(80, 1, 251, device="meta")
+    vec = lambda n: torch.empty(n, device="meta")   # noqa: E731
+    convs = [torch.empty(60, 80, 5, device="meta"), torch.empty(60, 60, 5, device="meta")]
+    with launches.planning() as log:
+        out = tconv.sincnet(wav, filters, vec(1), vec(1), convs, [vec(60), vec(60)], [vec(80), vec(60), vec(60)],
+                            [vec(80), vec(60), vec(60)], candidate=DEFAULT)
+    assert out.shape == (32, 60, 589) and out.device.type == "meta"
+    assert [r.name for r in log.records] == [
+        "_row_partial_stats_kernel", "_row_combine_stats_kernel", "_conv1d_kernel", "_row_norm_kernel",
+        "_conv1d_kernel", "_row_norm_kernel", "_conv1d_kernel", "_row_norm_kernel"]
+    assert log.records[2].grid == (triton.cdiv(5325, 64), 3, 32)
 
 
 @pytest.mark.gpu

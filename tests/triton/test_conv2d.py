@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlx_triton.backends.triton import conv2d as K
+from rlx_triton.backends.triton import launches
 from tests.reference.conv import assert_matches_float64
 from tests.reference.conv2d import (TF32_RTOL, assert_close_ref, conv2d64, linear64, rel_err, stats_pool64)
 
@@ -201,6 +202,81 @@ def test_routed_calls_go_through_the_autotune_bridge_with_the_routed_candidate()
     key = (4, 5, 8, 7, 6, 1, 3, 3, "torch.float32", "torch.float32", "torch.float32", "torch.float32",
            "torch.float32")
     assert tuned.winner(key) == route.candidate_tag
+
+
+# ------------------------------------------------------------------------------ launch plans
+
+
+def test_conv2d_runs_exactly_its_plan():
+    x, weight, bias, res = torch.randn(2, 20, 7, 9), torch.randn(16, 20, 3, 3), torch.randn(16), torch.randn(2, 16, 7, 9)
+    for candidate in (CAND, K.all_candidates()[-1]):          # fused; unfused (GEMM + epilogue pass)
+        with launches.recording() as log:
+            out = K.conv2d(x, weight, bias, padding=1, residual=res, relu=True, candidate=candidate)
+        plan, planned = K.conv2d_plan(x, weight, bias, padding=1, residual=res, relu=True, candidate=candidate)
+        assert log.outside == [] and [r.describe() for r in log.records] == [r.describe() for r in plan]
+        assert len(plan) == (1 if candidate.fuse_epilogue else 2)
+        launches.run(plan)
+        assert torch.equal(planned, out)
+
+
+def test_conv2d_record_is_the_hand_count():
+    """(2, 20, 7, 9) 3x3 -> 16 with 128 x 64 x 32 tiles: 126 pixels in one tile, 9 taps x one 32-channel chunk."""
+    x, weight, bias, res = torch.randn(2, 20, 7, 9), torch.randn(16, 20, 3, 3), torch.randn(16), torch.randn(2, 16, 7, 9)
+    (record,), _ = K.conv2d_plan(x, weight, bias, padding=1, residual=res, relu=True, candidate=CAND)
+    assert record.grid == (1, 1) and record.num_warps == 8 and record.num_stages == 3
+    assert record.flops == 2 * 9 * 32 * 128 * 64 and record.unit == "fp32_fma"
+    assert record.bytes_read == 4 * (x.numel() + weight.numel() + 16 + res.numel())
+    assert record.bytes_written == 4 * res.numel()
+    stem = K.make_candidate(tile_pos=64, tile_co=32, tile_k=16, precision="tf32x3")
+    (folded,), _ = K.conv2d_plan(torch.randn(1, 1, 8, 8), torch.randn(32, 1, 3, 3), candidate=stem, padding=1)
+    assert folded.meta["FOLD_TAPS"] and folded.flops == 2 * 1 * 16 * 64 * 32 and folded.unit == "tf32x3"
+
+
+def test_a_routed_conv2d_is_a_tuned_record_with_the_routes_config():
+    import rlx_triton as rt
+    from rlx_triton.ops import conv2d as ops
+
+    x, weight, bias = torch.randn(3, 5, 7, 6), torch.randn(8, 5, 3, 3), torch.randn(8)
+    route = rt.explain(ops.conv2d, x, weight, bias, padding=1, relu=True)
+    with launches.recording() as log:
+        K.conv2d(x, weight, bias, padding=1, relu=True, candidate=route.candidate, route=route)
+    (record,) = log.records
+    config = K.tuned_kernel().config_of(route.candidate)
+    assert record.kernel is K.tuned_kernel() and record.route is route and log.outside == []
+    assert {key: record.meta[key] for key in config.kwargs} == config.kwargs
+    assert record.grid == (-(-3 * 7 * 6 // config.kwargs["BLOCK_P"]), 1)
+    assert record.num_warps == config.num_warps and record.num_stages == config.num_stages
+
+
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_unfused", "linear", "stats_pool", "stats_pool_weighted"])
+def test_launch_count_is_the_plan_length(op):
+    from rlx_triton.ops import conv2d as ops
+
+    meta = lambda *shape: torch.empty(*shape, device="meta")   # noqa: E731
+    if op.startswith("conv2d"):
+        candidate = CAND if op == "conv2d" else K.all_candidates()[-1]
+        x, w = meta(2, 20, 7, 9), meta(16, 20, 3, 3)
+        request = ops._conv2d_request(x, w, meta(16), padding=1, relu=True)
+        plan, _ = K.conv2d_plan(x, w, meta(16), padding=1, relu=True, candidate=candidate)
+    elif op == "linear":
+        candidate, x, w = CAND, meta(3, 33), meta(17, 33)
+        request = ops._linear_request(x, w)
+        plan, _ = K.linear_plan(x, w, candidate=candidate)
+    else:
+        weights = meta(2, 3, 33) if op.endswith("weighted") else None
+        candidate, x = CAND, meta(2, 7, 33)
+        request = ops._stats_pool_request(x, weights)
+        plan, _ = K.stats_pool_plan(x, weights, candidate=candidate)
+    assert len(plan) == K.launch_count(request, candidate) >= 1
+
+
+def test_trunk_layers_plan_on_meta_tensors():
+    """layer1 of the bench (32, 32, 80, 998) 3x3 -> 32: 2.55 M pixels in 128-pixel tiles, no data needed."""
+    x, w = torch.empty(32, 32, 80, 998, device="meta"), torch.empty(32, 32, 3, 3, device="meta")
+    with launches.planning() as log:
+        out = K.conv2d(x, w, torch.empty(32, device="meta"), padding=1, residual=torch.empty_like(x), relu=True,
+                       candidate=CAND)
+    assert out.shape == (32, 32, 80, 998) and [r.grid for r in log.records] == [(-(-32 * 80 * 998 // 128), 1)]
 
 
 @pytest.mark.gpu

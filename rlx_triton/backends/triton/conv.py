@@ -43,9 +43,16 @@ e_in the error its values already carry (torch's fp32 instance_norm amplifies e_
 -120 dBFS input carries ~2e-3 relative error after SincNet in either). A NaN or Inf in a row gives a
 NaN row, as in torch.
 
-SincNet = 5 launches (6 when the waveform statistics are chunked, as for 10 s chunks): waveform stats
--> sinc conv|abs|pool -> stats -> conv|pool -> stats -> conv|pool -> stats+normalize+leaky.
-Intermediates between launches are float32.
+SincNet = 7 launches for pyannote's two Conv1d blocks (8 when the waveform statistics are chunked, as
+for 10 s chunks): waveform stats -> sinc conv|abs|pool -> stats -> conv|pool -> stats -> conv|pool ->
+stats+normalize+leaky (an unfused candidate adds one epilogue pass per pooled conv). Intermediates
+between launches are float32.
+
+Launch plans: every launch is a record (rlx_triton/backends/triton/launches.py) built by a plan function
+with its launcher's signature (`sincnet_plan`, `conv1d_plan`), buildable from meta tensors; the launchers
+run exactly those records and `launch_count(request, candidate)` states how many. Records count the
+minimum traffic (each input, weight and output byte once) and the FLOPs the dots execute on full tiles
+(masked lanes included; the elementwise prologue and epilogue are not counted).
 
 The sinc filters themselves are built with torch ops (rlx_triton.ops.conv.sinc_filters), once per
 weight version: they are 80 x 251 numbers computed once per parameter update, so a kernel would buy
@@ -67,7 +74,9 @@ import triton
 import triton.language as tl
 
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
+from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.config import settings
 from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT, ConvCandidate, ConvVariant
 from rlx_triton.router.coverage import Coverage
@@ -396,7 +405,7 @@ def _row_combine_stats_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# launchers
+# launch plans (rlx_triton/backends/triton/launches.py): every launch of this module as a record
 # ----------------------------------------------------------------------------------------------
 
 _ROW_BLOCK_MAX = 1024   # row chunk of the norm and epilogue kernels
@@ -404,6 +413,16 @@ _ROW_TILE = 4096        # elements per norm program tile (BLOCK_R x BLOCK_L)
 _STATS_CHUNK = 4096     # long rows: elements per statistics program
 _STATS_BLOCK = 2048     # ... loaded BLOCK_L at a time (1024 leaves 8 B of stack for fp16 on sm_90)
 _SPLIT_ROW_MIN = 16384  # rows longer than this get chunked statistics (the 160000-sample waveform)
+
+# FLOPs per row element of the statistics passes: shift + sum, then shift, centre and square-add
+_STATS_FLOPS = 6
+# ... and of applying a norm + leaky ReLU: subtract, multiply-add, select
+_APPLY_FLOPS = 4
+# epilogue pass per pooled input element: bias, |x|, max
+_EPILOGUE_FLOPS = 3
+
+# what executes a dot of each precision (rlx_triton.devices.UNITS); the kernels cast every operand to fp32
+UNIT_OF_PRECISION = {"ieee": "fp32_fma", "tf32": "tf32", "tf32x3": "tf32x3"}
 
 
 def _dot_k(block_k: int, interpret: bool) -> int:
@@ -428,6 +447,10 @@ def _meta(candidate, interpret: bool = False) -> dict:
 
 def _conv_out_len(length: int, taps: int, stride: int, padding: int, dilation: int) -> int:
     return (length + 2 * padding - dilation * (taps - 1) - 1) // stride + 1
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size() if tensor is not None else 0
 
 
 _PACKED: dict = {}
@@ -463,129 +486,205 @@ class RowNorm(NamedTuple):
     shift: torch.Tensor
 
 
-def _launch_conv(x, weight, bias, out, *, stride, padding, dilation, pool, abs_, out_slope,
-                 in_norm=None, in_slope=None, candidate):
+def conv_flops(grid, meta: dict, reduction: int, pool: int) -> int:
+    """FLOPs the dots of a `_conv1d_kernel` launch execute: every program runs POOL phases of the
+    reduction in BLOCK_K steps on a full BLOCK_P x BLOCK_CO tile (masked lanes included)."""
+    programs = 1
+    for g in grid:
+        programs *= g
+    steps = triton.cdiv(reduction, meta["BLOCK_K"]) * meta["BLOCK_K"]
+    return 2 * programs * pool * steps * meta["BLOCK_P"] * meta["BLOCK_CO"]
+
+
+def _conv_record(x, w2d, bias, out, *, taps, stride, padding, dilation, pool, abs_, out_slope, in_norm,
+                 in_slope, candidate) -> Launch:
     """out[b, co, q] = leaky(max_j |conv(prologue(x))[b, co, q*pool + j] + bias|); x is (B, C_in, L).
 
     prologue(x) = leaky((x - center) * scale + shift, in_slope) per input row (in_norm, a RowNorm)."""
     B, C_in, L_in = x.shape
-    C_out, _, taps = weight.shape
-    L_out = out.shape[2]
-    if out.numel() == 0:
-        return out
-    w2d = _packed_weight(weight)
-    bias = bias.contiguous() if bias is not None else None
+    C_out, L_out = out.shape[1], out.shape[2]
     meta = _meta(candidate, interpret=settings().interpret)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
     grid = (triton.cdiv(L_out, meta["BLOCK_P"]), triton.cdiv(C_out, meta["BLOCK_CO"]), B)
-    _conv1d_kernel[grid](
-        x, w2d,
-        bias if bias is not None else w2d,
-        *(in_norm if in_norm is not None else (w2d, w2d, w2d)),
-        out,
-        C_in, L_in, C_out, L_out,
-        x.stride(0), x.stride(1), x.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        stride, padding, dilation,
-        0.0 if in_slope is None else float(in_slope),
-        0.0 if out_slope is None else float(out_slope),
-        TAPS=taps,
-        POOL=pool,
-        HAS_BIAS=bias is not None,
-        IN_AFFINE=in_norm is not None,
-        IN_LEAKY=in_slope is not None,
-        ABS=bool(abs_),
-        OUT_LEAKY=out_slope is not None,
-        **meta,
-    )
-    return out
+    norm_bytes = 3 * B * C_in * 4 if in_norm is not None else 0
+    return Launch(
+        _conv1d_kernel, grid,
+        (x, w2d, bias if bias is not None else w2d, *(in_norm if in_norm is not None else (w2d, w2d, w2d)), out,
+         C_in, L_in, C_out, L_out,
+         x.stride(0), x.stride(1), x.stride(2),
+         out.stride(0), out.stride(1), out.stride(2),
+         stride, padding, dilation,
+         0.0 if in_slope is None else float(in_slope),
+         0.0 if out_slope is None else float(out_slope)),
+        meta=dict(TAPS=taps, POOL=pool, HAS_BIAS=bias is not None, IN_AFFINE=in_norm is not None,
+                  IN_LEAKY=in_slope is not None, ABS=bool(abs_), OUT_LEAKY=out_slope is not None, **meta),
+        num_warps=num_warps, num_stages=num_stages,
+        bytes_read=_nbytes(x) + _nbytes(w2d) + _nbytes(bias) + norm_bytes, bytes_written=_nbytes(out),
+        flops=conv_flops(grid, meta, C_in * taps, pool), unit=UNIT_OF_PRECISION[candidate.precision])
 
 
-def _launch_epilogue(y, bias, out, *, pool, abs_, out_slope):
+def _epilogue_record(y, bias, out, *, pool, abs_, out_slope) -> Launch:
     B, C, L_conv = y.shape
     L_out = out.shape[2]
-    if out.numel() == 0:
-        return out
     BLOCK = min(_ROW_BLOCK_MAX, triton.next_power_of_2(max(L_out, 16)))
-    grid = (B * C, triton.cdiv(L_out, BLOCK))
-    _epilogue_kernel[grid](
-        y, bias if bias is not None else y, out,
-        C, L_conv, L_out,
-        y.stride(0), y.stride(1), y.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        0.0 if out_slope is None else float(out_slope),
-        POOL=pool, HAS_BIAS=bias is not None, ABS=bool(abs_), OUT_LEAKY=out_slope is not None,
-        BLOCK=BLOCK, num_warps=4,
-    )
-    return out
+    pooled = B * C * L_out * pool
+    return Launch(
+        _epilogue_kernel, (B * C, triton.cdiv(L_out, BLOCK)),
+        (y, bias if bias is not None else y, out,
+         C, L_conv, L_out,
+         y.stride(0), y.stride(1), y.stride(2),
+         out.stride(0), out.stride(1), out.stride(2),
+         0.0 if out_slope is None else float(out_slope)),
+        meta=dict(POOL=pool, HAS_BIAS=bias is not None, ABS=bool(abs_), OUT_LEAKY=out_slope is not None,
+                  BLOCK=BLOCK),
+        num_warps=4, bytes_read=pooled * y.element_size() + _nbytes(bias), bytes_written=_nbytes(out),
+        flops=_EPILOGUE_FLOPS * pooled)
 
 
-def _conv_block(x, weight, bias, *, stride, padding, dilation, pool, abs_, out_slope, out_dtype,
-                in_norm=None, in_slope=None, candidate):
-    """One conv with its epilogue, fused in the conv kernel or as a second pass (fuse_epilogue)."""
+def _conv_block_plan(x, weight, bias, *, stride, padding, dilation, pool, abs_, out_slope, out_dtype,
+                     in_norm=None, in_slope=None, candidate):
+    """(records, out) of one conv with its epilogue, fused in the conv kernel or as a second pass
+    (fuse_epilogue); no records for an empty output."""
     B, _, L_in = x.shape
     taps = weight.shape[2]
     L_conv = _conv_out_len(L_in, taps, stride, padding, dilation)
     L_out = L_conv // pool
     out = torch.empty((B, weight.shape[0], L_out), device=x.device, dtype=out_dtype)
+    if out.numel() == 0:
+        return [], out
+    w2d = _packed_weight(weight)
+    bias = bias.contiguous() if bias is not None else None
+    conv = dict(taps=taps, stride=stride, padding=padding, dilation=dilation, in_norm=in_norm, in_slope=in_slope,
+                candidate=candidate)
     plain = pool == 1 and not abs_ and out_slope is None
     if candidate.fuse_epilogue or plain:
-        return _launch_conv(x, weight, bias, out, stride=stride, padding=padding, dilation=dilation,
-                            pool=pool, abs_=abs_, out_slope=out_slope, in_norm=in_norm,
-                            in_slope=in_slope, candidate=candidate)
+        return [_conv_record(x, w2d, bias, out, pool=pool, abs_=abs_, out_slope=out_slope, **conv)], out
     y = torch.empty((B, weight.shape[0], L_conv), device=x.device, dtype=torch.float32)
-    _launch_conv(x, weight, None, y, stride=stride, padding=padding, dilation=dilation, pool=1,
-                 abs_=False, out_slope=None, in_norm=in_norm, in_slope=in_slope, candidate=candidate)
-    return _launch_epilogue(y, bias, out, pool=pool, abs_=abs_, out_slope=out_slope)
+    return [_conv_record(x, w2d, None, y, pool=1, abs_=False, out_slope=None, **conv),
+            _epilogue_record(y, bias, out, pool=pool, abs_=abs_, out_slope=out_slope)], out
 
 
-def _row_norm(x, weight, bias, *, eps, slope=None, out=None) -> RowNorm:
-    """Instance-norm statistics of every (batch, channel) row of x as a RowNorm (center, scale, shift).
+def _split_rows(length: int) -> bool:
+    """Whether rows of `length` get chunked statistics (two launches) instead of one serial walk per row."""
+    return length > _SPLIT_ROW_MIN
 
-    With `out` given, also writes out = leaky_relu((x - center) * scale + shift, slope)."""
+
+def _row_norm_plan(x, weight, bias, *, eps, slope=None, out=None, split=None):
+    """(records, RowNorm) of the instance-norm statistics of every (batch, channel) row of x.
+
+    With `out` given, the one-pass kernel also writes out = leaky_relu((x - center) * scale + shift, slope).
+    split: chunked statistics (default: rows longer than _SPLIT_ROW_MIN; never with `out`)."""
     B, C, L = x.shape
     n_rows = B * C
     center, scale, shift = (torch.empty(n_rows, device=x.device, dtype=torch.float32) for _ in range(3))
     weight = weight.contiguous() if weight is not None else None
     bias = bias.contiguous() if bias is not None else None
-    if out is None and L > _SPLIT_ROW_MIN:
+    affine_bytes = _nbytes(weight) + _nbytes(bias)
+    stats_bytes = 3 * n_rows * 4
+    split = _split_rows(L) if split is None else split
+    if out is None and split:
         # long rows: chunk statistics in parallel, then one merge, instead of a serial walk per row
         n_chunks = triton.cdiv(L, _STATS_CHUNK)
         part = torch.empty((n_rows, n_chunks, 2), device=x.device, dtype=torch.float32)
-        _row_partial_stats_kernel[(n_rows, n_chunks)](
-            x, part, center, C, L, n_chunks, x.stride(0), x.stride(1), x.stride(2),
-            CHUNK=_STATS_CHUNK, BLOCK_L=min(_STATS_BLOCK, _STATS_CHUNK), num_warps=4)
+        partial = Launch(
+            _row_partial_stats_kernel, (n_rows, n_chunks),
+            (x, part, center, C, L, n_chunks, x.stride(0), x.stride(1), x.stride(2)),
+            meta=dict(CHUNK=_STATS_CHUNK, BLOCK_L=min(_STATS_BLOCK, _STATS_CHUNK)), num_warps=4,
+            bytes_read=_nbytes(x), bytes_written=_nbytes(part) + n_rows * 4, flops=_STATS_FLOPS * x.numel())
         BLOCK_C = triton.next_power_of_2(n_chunks)
         BLOCK_R = max(1, min(16, _ROW_TILE // BLOCK_C))
-        _row_combine_stats_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
-            part, weight if weight is not None else scale, bias if bias is not None else shift,
-            scale, shift, n_rows, C, L, n_chunks, float(eps),
-            HAS_AFFINE=weight is not None, CHUNK=_STATS_CHUNK, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C, num_warps=4)
-        return RowNorm(center, scale, shift)
+        combine = Launch(
+            _row_combine_stats_kernel, (triton.cdiv(n_rows, BLOCK_R),),
+            (part, weight if weight is not None else scale, bias if bias is not None else shift,
+             scale, shift, n_rows, C, L, n_chunks, float(eps)),
+            meta=dict(HAS_AFFINE=weight is not None, CHUNK=_STATS_CHUNK, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C),
+            num_warps=4, bytes_read=_nbytes(part) + affine_bytes, bytes_written=2 * n_rows * 4,
+            flops=_STATS_FLOPS * part.numel())
+        return [partial, combine], RowNorm(center, scale, shift)
     BLOCK_L = min(_ROW_BLOCK_MAX, triton.next_power_of_2(max(L, 16)))
     # rows that fit a tile whole are packed several per program; long rows get a program each
     BLOCK_R = max(1, min(16, _ROW_TILE // triton.next_power_of_2(max(L, 1))))
     target = out if out is not None else x
-    _row_norm_kernel[(triton.cdiv(n_rows, BLOCK_R),)](
-        x, weight if weight is not None else scale, bias if bias is not None else shift,
-        center, scale, shift, target,
-        n_rows, C, L,
-        x.stride(0), x.stride(1), x.stride(2),
-        target.stride(0), target.stride(1), target.stride(2),
-        float(eps), 0.0 if slope is None else float(slope),
-        HAS_AFFINE=weight is not None, APPLY=out is not None, BLOCK_R=BLOCK_R, BLOCK_L=BLOCK_L,
-        num_warps=4,
-    )
-    return RowNorm(center, scale, shift)
+    record = Launch(
+        _row_norm_kernel, (triton.cdiv(n_rows, BLOCK_R),),
+        (x, weight if weight is not None else scale, bias if bias is not None else shift,
+         center, scale, shift, target,
+         n_rows, C, L,
+         x.stride(0), x.stride(1), x.stride(2),
+         target.stride(0), target.stride(1), target.stride(2),
+         float(eps), 0.0 if slope is None else float(slope)),
+        meta=dict(HAS_AFFINE=weight is not None, APPLY=out is not None, BLOCK_R=BLOCK_R, BLOCK_L=BLOCK_L),
+        num_warps=4, bytes_read=_nbytes(x) + affine_bytes, bytes_written=stats_bytes + _nbytes(out),
+        flops=(_STATS_FLOPS + (_APPLY_FLOPS if out is not None else 0)) * x.numel())
+    return [record], RowNorm(center, scale, shift)
+
+
+def _conv_block(x, weight, bias, *, candidate, **options):
+    """Runs `_conv_block_plan` (one conv and its epilogue); returns the output."""
+    records, out = _conv_block_plan(x, weight, bias, candidate=candidate, **options)
+    launches.run(records)
+    return out
+
+
+def _row_norm(x, weight, bias, *, eps, slope=None, out=None) -> RowNorm:
+    """Runs `_row_norm_plan`: the RowNorm of every (batch, channel) row of x (and `out`, when given)."""
+    records, norm = _row_norm_plan(x, weight, bias, eps=eps, slope=slope, out=out)
+    launches.run(records)
+    return norm
+
+
+def conv1d_plan(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate):
+    """(records, out) of `conv1d`."""
+    pool = 1 if epilogue is None else int(epilogue.pool)
+    abs_ = False if epilogue is None else bool(epilogue.abs)
+    slope = None if epilogue is None else epilogue.negative_slope
+    return _conv_block_plan(input, weight, bias, stride=stride, padding=padding, dilation=dilation, pool=pool,
+                            abs_=abs_, out_slope=slope, out_dtype=input.dtype, candidate=candidate)
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate):
     """F.conv1d (groups=1) on a (B, C_in, L) input, then the optional epilogue
     (epilogue.abs, epilogue.pool, epilogue.negative_slope: bias -> |x| -> max-pool -> leaky ReLU)."""
-    pool = 1 if epilogue is None else int(epilogue.pool)
-    abs_ = False if epilogue is None else bool(epilogue.abs)
-    slope = None if epilogue is None else epilogue.negative_slope
-    return _conv_block(input, weight, bias, stride=stride, padding=padding, dilation=dilation,
-                       pool=pool, abs_=abs_, out_slope=slope, out_dtype=input.dtype, candidate=candidate)
+    plan, out = conv1d_plan(input, weight, bias, stride, padding, dilation, epilogue=epilogue, candidate=candidate)
+    launches.run(plan)
+    return out
+
+
+def _sinc_length(samples: int, taps: int, stride: int, pool: int) -> int:
+    """Frames after the sinc conv and its pool: the longest row SincNet normalizes after the waveform."""
+    return _conv_out_len(samples, taps, stride, 0, 1) // pool
+
+
+def sincnet_plan(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
+                 norm_weights, norm_biases, *, sinc_stride=10, pool=3, eps=1e-5, negative_slope=0.01,
+                 candidate):
+    """(records, out) of `sincnet`.
+
+    The block statistics are chunked for every block when the sinc output is longer than
+    _SPLIT_ROW_MIN (so the launch count follows from the request: launch_count)."""
+    x = waveforms
+    records = []
+    # 1. waveform instance norm, folded into the sinc conv's input prologue
+    step, norm = _row_norm_plan(x, wav_norm_weight, wav_norm_bias, eps=eps)
+    records += step
+    step, h = _conv_block_plan(x, sinc_filters, None, stride=sinc_stride, padding=0, dilation=1, pool=pool,
+                               abs_=True, out_slope=None, out_dtype=torch.float32, in_norm=norm, in_slope=None,
+                               candidate=candidate)
+    records += step
+    split = _split_rows(h.shape[2])
+    # 2. each Conv1d block reads the previous block's norm + leaky in its prologue
+    for i, (w, b) in enumerate(zip(conv_weights, conv_biases)):
+        step, norm = _row_norm_plan(h, norm_weights[i], norm_biases[i], eps=eps, split=split)
+        records += step
+        step, h = _conv_block_plan(h, w, b, stride=1, padding=0, dilation=1, pool=pool, abs_=False,
+                                   out_slope=None, out_dtype=torch.float32, in_norm=norm, in_slope=negative_slope,
+                                   candidate=candidate)
+        records += step
+    # 3. the last block's norm + leaky, written once
+    out = torch.empty(h.shape, device=h.device, dtype=waveforms.dtype)
+    last = len(conv_weights)
+    step, _ = _row_norm_plan(h, norm_weights[last], norm_biases[last], eps=eps, slope=negative_slope, out=out)
+    return records + step, out
 
 
 def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
@@ -595,23 +694,28 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
 
     waveform instance norm -> sinc conv |.| pool -> norm+leaky -> [conv pool -> norm+leaky] per
     entry of conv_weights. norm_weights/norm_biases hold one (affine) instance norm per block."""
-    x = waveforms
-    # 1. waveform instance norm, folded into the sinc conv's input prologue
-    norm = _row_norm(x, wav_norm_weight, wav_norm_bias, eps=eps)
-    h = _conv_block(x, sinc_filters, None, stride=sinc_stride, padding=0, dilation=1, pool=pool,
-                    abs_=True, out_slope=None, out_dtype=torch.float32, in_norm=norm, in_slope=None,
-                    candidate=candidate)
-    # 2. each Conv1d block reads the previous block's norm + leaky in its prologue
-    for i, (w, b) in enumerate(zip(conv_weights, conv_biases)):
-        norm = _row_norm(h, norm_weights[i], norm_biases[i], eps=eps)
-        h = _conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=pool, abs_=False,
-                        out_slope=None, out_dtype=torch.float32, in_norm=norm, in_slope=negative_slope,
-                        candidate=candidate)
-    # 3. the last block's norm + leaky, written once
-    out = torch.empty(h.shape, device=h.device, dtype=waveforms.dtype)
-    last = len(conv_weights)
-    _row_norm(h, norm_weights[last], norm_biases[last], eps=eps, slope=negative_slope, out=out)
+    plan, out = sincnet_plan(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
+                             norm_weights, norm_biases, sinc_stride=sinc_stride, pool=pool, eps=eps,
+                             negative_slope=negative_slope, candidate=candidate)
+    launches.run(plan)
     return out
+
+
+def launch_count(request, candidate) -> int:
+    """Launches `sincnet` / `conv1d` run for a routed request (the request's fields and features)."""
+    fields, features = request.field_map, request.feature_map
+    if request.op == "conv1d":
+        if fields["batch"] == 0 or fields["c_out"] == 0 or fields["tokens"] == 0:
+            return 0
+        plain = features["pool"] == 1 and not features["abs"] and not features["leaky"]
+        return 1 if candidate.fuse_epilogue or plain else 2
+    pool = features["pool"]
+    conv_launches = 1 if candidate.fuse_epilogue else 2              # the sinc conv has |x|
+    block_launches = 1 if candidate.fuse_epilogue or pool == 1 else 2
+    block_stats = 2 if _split_rows(_sinc_length(fields["length"], fields["taps"], fields["stride"], pool)) else 1
+    waveform_stats = 2 if _split_rows(fields["length"]) else 1
+    blocks = features["blocks"]
+    return waveform_stats + conv_launches + blocks * (block_stats + block_launches) + 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -653,6 +757,9 @@ COVERAGE = Coverage(
         "groups": frozenset({1}),
         "padding_mode": frozenset({"zeros"}),        # symmetric zero padding (not 'same' with odd total)
         "pool": frozenset(range(1, 17)),             # fused max-pool kernel = stride
+        "abs": frozenset({True, False}),             # conv1d epilogue: |x| before the pool
+        "leaky": frozenset({True, False}),           # conv1d epilogue: leaky ReLU after the pool
+        "blocks": frozenset(range(0, 65)),           # SincNet: Conv1d blocks after the sinc conv
         "requires_grad": frozenset({False}),         # kernels are forward-only; autograd goes to torch
         "streaming": frozenset({False}),             # SincNet: the non-streaming (normalized) forward
         "sample_rate": frozenset({16000}),

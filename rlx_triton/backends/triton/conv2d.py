@@ -13,6 +13,12 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
 - The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`
   launches `_conv2d_kernel` on a (rows, in_features, 1, 1) view.
 
+Launch plans: `conv2d_plan`, `linear_plan` and `stats_pool_plan` build the records
+(rlx_triton/backends/triton/launches.py) their launchers run, from meta tensors too; a routed fused
+conv2d is a `Launch.tuned` record of the autotune bridge stating the route's config. FLOPs are those the
+dots execute on full tiles; bytes are the minimum traffic. `launch_count(request, candidate)` states
+the number of launches.
+
 Candidate mapping (the planner's `ConvCandidate`): tile_pos -> BLOCK_P output pixels per program,
 tile_co -> BLOCK_CO output channels, tile_k -> BLOCK_K input channels per step of the reduction,
 which walks the kh x kw taps and, per tap, c_in in BLOCK_K chunks,
@@ -28,9 +34,12 @@ import triton
 import triton.language as tl
 
 from rlx_triton.backends.candidates import approvals_by_precision
+from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
 # the conv family's candidate helpers, shared with the 1-D module (tests and bench use them from here too)
-from rlx_triton.backends.triton.conv import all_candidates, candidate_tag, default_candidate, make_candidate  # noqa: F401
+from rlx_triton.backends.triton.conv import (UNIT_OF_PRECISION, all_candidates, candidate_tag,  # noqa: F401
+                                             default_candidate, make_candidate)
+from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.conv import ConvVariant
 from rlx_triton.router.coverage import Coverage
 
@@ -243,7 +252,7 @@ def _stats_pool_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Launchers
+# Launch plans (rlx_triton/backends/triton/launches.py): every launch of this module as a record
 # ---------------------------------------------------------------------------------------------
 
 
@@ -265,6 +274,10 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
 
 # Layers with fewer input channels than the smallest BLOCK_K fold the taps into the reduction chunk.
 FOLD_TAPS_BELOW = 16
+# FLOPs per element of the unfused epilogue (bias, residual, ReLU) and, per frame and feature (and
+# speaker), of the two pooling passes: shift + sum, then centre + square-add (weighted: one more multiply each)
+_EPILOGUE_FLOPS = 3
+_POOL_FLOPS = {False: 6, True: 8}
 
 
 def _config(candidate) -> triton.Config:
@@ -289,17 +302,26 @@ def tuned_kernel():
     return _tuned_kernel
 
 
-def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-           stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
-           relu: bool = False, candidate, route=None) -> torch.Tensor:
-    """relu?(conv2d(x, weight, bias, stride, padding) + residual) for NCHW x; output in x's dtype.
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size() if tensor is not None else 0
 
-    `weight` is (c_out, c_in, kh, kw), usually already folded with its BatchNorm; `residual` has the
-    output's shape. The caller (ops/conv2d.py) has validated shapes, dtypes and devices. With the
-    router's `route` the launch goes through the autotune bridge (the routed candidate is injected; a
-    cold bucket may be tuned among the approved candidates where tuning is on); without it the
-    candidate is launched directly.
-    """
+
+def igemm_flops(grid, meta, c_in: int, kh: int, kw: int, fold_taps: bool) -> int:
+    """FLOPs the dots of a `_conv2d_kernel` launch execute: every program walks the whole reduction in
+    BLOCK_K steps on a full BLOCK_CO x BLOCK_P tile (masked lanes included)."""
+    programs = 1
+    for g in grid:
+        programs *= g
+    block_k = meta["BLOCK_K"]
+    steps = triton.cdiv(c_in * kh * kw, block_k) if fold_taps else kh * kw * triton.cdiv(c_in, block_k)
+    return 2 * programs * steps * block_k * meta["BLOCK_P"] * meta["BLOCK_CO"]
+
+
+def conv2d_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
+                relu: bool = False, candidate, route=None):
+    """(records, out) of `conv2d`: the implicit GEMM (through the autotune bridge for a routed fused
+    call), then the epilogue pass for an unfused candidate; no records for an empty output."""
     batch, c_in, height, width = x.shape
     c_out, _, kh, kw = weight.shape
     out_h = _out_size(height, kh, stride, padding)
@@ -307,7 +329,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     x = x.contiguous()  # the weight keeps its strides: nn.Conv2d stores it tap-major (c_in contiguous)
     out = torch.empty((batch, c_out, out_h, out_w), device=x.device, dtype=x.dtype)
     if out.numel() == 0:
-        return out
+        return [], out
     residual = residual.contiguous() if residual is not None else None
     fused = bool(candidate.fuse_epilogue)
     gemm_out = out if fused else torch.empty(out.shape, device=x.device, dtype=torch.float32)
@@ -319,39 +341,96 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
             batch, c_in, height, width, c_out, out_h, out_w, stride, padding,
             weight.stride(0), weight.stride(1), weight.stride(2), weight.stride(3),
             triton.next_power_of_2(batch))
-    flags = dict(KH=kh, KW=kw, FOLD_TAPS=c_in < FOLD_TAPS_BELOW, HAS_BIAS=fused and bias is not None,
+    fold_taps = c_in < FOLD_TAPS_BELOW
+    flags = dict(KH=kh, KW=kw, FOLD_TAPS=fold_taps, HAS_BIAS=fused and bias is not None,
                  HAS_RESIDUAL=fused and residual is not None, APPLY_RELU=fused and relu)
+    counts = dict(bytes_read=_nbytes(x) + _nbytes(weight) + (_nbytes(bias) + _nbytes(residual) if fused else 0),
+                  bytes_written=_nbytes(gemm_out), unit=UNIT_OF_PRECISION[candidate.precision])
+
+    def grid_for(meta):
+        return (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))
+
     tuned = tuned_kernel() if (route is not None and fused) else None
     if tuned is not None and candidate.tag() in tuned.tags:
-        grid = lambda meta: (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))  # noqa: E731
-        tuned.launch(grid, route, *args, **flags)
+        config = tuned.config_of(candidate).kwargs
+        gemm = Launch.tuned(tuned, candidate, grid_for, args, flags, route=route,
+                            flops=igemm_flops(grid_for(config), config, c_in, kh, kw, fold_taps), **counts)
     else:
         meta = _meta(candidate)
-        grid = (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))
-        _conv2d_kernel[grid](*args, **flags, **meta)
-    if not fused:
-        n = out.numel()
-        block = 1024
-        _bias_act_kernel[(triton.cdiv(n, block),)](
-            gemm_out, bias if bias is not None else gemm_out,
-            residual if residual is not None else gemm_out, out,
-            n, c_out, out_h * out_w,
-            HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, APPLY_RELU=relu,
-            BLOCK=block, num_warps=4,
-        )
+        num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+        gemm = Launch(_conv2d_kernel, grid_for(meta), args, meta={**flags, **meta}, num_warps=num_warps,
+                      num_stages=num_stages, flops=igemm_flops(grid_for(meta), meta, c_in, kh, kw, fold_taps),
+                      **counts)
+    if fused:
+        return [gemm], out
+    n = out.numel()
+    block = 1024
+    epilogue = Launch(
+        _bias_act_kernel, (triton.cdiv(n, block),),
+        (gemm_out, bias if bias is not None else gemm_out, residual if residual is not None else gemm_out, out,
+         n, c_out, out_h * out_w),
+        meta=dict(HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, APPLY_RELU=relu, BLOCK=block),
+        num_warps=4, bytes_read=_nbytes(gemm_out) + _nbytes(bias) + _nbytes(residual), bytes_written=_nbytes(out),
+        flops=_EPILOGUE_FLOPS * n)
+    return [gemm, epilogue], out
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           stride: int = 1, padding: int = 0, residual: Optional[torch.Tensor] = None,
+           relu: bool = False, candidate, route=None) -> torch.Tensor:
+    """relu?(conv2d(x, weight, bias, stride, padding) + residual) for NCHW x; output in x's dtype.
+
+    `weight` is (c_out, c_in, kh, kw), usually already folded with its BatchNorm; `residual` has the
+    output's shape. The caller (ops/conv2d.py) has validated shapes, dtypes and devices. With the
+    router's `route` the launch goes through the autotune bridge (the routed candidate is injected; a
+    cold bucket may be tuned among the approved candidates where tuning is on); without it the
+    candidate is launched directly.
+    """
+    plan, out = conv2d_plan(x, weight, bias, stride=stride, padding=padding, residual=residual, relu=relu,
+                            candidate=candidate, route=route)
+    launches.run(plan)
     return out
+
+
+def linear_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                candidate, route=None):
+    """(records, out) of `linear`: a 1x1 convolution over one pixel."""
+    rows, in_features = x.shape
+    plan, y = conv2d_plan(x.reshape(rows, in_features, 1, 1), weight.reshape(weight.shape[0], in_features, 1, 1),
+                          bias, candidate=candidate, route=route)
+    return plan, y.reshape(rows, weight.shape[0])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
            candidate, route=None) -> torch.Tensor:
     """x @ weight.T + bias for 2-D x (rows, in_features): a 1x1 convolution over one pixel."""
-    rows, in_features = x.shape
-    y = conv2d(x.reshape(rows, in_features, 1, 1), weight.reshape(weight.shape[0], in_features, 1, 1),
-               bias, candidate=candidate, route=route)
-    return y.reshape(rows, weight.shape[0])
+    plan, out = linear_plan(x, weight, bias, candidate=candidate, route=route)
+    launches.run(plan)
+    return out
 
 
 _POOL_BLOCK_D = 32
+
+
+def stats_pool_plan(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candidate=None, route=None):
+    """(records, out) of `stats_pool`; no records for an empty output."""
+    batch, features, frames = x.shape
+    x = x.contiguous()
+    num_speakers = 1 if weights is None else weights.shape[1]
+    out = torch.empty((batch, num_speakers, 2 * features), device=x.device, dtype=x.dtype)
+    result = out if weights is not None else out[:, 0]
+    if out.numel() == 0:
+        return [], result
+    w = weights.contiguous() if weights is not None else x
+    block_d = _POOL_BLOCK_D
+    block_t = 64 if frames >= 64 else max(16, triton.next_power_of_2(frames))
+    record = Launch(
+        _stats_pool_kernel, (batch * num_speakers, triton.cdiv(features, block_d)),
+        (x, w, out, features, frames, num_speakers),
+        meta=dict(HAS_WEIGHTS=weights is not None, BLOCK_D=block_d, BLOCK_T=block_t), num_warps=4,
+        bytes_read=_nbytes(x) + (_nbytes(w) if weights is not None else 0), bytes_written=_nbytes(out),
+        flops=_POOL_FLOPS[weights is not None] * x.numel() * num_speakers)
+    return [record], result
 
 
 def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candidate=None,
@@ -359,21 +438,19 @@ def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candi
     """TSTP / pyannote StatsPool of x (batch, features, frames): (batch, 2F), or (batch, S, 2F) for
     weights (batch, S, frames) already interpolated to `frames` (ops/conv2d.py does that). The pooling
     has no tuned parameters: `candidate` and `route` are accepted for the family's common signature."""
-    batch, features, frames = x.shape
-    x = x.contiguous()
-    num_speakers = 1 if weights is None else weights.shape[1]
-    out = torch.empty((batch, num_speakers, 2 * features), device=x.device, dtype=x.dtype)
-    if out.numel() == 0:
-        return out if weights is not None else out[:, 0]
-    w = weights.contiguous() if weights is not None else x
-    block_d = _POOL_BLOCK_D
-    block_t = 64 if frames >= 64 else max(16, triton.next_power_of_2(frames))
-    grid = (batch * num_speakers, triton.cdiv(features, block_d))
-    _stats_pool_kernel[grid](
-        x, w, out, features, frames, num_speakers,
-        HAS_WEIGHTS=weights is not None, BLOCK_D=block_d, BLOCK_T=block_t, num_warps=4,
-    )
-    return out if weights is not None else out[:, 0]
+    plan, out = stats_pool_plan(x, weights, candidate=candidate, route=route)
+    launches.run(plan)
+    return out
+
+
+def launch_count(request, candidate) -> int:
+    """Launches `conv2d` / `linear` (op "conv2d") and `stats_pool` run for a routed request."""
+    fields = request.field_map
+    if fields["batch"] == 0 or fields["c_out"] == 0 or fields["tokens"] == 0:
+        return 0
+    if request.op == "stats_pool":
+        return 1 if fields["c_in"] else 0
+    return 1 if candidate.fuse_epilogue else 2
 
 
 # ---------------------------------------------------------------------------------------------
