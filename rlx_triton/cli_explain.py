@@ -117,7 +117,7 @@ CONV1D = OpSpec(
     (Fill("stride", lambda f, o: 1, "default"),
      Fill("tokens", lambda f, o: max(_conv_len(f["length"], f["taps"], f["stride"]) // int(o["pool"]), 1),
           "output length with padding 0, after the pool")),
-    {**_CONV_FEATURES, "pool": Feature(1), **NO_GRAD})
+    {**_CONV_FEATURES, "pool": Feature(1), "abs": _bool(False), "leaky": _bool(False), **NO_GRAD})
 
 SINCNET = OpSpec(
     "conv", "sincnet", ("batch", "length"),
@@ -126,7 +126,8 @@ SINCNET = OpSpec(
      Fill("taps", lambda f, o: 251, "pyannote's sinc filter length"),
      Fill("stride", lambda f, o: 10, "pyannote's sinc stride"),
      Fill("tokens", _sincnet_tokens, "frames after pyannote's three pooled blocks (convolutions of 5 taps)")),
-    {**_CONV_FEATURES, "pool": Feature(3), "streaming": _bool(False), "sample_rate": Feature(16000), **NO_GRAD})
+    {**_CONV_FEATURES, "pool": Feature(3), "blocks": Feature(2), "streaming": _bool(False), "sample_rate": Feature(16000),
+     **NO_GRAD})
 
 CONV2D = OpSpec(
     "conv", "conv2d", ("batch", "c_in", "c_out", "length"),
