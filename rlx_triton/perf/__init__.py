@@ -168,7 +168,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     from rlx_triton.perf.compiled import CompileJob, compile_all
     from rlx_triton.perf.roofline import ASSUMPTIONS, case_totals, estimate
     from rlx_triton.perf.trace import trace
-    from rlx_triton.router.device import profile_facts
+    from rlx_triton.router.device import profile_facts, routing_as
 
     say = progress or (lambda message: None)
     facts = profile_facts(profile)
@@ -235,7 +235,9 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
         if unplanned:
             notes.append(f"no launch plan yet: {', '.join(unplanned)}")
             floor_us = est_us = bw_fraction = None
-        for problem in launch_count_mismatches(result):
+        with routing_as(facts):   # a family's launch_count reads the device as the traced call saw it
+            mismatches = launch_count_mismatches(result)
+        for problem in mismatches:
             notes.append(problem)
             errors.append(f"{case.bench} {label}: {problem}")
         report = CaseReport(case.bench, label, shape, backend, candidate, result.launches, floor_us, est_us,
