@@ -1,6 +1,6 @@
-"""The segdense launcher as a launch plan: its records are the launches the launcher made before it had
-a plan (`reference_launches` below), running them gives the same output, and `launch_count` states how
-many there are."""
+"""The segdense launcher as a launch plan: its records are the launches of `reference_launches` below
+(the kernel calls the launcher makes, written out by hand), running them gives the same output, a call
+copies nothing from the host, and `launch_count` states how many launches there are."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +16,8 @@ from tests.reference.segdense import random_head
 
 
 def reference_launches(x, weights, biases, wc, bc, *, activation, candidate):
-    """The launches of the launcher as it was written before launch plans (direct kernel calls)."""
+    """The launcher's kernel calls, written out (direct calls): the head kernel with the layer widths as
+    constexprs, then the activation pass unless it is fused."""
     f_in = x.shape[-1]
     rows = x.reshape(-1, f_in).float().contiguous()
     R, C, num_linear = rows.shape[0], wc.shape[0], len(weights)
@@ -27,14 +28,14 @@ def reference_launches(x, weights, biases, wc, bc, *, activation, candidate):
     for layer, (w, b) in enumerate(zip(weights, biases)):
         w_stack[layer, :w.shape[0], :w.shape[1]] = w.detach()
         b_stack[layer, :w.shape[0]] = b.detach()
-    out_dims = torch.tensor(dims[1:] or [0], dtype=torch.int32)
     scratch = torch.empty(2 if num_linear else 1, max(R, 1), d_max)
     out = torch.empty(R, C)
     act = kernels.ACTIVATIONS.index(activation)
     meta = kernels._meta(candidate, C)
     grid = (triton.cdiv(R, meta["BLOCK_R"]),)
-    kernels._segdense_kernel[grid](rows, w_stack, b_stack, out_dims, wc.detach(), bc.detach(), scratch, out,
-                                   R, f_in, C, d_max, NUM_LINEAR=num_linear, ACTIVATION=act, **meta)
+    kernels._segdense_kernel[grid](rows, w_stack, b_stack, wc.detach(), bc.detach(), scratch, out,
+                                   R, f_in, C, d_max, NUM_LINEAR=num_linear, DIMS=tuple(dims[1:]), ACTIVATION=act,
+                                   **meta)
     if not candidate.fused_activation and act != 0:
         kernels._segdense_activation_kernel[grid](out, R, C, ACTIVATION=act, BLOCK_R=meta["BLOCK_R"],
                                                   BLOCK_C=meta["BLOCK_C"], num_warps=meta["num_warps"])
@@ -85,3 +86,25 @@ def test_the_pyannote_head_plan_states_its_bytes_and_flops():
     assert out.shape == (rows, 7) and record.grid == (triton.cdiv(rows, 32),)
     assert record.flops == 2 * rows * (256 * 128 + 128 * 128 + 128 * 7)
     assert record.bytes_written == 4 * rows * (128 + 128) + 4 * rows * 7
+
+
+def test_a_call_copies_nothing_from_the_host_and_packs_once_per_weight_version():
+    """The widths are constexprs, the packed weights are cached per version: a second call on meta tensors
+    (as on a GPU) makes no host-to-device copy and no new packed weights, and an in-place edit repacks."""
+    from rlx_triton.perf.trace import HostSyncs
+
+    weights, biases, wc, bc = random_head(24, [16, 16], 7)
+    weights = [w.to("meta") for w in weights]
+    biases = [b.to("meta") for b in biases]
+    wc, bc = wc.to("meta"), bc.to("meta")
+    x = torch.empty(3, 5, 24, device="meta")
+    candidate = SegdenseVariant.R32_IEEE.candidate()
+    with HostSyncs() as syncs:
+        first, _ = kernels.segdense_plan(x, weights, biases, wc, bc, activation="log_softmax", candidate=candidate)
+        second, _ = kernels.segdense_plan(x, weights, biases, wc, bc, activation="log_softmax", candidate=candidate)
+    assert syncs.events == []
+    assert first[0].args[1] is second[0].args[1]            # the same packed weight stack
+    with torch.no_grad():
+        weights[0].add_(1.0)
+    third, _ = kernels.segdense_plan(x, weights, biases, wc, bc, activation="log_softmax", candidate=candidate)
+    assert third[0].args[1] is not first[0].args[1]

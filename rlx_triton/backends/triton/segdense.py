@@ -8,10 +8,12 @@ none. Intermediate activations of a row block go through a per-kernel scratch bu
 resident, written and read by the same program, ordered by a barrier), so any number of linear
 layers and any widths fit one launch. Accumulation is fp32, dots at the candidate's precision;
 with fused_activation=False the kernel writes logits and `_segdense_activation_kernel` applies the
-activation in a second pass.
+activation in a second pass. The weights are packed (zero-padded stacks) once per parameter version
+and the layer widths are constexprs, so a call makes no host-to-device copy (CUDA-graph capturable).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -61,13 +63,14 @@ def _apply_activation(logits, col_mask, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def _segdense_kernel(
-    x_ptr, w_ptr, b_ptr, dims_ptr, wc_ptr, bc_ptr, scratch_ptr, out_ptr,
+    x_ptr, w_ptr, b_ptr, wc_ptr, bc_ptr, scratch_ptr, out_ptr,
     R, F_IN, C, D_MAX,
-    NUM_LINEAR: tl.constexpr, ACTIVATION: tl.constexpr, FUSED_ACTIVATION: tl.constexpr,
+    NUM_LINEAR: tl.constexpr, DIMS: tl.constexpr, ACTIVATION: tl.constexpr, FUSED_ACTIVATION: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Rows [pid*BLOCK_R, +BLOCK_R): linear stack (weights padded to D_MAX x D_MAX) + classifier."""
+    """Rows [pid*BLOCK_R, +BLOCK_R): linear stack (weights padded to D_MAX x D_MAX, DIMS the layers' output
+    widths) + classifier."""
     pid = tl.program_id(0)
     offs_r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = offs_r < R
@@ -77,7 +80,7 @@ def _segdense_kernel(
 
     k_dim = F_IN
     for layer in tl.static_range(NUM_LINEAR):
-        n_dim = tl.load(dims_ptr + layer)
+        n_dim = DIMS[layer]
         w_layer = w_ptr + layer * D_MAX * D_MAX
         out_buf = scratch_ptr + (layer % 2) * scratch_stride
         for n0 in range(0, n_dim, BLOCK_N):
@@ -155,14 +158,58 @@ def _meta(candidate, classes: int = 16) -> dict:
 _UNITS = {"ieee": "fp32_fma", "tf32x3": "tf32x3", "tf32": "tf32"}
 
 
+_PACKED: dict = {}
+
+
+def _pack_head(weights, biases, classifier_weight, classifier_bias, f_in: int):
+    """(w_stack (L, D, D), b_stack (L, D), classifier weight (C, K), classifier bias (C,)) in fp32, the linear
+    layers zero-padded to the widest width D."""
+    num_linear = len(weights)
+    d_max = max([f_in] + [w.shape[0] for w in weights])
+    device = classifier_weight.device
+    w_stack = torch.zeros(max(num_linear, 1), d_max, d_max, device=device, dtype=torch.float32)
+    b_stack = torch.zeros(max(num_linear, 1), d_max, device=device, dtype=torch.float32)
+    for layer, (w, b) in enumerate(zip(weights, biases)):
+        w_stack[layer, :w.shape[0], :w.shape[1]] = w.detach().float()
+        if b is not None:
+            b_stack[layer, :w.shape[0]] = b.detach().float()
+    wc = classifier_weight.detach().float().contiguous()
+    bc = (classifier_bias.detach().float().contiguous() if classifier_bias is not None
+          else torch.zeros(wc.shape[0], device=device, dtype=torch.float32))
+    return w_stack, b_stack, wc, bc
+
+
+def _packed_head(weights, biases, classifier_weight, classifier_bias, f_in: int):
+    """The packed head, cached per parameter version: keyed on every tensor's storage, version counter,
+    layout and dtype (tied to the tensors by weak references), so an inference loop packs once and an
+    in-place update or load_state_dict repacks. Inference tensors have no version counter and can still
+    change in place inside torch.inference_mode(), so they are packed on every call (device copies, which
+    a captured CUDA graph replays)."""
+    tensors = [t for t in (*weights, *biases, classifier_weight, classifier_bias) if t is not None]
+    if any(t.is_inference() for t in tensors):
+        return _pack_head(weights, biases, classifier_weight, classifier_bias, f_in)
+    key = (f_in, tuple(b is None for b in biases), classifier_bias is None) + tuple(
+        (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in tensors)
+    hit = _PACKED.get(key)
+    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
+        return hit[1]
+    packed = _pack_head(weights, biases, classifier_weight, classifier_bias, f_in)
+    if len(_PACKED) > 256:
+        _PACKED.clear()
+    _PACKED[key] = (tuple(weakref.ref(t) for t in tensors), packed)
+    return packed
+
+
 def segdense_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
                   classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor], *,
                   activation: str, candidate):
     """The launches of `segdense` as records, and the (rows, classes) fp32 output they fill.
 
     One `_segdense_kernel` launch over row blocks, plus `_segdense_activation_kernel` when the activation
-    is a second pass; no launch for zero rows. Bytes: x, the weights and biases, each layer's activations
-    written to and read back from the scratch buffer, the output; FLOPs: the dots (2 per multiply-add)."""
+    is a second pass; no launch for zero rows. The layer widths are constexprs and the weights are packed
+    once per parameter version, so a call copies nothing from the host. Bytes: x, the weights and biases,
+    each layer's activations written to and read back from the scratch buffer, the output; FLOPs: the
+    dots (2 per multiply-add)."""
     f_in = x.shape[-1]
     rows = x.reshape(-1, f_in).to(torch.float32).contiguous()
     R = rows.shape[0]
@@ -171,16 +218,7 @@ def segdense_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequ
     num_linear = len(weights)
     dims = [f_in] + [w.shape[0] for w in weights]
     d_max = max(dims)
-    w_stack = torch.zeros(max(num_linear, 1), d_max, d_max, device=device, dtype=torch.float32)
-    b_stack = torch.zeros(max(num_linear, 1), d_max, device=device, dtype=torch.float32)
-    for layer, (w, b) in enumerate(zip(weights, biases)):
-        w_stack[layer, :w.shape[0], :w.shape[1]] = w.detach().float()
-        if b is not None:
-            b_stack[layer, :w.shape[0]] = b.detach().float()
-    out_dims = torch.tensor(dims[1:] or [0], device=device, dtype=torch.int32)
-    wc = classifier_weight.detach().float().contiguous()
-    bc = (classifier_bias.detach().float().contiguous() if classifier_bias is not None
-          else torch.zeros(C, device=device, dtype=torch.float32))
+    w_stack, b_stack, wc, bc = _packed_head(list(weights), list(biases), classifier_weight, classifier_bias, f_in)
     scratch = torch.empty(2 if num_linear else 1, max(R, 1), d_max, device=device, dtype=torch.float32)
     out = torch.empty(R, C, device=device, dtype=torch.float32)
     act = ACTIVATIONS.index(activation)
@@ -192,9 +230,9 @@ def segdense_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequ
     products = sum(n * k for n, k in zip(dims[1:], dims[:-1])) + C * dims[-1]
     weight_bytes = 4 * (products + sum(dims[1:]) + C)
     scratch_bytes = 4 * R * sum(dims[1:])   # each layer's activations: written once, read once
-    plan = [Launch(_segdense_kernel, grid, (rows, w_stack, b_stack, out_dims, wc, bc, scratch, out, R, f_in, C, d_max),
-                   meta=dict(NUM_LINEAR=num_linear, ACTIVATION=act, **meta), num_warps=num_warps,
-                   num_stages=num_stages, bytes_read=4 * R * f_in + weight_bytes + scratch_bytes,
+    plan = [Launch(_segdense_kernel, grid, (rows, w_stack, b_stack, wc, bc, scratch, out, R, f_in, C, d_max),
+                   meta=dict(NUM_LINEAR=num_linear, DIMS=tuple(dims[1:]), ACTIVATION=act, **meta),
+                   num_warps=num_warps, num_stages=num_stages, bytes_read=4 * R * f_in + weight_bytes + scratch_bytes,
                    bytes_written=scratch_bytes + 4 * R * C, flops=2 * R * products, unit=_UNITS[candidate.precision])]
     if not candidate.fused_activation and act != 0:
         plan.append(Launch(_segdense_activation_kernel, grid, (out, R, C),
@@ -251,13 +289,12 @@ def _audit_kernels() -> list:
     default = DEFAULT_VARIANT.candidate()
     return [AuditSpec(
         name="segdense_head", family="segdense", kernel=_segdense_kernel,
-        signature={"x_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "dims_ptr": "*i32",
-                   "wc_ptr": "*fp32", "bc_ptr": "*fp32", "scratch_ptr": "*fp32", "out_ptr": "*fp32",
+        signature={"x_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "wc_ptr": "*fp32", "bc_ptr": "*fp32", "scratch_ptr": "*fp32", "out_ptr": "*fp32",
                    "R": "i32", "F_IN": "i32", "C": "i32", "D_MAX": "i32",
-                   "NUM_LINEAR": "constexpr", "ACTIVATION": "constexpr", "FUSED_ACTIVATION": "constexpr",
+                   "NUM_LINEAR": "constexpr", "DIMS": "constexpr", "ACTIVATION": "constexpr", "FUSED_ACTIVATION": "constexpr",
                    "PRECISION": "constexpr", "BLOCK_R": "constexpr", "BLOCK_N": "constexpr",
                    "BLOCK_K": "constexpr", "BLOCK_C": "constexpr"},
-        meta=lambda cand, dt: dict(NUM_LINEAR=2, ACTIVATION=2, **_meta(cand, 7)),
+        meta=lambda cand, dt: dict(NUM_LINEAR=2, DIMS=(128, 128), ACTIVATION=2, **_meta(cand, 7)),
         expects_mma=lambda cand, dt: cand.precision != "ieee",
         candidates=cands, default=default, dtypes=("fp32",))]
 
