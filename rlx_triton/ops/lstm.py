@@ -116,4 +116,4 @@ def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: S
     return r.module.lstm(input, None if hx is None else tuple(hx), list(flat_weights), has_biases=has_biases,
                          num_layers=num_layers, dropout=float(dropout), training=training,
                          bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size,
-                         candidate=r.candidate)
+                         candidate=r.candidate, route=r)

@@ -259,8 +259,8 @@ SEGDENSE = segdense.FP32_VARIANT.candidate()
         (KernelFamily.FBANK, FBANK, {"precision": "tf32"}, "precision must be one of ieee, tf32x3"),
         (KernelFamily.FBANK, FBANK, {"tile_freq": 128}, "candidate staging bytes exceed memory policy limit"),
         (KernelFamily.LSTM, LSTM, {"batch_tile": 8}, "batch_tile must be a power-of-two in [16, 64]"),
-        (KernelFamily.LSTM, LSTM, {"hidden_tile": 512}, "hidden_tile must be a power-of-two in [16, 256]"),
-        (KernelFamily.LSTM, LSTM, {"mode": "fused"}, "mode must be one of persistent, stepwise"),
+        (KernelFamily.LSTM, LSTM, {"hidden_tile": 512}, "hidden_tile must be a power-of-two in [4, 256]"),
+        (KernelFamily.LSTM, LSTM, {"mode": "fused"}, "mode must be one of persistent, stepwise, onchip"),
         (KernelFamily.LSTM, LSTM, {"mode": "persistent", "batch_tile": 64, "hidden_tile": 128},
          "candidate staging bytes exceed memory policy limit"),
         (KernelFamily.SEGDENSE, SEGDENSE, {"row_tile": 256}, "row_tile must be a power-of-two in [16, 128]"),
@@ -287,7 +287,8 @@ def test_staging_estimates_fit_exactly_at_the_limit():
         (KernelFamily.CONV, CONV, "software pipelining (stages > 1) requires shared memory staging"),
         (KernelFamily.FBANK, FBANK, "software pipelining (stages > 1) requires shared memory staging"),
         (KernelFamily.SEGDENSE, SEGDENSE, "software pipelining (stages > 1) requires shared memory staging"),
-        (KernelFamily.LSTM, LSTM, "persistent mode and stages > 1 require shared memory staging"),
+        (KernelFamily.LSTM, lstm.LstmVariant.STEPWISE_IEEE.candidate(),
+         "persistent mode and stages > 1 require shared memory staging"),
     ],
 )
 def test_arena_only_refuses_shared_staging(family, candidate, message):

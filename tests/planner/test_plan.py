@@ -292,8 +292,8 @@ EXPECTED_DEFAULTS = {  # family -> profile -> variant name
                         "high_fidelity": "IEEE_P64_CO32", "deterministic": "IEEE_P64_CO32"},
     KernelFamily.FBANK: {"ultra_low_latency": "TF32X3_F64_Q64", "balanced": "IEEE_F16_Q32",
                          "high_fidelity": "IEEE_F16_Q32", "deterministic": "IEEE_F16_Q32"},
-    KernelFamily.LSTM: {"ultra_low_latency": "STEPWISE_TF32", "balanced": "STEPWISE_IEEE",
-                        "high_fidelity": "STEPWISE_IEEE", "deterministic": "STEPWISE_IEEE"},
+    KernelFamily.LSTM: {"ultra_low_latency": "STEPWISE_TF32", "balanced": "ONCHIP_IEEE",
+                        "high_fidelity": "ONCHIP_IEEE", "deterministic": "ONCHIP_IEEE"},
     KernelFamily.SEGDENSE: {"ultra_low_latency": "R64_TF32X3", "balanced": "R32_IEEE",
                             "high_fidelity": "R32_IEEE", "deterministic": "R32_IEEE"},
 }

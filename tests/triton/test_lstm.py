@@ -2,30 +2,40 @@
 
 Specification: for every covered configuration (layers, direction, layout, given or zero state,
 odd hidden sizes and sequence lengths) `backends.triton.lstm.lstm` returns nn.LSTM's
-(output, (h_n, c_n)) within the fp32 tolerance; the persistent and stepwise modes agree; every
-approval in APPROVALS holds when re-measured; every candidate of the plan runs (one sweep).
+(output, (h_n, c_n)) within the fp32 tolerance in every mode: the on-chip recurrence (hidden units
+split across programs; in the interpreter, whose programs run one after another, one launch per step,
+or one launch when a single program holds all units), persistent and stepwise; the modes agree; the
+recurrent tf32x3 product stays within its approval over 589 steps without growing; weights are packed
+once per version; every approval in APPROVALS holds when re-measured; every candidate of the plan runs
+(one sweep). On a GPU: the barrier itself, and the synchronised launch against the step launches.
 """
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import lstm as tk
 from rlx_triton.planner import LstmVariant
 from tests.reference.lstm import LSTM_DEGENERATE_CASES, check_lstm_degenerate_case, lstm_float64
 
 TOL = 1e-5
+MODES = ["onchip", "persistent", "stepwise"]
 
 
-def candidate(mode="persistent", precision="ieee", batch_tile=16, hidden_tile=32):
+def candidate(mode="onchip", precision="ieee", batch_tile=16, hidden_tile=None):
+    if hidden_tile is None:
+        hidden_tile = 8 if mode == "onchip" else 32
     return tk.make_candidate(batch_tile=batch_tile, hidden_tile=hidden_tile, tg_size=128, stages=1, mode=mode,
                              precision=precision)
 
 
-def run(module: torch.nn.LSTM, x, hx=None, cand=None):
+def run(module: torch.nn.LSTM, x, hx=None, cand=None, **options):
     return tk.lstm(x, hx, module._flat_weights, has_biases=module.bias, num_layers=module.num_layers,
                    dropout=0.0, training=False, bidirectional=module.bidirectional,
-                   batch_first=module.batch_first, candidate=cand or candidate())
+                   batch_first=module.batch_first, candidate=cand or candidate(), **options)
 
 
 def max_rel_err(got, ref) -> float:
@@ -60,20 +70,22 @@ def inputs(module, batch, seq, with_state):
     return x, hx
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("hidden", [7, 16, 33])
 @pytest.mark.parametrize("layers,bidirectional", [(1, False), (2, True)], ids=["1layer-uni", "2layers-bi"])
-def test_matches_float64_for_odd_hidden_sizes(hidden, layers, bidirectional):
+def test_matches_float64_for_odd_hidden_sizes(hidden, layers, bidirectional, mode):
     module = make(5, hidden, layers, bidirectional)
     x, hx = inputs(module, batch=3, seq=5, with_state=False)
-    check(module, x, hx)
+    check(module, x, hx, candidate(mode))
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("batch_first", [False, True], ids=["seq-first", "batch-first"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "given-state"])
-def test_layouts_and_initial_state(batch_first, with_state):
+def test_layouts_and_initial_state(batch_first, with_state, mode):
     module = make(4, 16, 2, bidirectional=True, batch_first=batch_first)
     x, hx = inputs(module, batch=2, seq=3, with_state=with_state)
-    check(module, x, hx)
+    check(module, x, hx, candidate(mode))
 
 
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
@@ -85,16 +97,103 @@ def test_stepwise_mode_equals_persistent_mode(bidirectional):
     torch.testing.assert_close(persistent[0], stepwise[0], rtol=0, atol=0)
 
 
-def test_batch_larger_than_one_tile_and_single_step():
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_larger_than_one_tile_and_single_step(mode):
     module = make(6, 16, 1, False)
     x, hx = inputs(module, batch=17, seq=1, with_state=True)
-    check(module, x, hx)
+    check(module, x, hx, candidate(mode))
 
 
-def test_hidden_wider_than_one_tile_and_no_biases():
+@pytest.mark.parametrize("mode, hidden_tile", [("onchip", 16), ("persistent", 16), ("stepwise", 16), ("onchip", 4)])
+def test_hidden_wider_than_one_tile_and_no_biases(mode, hidden_tile):
     module = make(2, 40, 1, True, bias=False)
     x, hx = inputs(module, batch=2, seq=3, with_state=False)
-    check(module, x, hx, candidate(hidden_tile=16))
+    check(module, x, hx, candidate(mode, hidden_tile=hidden_tile))
+
+
+# ------------------------------------------------------------------------ the on-chip recurrence
+def _onchip_records(module, x, hx=None, **options):
+    with launches.recording() as log:
+        got = run(module, x, hx, candidate("onchip"), **options)
+    return got, [r for r in log.records if r.name == "_lstm_onchip_kernel"]
+
+
+@pytest.mark.parametrize("hidden, parts", [(7, 1), (16, 2), (33, 5)])
+def test_onchip_programs_split_the_hidden_units_of_each_direction(hidden, parts):
+    """8 units per program: a (direction, batch tile) group has cdiv(hidden, 8) programs, each owning its units."""
+    module = make(3, hidden, 1, True)
+    x, hx = inputs(module, batch=18, seq=4, with_state=True)
+    got, records = _onchip_records(module, x, hx)
+    assert {r.grid for r in records} == {(2, parts, 2)}                # directions, parts, batch tiles of 16
+    ref = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=True, batch_first=False, hx=hx)
+    assert max_rel_err(got, ref) <= TOL
+
+
+def test_onchip_runs_one_launch_per_step_where_programs_run_one_after_another():
+    """The interpreter runs programs one after another, so a group of several programs cannot meet at a
+    barrier: each step is a launch (no barrier); a group of one program runs all steps in one launch."""
+    split, single = make(3, 16, 2, True), make(3, 8, 2, True)
+    x, _ = inputs(split, batch=2, seq=5, with_state=False)
+    _, records = _onchip_records(split, x)
+    assert len(records) == 2 * 5 and not any(r.meta["SYNC"] for r in records)
+    assert [(r.args[10], r.args[11]) for r in records[:5]] == [(s, s + 1) for s in range(5)]
+    _, records = _onchip_records(single, x)
+    assert len(records) == 2 and all(r.meta["SYNC"] for r in records)
+    assert [(r.args[10], r.args[11]) for r in records] == [(0, 5), (0, 5)]
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "given-state"])
+def test_onchip_one_synchronised_launch_equals_the_step_launches(with_state):
+    """The same arithmetic either way: one launch over every step (barrier each step) and one launch per
+    step (the cell state and W_hh reloaded per launch) give identical bits."""
+    module = make(4, 8, 2, True, batch_first=True)
+    x, hx = inputs(module, batch=3, seq=6, with_state=with_state)
+    synchronised = run(module, x, hx, candidate("onchip"), step_launches=False)
+    stepped = run(module, x, hx, candidate("onchip"), step_launches=True)
+    for a, b in ((synchronised[0], stepped[0]), (synchronised[1][0], stepped[1][0]), (synchronised[1][1], stepped[1][1])):
+        assert torch.equal(a, b)
+
+
+def test_onchip_equals_the_persistent_recurrence():
+    module = make(5, 16, 2, True, batch_first=True)
+    x, hx = inputs(module, batch=2, seq=4, with_state=True)
+    onchip = check(module, x, hx, candidate("onchip"))
+    persistent = check(module, x, hx, candidate("persistent"))
+    torch.testing.assert_close(onchip[0], persistent[0], rtol=2e-6, atol=2e-6)
+
+
+def test_recurrent_tf32x3_product_stays_within_its_approval_over_589_steps():
+    """pyannote's sequence length: the error of the tf32x3 candidate against float64, step by step, stays
+    within the approved bound and does not grow from the first quarter of the sequence to the last.
+    (tf32x3 is written out as tf32 products of the operands' tf32 parts, so the interpreter rounds as the
+    GPU does; one program holds all 32 units: one launch over the 589 steps.)"""
+    approved = tk.APPROVALS[LstmVariant.ONCHIP_TF32X3.candidate().tag()].max_rel_err
+    module = make(8, 32, 1, False, batch_first=True)
+    x, _ = inputs(module, batch=4, seq=589, with_state=False)
+    out, (h, c) = run(module, x, cand=candidate("onchip", "tf32x3", hidden_tile=32))
+    ref_out, (_, ref_c) = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=False, batch_first=True)
+    per_step = (out.double() - ref_out).abs().amax(dim=(0, 2))     # outputs lie in (-1, 1): absolute = relative
+    quarter = 589 // 4
+    assert per_step.max() <= approved and (c.double() - ref_c).abs().max() <= approved
+    assert per_step[-quarter:].max() <= 2 * per_step[:quarter].max() + 1e-7
+
+
+def test_weights_are_packed_once_per_version():
+    """An inference loop packs each layer once; an in-place update repacks; inference tensors (no version
+    counter) are packed on every call."""
+    module = make(3, 8, 1, True)
+    first = tk._layer_weights(module._flat_weights, True, 0, 2, unit_major=True)
+    assert tk._layer_weights(module._flat_weights, True, 0, 2, unit_major=True) is first
+    with torch.no_grad():
+        module.weight_hh_l0.add_(0.5)
+    repacked = tk._layer_weights(module._flat_weights, True, 0, 2, unit_major=True)
+    unit_major = module.weight_hh_l0.detach().reshape(4, 8, 8).transpose(0, 1).reshape(32, 8)
+    assert repacked is not first and torch.equal(repacked[1][0][:, :8], unit_major)   # rows unit*4 + gate
+    assert repacked[1].shape == (2, 32, 16) and torch.all(repacked[1][..., 8:] == 0)  # padded to BLOCK_K
+    with torch.inference_mode():
+        frozen = make(3, 8, 1, True)
+        packs = [tk._layer_weights(frozen._flat_weights, True, 0, 2) for _ in range(2)]
+    assert packs[0] is not packs[1] and torch.equal(packs[0][0], packs[1][0])
 
 
 @pytest.mark.slow
@@ -146,12 +245,16 @@ def test_coverage_refuses_what_the_kernel_does_not_implement():
 
 
 def test_audit_specs_cover_every_candidate():
-    names = {spec.name for spec in tk.AUDIT_KERNELS}
-    assert names == {"lstm_input_proj", "lstm_recurrence"}
-    for spec in tk.AUDIT_KERNELS:
-        assert {c.tag() for c in spec.candidates} == {v.candidate().tag() for v in LstmVariant}
+    specs = {spec.name: spec for spec in tk.AUDIT_KERNELS}
+    assert set(specs) == {"lstm_input_proj", "lstm_recurrence", "lstm_onchip_recurrence"}
+    every = {v.candidate().tag() for v in LstmVariant}
+    assert {c.tag() for c in specs["lstm_input_proj"].candidates} == every
+    onchip = {c.tag() for c in specs["lstm_onchip_recurrence"].candidates}
+    assert onchip | {c.tag() for c in specs["lstm_recurrence"].candidates} == every
+    assert all(tag.endswith(("onchip_ieee", "onchip_tf32x3")) for tag in onchip)
+    for spec in specs.values():
         meta = spec.meta(spec.default, "fp32")
-        assert all(meta[k] >= 16 for k in meta if k.startswith("BLOCK_"))
+        assert spec.default in spec.candidates and all(meta[k] >= 16 for k in meta if k.startswith("BLOCK_"))
 
 
 @pytest.mark.gpu
@@ -171,9 +274,100 @@ def test_pyannote_shape_on_cuda_matches_float64_for_every_approved_candidate():
                 torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=tag)
 
 
-@pytest.mark.parametrize("mode", ["persistent", "stepwise"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", list(LSTM_DEGENERATE_CASES))
 def test_degenerate_inputs_match_float64(case, mode):
     """Zeros, constants, one step, NaN/Inf in the input or state: NaN spreads through the recurrence
     exactly as in nn.LSTM, Inf saturates the gates, values match elsewhere."""
     check_lstm_degenerate_case(lambda module, x, hx: run(module, x, hx, candidate(mode=mode)), case, rtol=TOL)
+
+
+# ------------------------------------------------------------------------ the autotune bridge
+def _routed(module, x):
+    import rlx_triton as rt
+    from rlx_triton.nn import LSTM
+
+    fast = LSTM.from_torch(module)
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        route = fast.explain(x)
+        return route, fast(x)
+
+
+def test_a_routed_call_runs_the_onchip_kernels_through_the_autotune_bridge_keyed_on_buckets():
+    module = make(5, 16, 1, True, batch_first=True)
+    x = torch.randn(3, 6, 5)
+    kernels = tk.tuned_kernels()
+    kernels["recurrence"].autotuner.cache.clear()
+    kernels["projection"].autotuner.cache.clear()
+    route, (out, _) = _routed(module, x)
+    assert route.candidate.mode == "onchip"
+    # batch 3 -> bucket 4, 6 steps -> bucket 8, hidden 16; the routed candidate was injected, not tuned
+    recurrence_key = next(iter(kernels["recurrence"].autotuner.cache))
+    assert recurrence_key[:3] == (4, 8, 16) and kernels["recurrence"].winner(recurrence_key) == route.candidate_tag
+    assert next(iter(kernels["projection"].autotuner.cache))[:4] == (4, 8, 2 * 4 * 16, 5)
+    ref = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=True, batch_first=True)
+    torch.testing.assert_close(out.double(), ref[0], rtol=TOL, atol=TOL)
+
+
+def test_a_cold_bucket_is_tuned_over_the_approved_onchip_candidates(tmp_path):
+    """Tuning runs every approved on-chip candidate on the same buffers: the benchmark restores the cell
+    state and zeroes the barrier counters, so the call's own result is still nn.LSTM's."""
+    from rlx_triton.config import override_settings
+
+    module = make(4, 16, 1, True, batch_first=True)
+    x = torch.randn(2, 5, 4)
+    kernels = tk.tuned_kernels()
+    kernels["recurrence"].autotuner.cache.clear()
+    with override_settings(tune=True, tune_cache_path=str(tmp_path / "t.tsv"), tune_cache_persist=False):
+        _route, (out, (h, c)) = _routed(module, x)
+    ref_out, (ref_h, ref_c) = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=True,
+                                           batch_first=True)
+    for got, want in ((out, ref_out), (h, ref_h), (c, ref_c)):
+        torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
+
+
+# ------------------------------------------------------------------------ on a GPU
+@triton.jit
+def _barrier_probe_kernel(slots_ptr, counter_ptr, errors_ptr, STEPS: tl.constexpr, PROGRAMS: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """Each step every program writes its slot, meets the others at the barrier, then reads every slot
+    of the step: a slot not yet written (-1) or stale means the barrier let a program through early."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    in_group = offs < PROGRAMS
+    for step in range(STEPS):
+        tl.store(slots_ptr + step * PROGRAMS + pid + offs * 0, step * PROGRAMS + pid + offs * 0, mask=offs == 0)
+        tk._group_barrier(counter_ptr, PROGRAMS * (step + 1))
+        seen = tl.load(slots_ptr + step * PROGRAMS + offs, mask=in_group, other=-1, cache_modifier=".cg")
+        wrong = tl.sum(tl.where(in_group & (seen != step * PROGRAMS + offs), 1, 0))
+        tl.atomic_add(errors_ptr, wrong)
+
+
+@pytest.mark.gpu
+def test_the_barrier_holds_every_program_until_the_whole_group_arrived():
+    programs = torch.cuda.get_device_properties(0).multi_processor_count   # one small program per SM
+    steps = 2000
+    slots = torch.full((steps * programs,), -1, dtype=torch.int32, device="cuda")
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    errors = torch.zeros(1, dtype=torch.int32, device="cuda")
+    _barrier_probe_kernel[(programs,)](slots, counter, errors, STEPS=steps, PROGRAMS=programs,
+                                       BLOCK=triton.next_power_of_2(programs), num_warps=4)
+    torch.cuda.synchronize()
+    assert errors.item() == 0 and counter.item() == steps * programs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [LstmVariant.ONCHIP_IEEE, LstmVariant.ONCHIP_TF32X3], ids=lambda v: v.name)
+def test_the_synchronised_onchip_launch_equals_its_step_launches_on_cuda(variant):
+    """pyannote's stack: one launch per layer whose 32 programs per direction meet at a barrier each step
+    gives the values of one launch per step (the launch boundary as the barrier)."""
+    module = make(60, 128, 4, bidirectional=True, batch_first=True).cuda().eval()
+    x = torch.randn(32, 589, 60, device="cuda")
+    with torch.no_grad(), launches.recording() as log:
+        synchronised = run(module, x, cand=variant.candidate())
+    assert [r.name for r in log.records].count("_lstm_onchip_kernel") == 4      # co-resident on this GPU
+    with torch.no_grad():
+        stepped = run(module, x, cand=variant.candidate(), step_launches=True)
+    torch.cuda.synchronize()
+    for a, b in ((synchronised[0], stepped[0]), (synchronised[1][0], stepped[1][0]), (synchronised[1][1], stepped[1][1])):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

@@ -6,8 +6,10 @@ every timestep and both directions (bias = b_ih + b_hh folded in), then the recu
 persistent (one threadgroup per (direction, batch row) loops over time with h and c in threadgroup
 memory: one launch per layer) or stepwise (one launch per timestep, h double-buffered in device
 memory). Gates, state and recurrence in fp32; hidden <= 512.
-Candidate -> launch: mode -> persistent / stepwise kernel, tg_size -> threadgroup size (multiple of
-32). batch_tile, hidden_tile, stages and precision do not change the Metal kernels (fp32 math).
+Candidate -> launch: mode -> persistent / stepwise kernel ("onchip" runs the persistent kernel: one
+threadgroup already holds a whole direction's state), tg_size -> threadgroup size (multiple of 32).
+batch_tile, hidden_tile, stages and precision do not change the Metal kernels (fp32 math). `route` is
+accepted for the family's common signature.
 """
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ def layer_weights(flat_weights, *, has_biases: bool, layer: int, directions: int
 
 def lstm(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: List[torch.Tensor],
          *, has_biases: bool, num_layers: int, dropout: float, training: bool, bidirectional: bool,
-         batch_first: bool, proj_size: int = 0, candidate=None
+         batch_first: bool, proj_size: int = 0, candidate=None, route=None
          ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """nn.LSTM forward. Dropout is never active here and proj_size is 0: COVERAGE sends those to torch."""
     if proj_size:

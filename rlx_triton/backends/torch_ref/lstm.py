@@ -25,7 +25,7 @@ def _zero_state(num_states: int, batch: int, hidden: int, proj_size: int, like: 
 
 def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: List[torch.Tensor],
          *, has_biases: bool, num_layers: int, dropout: float, training: bool, bidirectional: bool,
-         batch_first: bool, proj_size: int = 0, candidate=None):
+         batch_first: bool, proj_size: int = 0, candidate=None, route=None):
     """torch.lstm with nn.LSTM's conventions (zero state when hx is None, unbatched input, PackedSequence)."""
     directions = 2 if bidirectional else 1
     hidden = flat_weights[1].shape[1] if proj_size == 0 else flat_weights[1].shape[0] // 4

@@ -2,19 +2,29 @@
 
 Field -> Triton meta-parameter (CUDA):
 - `batch_tile`: BLOCK_B, sequences per program (tl.dot needs >= 16; short batches are masked).
-- `hidden_tile`: BLOCK_H, hidden units per program; grid = (cdiv(batch, batch_tile),
-  cdiv(hidden, hidden_tile), directions).
+- `hidden_tile`: BLOCK_H, hidden units per program per step (persistent, stepwise: grid =
+  (directions, cdiv(batch, batch_tile)), each program loops over the units); in onchip mode UNITS,
+  the hidden units a program owns for the whole sequence (its 4 * hidden_tile gate columns are
+  one tl.dot operand, so 4 * hidden_tile >= 16): grid = (directions, cdiv(hidden, hidden_tile),
+  cdiv(batch, batch_tile)).
 - `tg_size`: `num_warps = tg_size // 32`.
 - `stages`: `num_stages` of the input-projection GEMM loop.
-- `mode`: "persistent" -> one program loops over all timesteps, carrying h and c on chip;
+- `mode`: "onchip" -> the hidden units of each direction are split across programs, each holding
+  its slice of W_hh on chip for all timesteps; the programs of a (direction, batch tile) exchange
+  h_t through global memory and meet at a barrier every step (one launch per layer, only where all
+  of them can be resident at once; where programs do not run concurrently, as in the CPU
+  interpreter, one launch per timestep with the same arithmetic);
+  "persistent" -> one program per (direction, batch tile) loops over all timesteps, streaming W_hh;
   "stepwise" -> one launch per timestep (h/c round-trip through global memory), which the CPU
   interpreter can check step by step.
-- `precision`: tl.dot `input_precision` of the input projection and the recurrent GEMV: "ieee"
-  (this family's fp32 candidate), "tf32x3" or "tf32". Gate nonlinearities are always fp32.
+- `precision`: tl.dot `input_precision` of the input projection (and, in onchip mode, of the
+  recurrent product): "ieee" (this family's fp32 candidate), "tf32x3" or "tf32". Gate
+  nonlinearities and the cell state are always fp32.
 
 Field -> Metal threadgroup parameter (Apple): threads per threadgroup = `tg_size`, simdgroups =
 `tg_size // 32`, grid = (cdiv(batch, batch_tile), cdiv(hidden, hidden_tile), directions); the
-persistent mode keeps the h and c tiles in threadgroup memory across timesteps.
+persistent mode keeps the h and c tiles in threadgroup memory across timesteps; onchip runs as
+persistent (one threadgroup per direction and sequence).
 
 Kernel name: `lstm_batch{}_seq{}_input_size{}_hidden{}_layers{}_directions{}_tokens{}_<tag>_<profile>`.
 """
@@ -32,20 +42,22 @@ class LstmCandidate(base.Candidate):
     hidden_tile: int = base.int_field("ht")
     tg_size: int = base.int_field("tg")
     stages: int = base.int_field("ns")
-    mode: str = base.choice_field("persistent", "stepwise")
+    mode: str = base.choice_field("persistent", "stepwise", "onchip")
     precision: str = base.choice_field("ieee", "tf32x3", "tf32")
 
 
 LstmVariant = base.define_variants(
     LstmCandidate,
     (
+        ("ONCHIP_IEEE", LstmCandidate(16, 8, 128, 2, "onchip", "ieee")),
+        ("ONCHIP_TF32X3", LstmCandidate(16, 8, 128, 2, "onchip", "tf32x3")),
         ("STEPWISE_IEEE", LstmCandidate(16, 64, 128, 2, "stepwise", "ieee")),
         ("PERSISTENT_IEEE", LstmCandidate(16, 128, 256, 2, "persistent", "ieee")),
         ("PERSISTENT_TF32X3", LstmCandidate(32, 128, 256, 2, "persistent", "tf32x3")),
         ("STEPWISE_TF32", LstmCandidate(32, 64, 128, 2, "stepwise", "tf32")),
     ),
-    fp32="STEPWISE_IEEE",
-    default="STEPWISE_IEEE",
+    fp32="ONCHIP_IEEE",
+    default="ONCHIP_IEEE",
 )
 
 FP32_VARIANT = LstmVariant.FP32
@@ -53,21 +65,25 @@ DEFAULT_VARIANT = LstmVariant.DEFAULT
 
 
 def staging_bytes(c: LstmCandidate) -> int:
-    """The fp32 h tile, plus the c tile when the state stays on chip (persistent mode)."""
-    state_tiles = 2 if c.mode == "persistent" else 1
+    """The fp32 h tile, plus the c tile when the state stays on chip (persistent and onchip modes)."""
+    state_tiles = 1 if c.mode == "stepwise" else 2
     return state_tiles * c.batch_tile * c.hidden_tile * 4
 
 
 def needs_shared(c: LstmCandidate) -> bool:
-    return c.mode == "persistent" or base.pipelined(c)
+    return c.mode != "stepwise" or base.pipelined(c)
 
 
-validate_candidate = base.tiled_rules(
-    {"batch_tile": (16, 64), "hidden_tile": (16, 256)},
-    staging_bytes,
-    needs_shared,
-    "persistent mode and stages > 1 require shared memory staging",
-)
+_NEEDS_SHARED = "persistent mode and stages > 1 require shared memory staging"
+_tiled = base.tiled_rules({"batch_tile": (16, 64), "hidden_tile": (16, 256)}, staging_bytes, needs_shared,
+                          _NEEDS_SHARED)
+_onchip_tiled = base.tiled_rules({"batch_tile": (16, 64), "hidden_tile": (4, 256)}, staging_bytes, needs_shared,
+                                 _NEEDS_SHARED)
+
+
+def validate_candidate(c: LstmCandidate, thread_policy, memory_policy):
+    """The tiled rules; an onchip program may own as few as 4 hidden units (its 16 gate columns)."""
+    return (_onchip_tiled if c.mode == "onchip" else _tiled)(c, thread_policy, memory_policy)
 
 SPEC = base.FamilySpec.diarization(
     KernelFamily.LSTM,
