@@ -2,7 +2,13 @@
 
     model = rlx_triton.integrations.pyannote.optimize(model)      # a PyanNet, or any nn.Module
     pipeline = rlx_triton.integrations.pyannote.optimize(pipeline)  # every model the pipeline holds
+    model = rlx_triton.integrations.pyannote.optimize(model, cuda_graphs=True)  # + CUDA-graph replay
     routes = rlx_triton.integrations.pyannote.explain(model, waveforms)  # {module path: Route}
+
+With `cuda_graphs=True` every PyanNet's segmentation forward is captured in a CUDA graph per input shape
+and replayed (see `SegmentationGraphs`): pyannote feeds fixed 32 x 10 s batches, so after the first
+batch of a shape each forward is one graph launch; other shapes, inputs off CUDA and calls that record
+autograd run eagerly.
 
 Models are recognised by structure (class names and attributes as pyannote.audio 3.x and 4.x define
 them); pyannote is never imported. Recognition is a table of recognisers, each a structure predicate
@@ -15,6 +21,7 @@ registrations are in the table. Modules and models no recogniser matches are lef
 """
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -160,6 +167,145 @@ register_recogniser("pyannet", is_pyannet, swap_pyannet)
 
 
 # ---------------------------------------------------------------------------------------------
+# CUDA graphs of the segmentation forward
+# ---------------------------------------------------------------------------------------------
+MAX_GRAPH_SHAPES = 8   # captured input shapes per model; further shapes run eagerly
+
+_eager_only: contextvars.ContextVar[bool] = contextvars.ContextVar("rlx_triton_pyannote_eager", default=False)
+
+
+@dataclass(frozen=True)
+class GraphCapture:
+    """What `explain` reports for a model whose forward replays CUDA graphs: the captured input shapes and
+    whether a call with the explained inputs replays one, is captured, or runs eagerly (and why)."""
+    module: str
+    captured_shapes: Tuple[Tuple[int, ...], ...]
+    decision: str   # "replay" | "capture" | "eager"
+    reason: str
+    backend: str = "cuda_graph"
+
+    def __str__(self) -> str:
+        shapes = ", ".join(str(shape) for shape in self.captured_shapes) or "none yet"
+        return (f"cuda graphs of {self.module or 'the model'}: {self.decision} ({self.reason}); "
+                f"captured shapes: {shapes}")
+
+
+@dataclass
+class _Graph:
+    graph: Any
+    static_input: torch.Tensor
+    static_output: torch.Tensor
+    weights: tuple
+
+
+class SegmentationGraphs:
+    """A PyanNet's forward, captured in a CUDA graph per input shape and replayed.
+
+    Installed by `optimize(model, cuda_graphs=True)` as the model's `forward` (the class's forward stays the
+    eager path). A waveform batch on CUDA, with no autograd to record (no_grad, inference_mode, or no
+    parameter requiring grad), of a shape seen before: the first call of a shape runs eagerly (it compiles,
+    tunes and packs the weights), the second captures the forward (after a warm-up on a side stream) and
+    every later one copies the input into the graph's buffer, replays the graph and returns a copy of its
+    output. At most MAX_GRAPH_SHAPES shapes are captured; other shapes, devices and calls run eagerly. A
+    graph is captured again when a parameter or buffer is replaced or changed in place (the version
+    counters; inference tensors, which have none, are re-read by the graph at every replay, since the rlx
+    modules pack them inside the forward). The rlx modules' forwards make no host synchronisation and copy
+    nothing from the host, which is what makes the forward capturable."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.graphs: Dict[tuple, _Graph] = {}
+        self.seen: Dict[tuple, int] = {}
+
+    def eager(self, *args, **kwargs):
+        return type(self.model).forward(self.model, *args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        # graphs and their memory pools stay with the original; the copy captures its own
+        model = memo.get(id(self.model))
+        return SegmentationGraphs(model if model is not None else self.model)
+
+    def __getstate__(self):
+        return {"model": self.model, "graphs": {}, "seen": {}}
+
+    def _weights(self) -> tuple:
+        state = []
+        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+            version = None if tensor.is_inference() else tensor._version
+            state.append((tensor.data_ptr(), version, tensor.dtype, tuple(tensor.shape)))
+        return tuple(state)
+
+    @staticmethod
+    def _key(x: torch.Tensor) -> tuple:
+        return (tuple(x.shape), x.dtype, x.device, tuple(x.stride()), torch.is_inference_mode_enabled())
+
+    def decide(self, args, kwargs) -> Tuple[str, str]:
+        """("replay" | "capture" | "eager", why) for a call with these arguments."""
+        if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
+            return "eager", "only a call with one waveform tensor is captured"
+        x = args[0]
+        if x.device.type != "cuda":
+            return "eager", f"the input is on {x.device.type}, not CUDA"
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.model.parameters())):
+            return "eager", "autograd would record the forward (run under torch.no_grad or torch.inference_mode)"
+        if torch.cuda.is_current_stream_capturing():
+            return "eager", "a CUDA graph is being captured around the call"
+        key = self._key(x)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            if graph.weights == self._weights():
+                return "replay", f"a graph of input shape {tuple(x.shape)} is captured"
+            return "capture", "a parameter or buffer changed since the graph was captured"
+        if len(self.graphs) >= MAX_GRAPH_SHAPES:
+            return "eager", f"{MAX_GRAPH_SHAPES} input shapes are captured already"
+        if self.seen.get(key, 0) < 1:
+            return "eager", f"the first call of input shape {tuple(x.shape)} runs eagerly; the next one is captured"
+        return "capture", f"input shape {tuple(x.shape)} is called again"
+
+    def __call__(self, *args, **kwargs):
+        if _eager_only.get():
+            return self.eager(*args, **kwargs)
+        decision, _reason = self.decide(args, kwargs)
+        if decision == "eager":
+            if args and isinstance(args[0], torch.Tensor) and not kwargs and len(args) == 1:
+                key = self._key(args[0])
+                self.seen[key] = self.seen.get(key, 0) + 1
+            return self.eager(*args, **kwargs)
+        x = args[0]
+        key = self._key(x)
+        if decision == "capture":
+            self.graphs.pop(key, None)
+            self.graphs[key] = self._capture(x)
+        graph = self.graphs[key]
+        graph.static_input.copy_(x)
+        graph.graph.replay()
+        return graph.static_output.clone()
+
+    def _capture(self, x: torch.Tensor) -> _Graph:
+        static_input = x.clone()
+        side = torch.cuda.Stream(device=x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):
+            self.eager(static_input)      # lazy initialisation happens outside the capture
+        torch.cuda.current_stream(x.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_output = self.eager(static_input)
+        return _Graph(graph, static_input, static_output, self._weights())
+
+
+def _is_optimized_pyannet(module: nn.Module) -> bool:
+    from rlx_triton.nn.segdense import SegDense
+
+    return _class_name(module) == "PyanNet" and isinstance(module._modules.get("classifier"), SegDense)
+
+
+def _install_graphs(module: nn.Module) -> None:
+    if not isinstance(module.__dict__.get("forward"), SegmentationGraphs):
+        module.forward = SegmentationGraphs(module)
+
+
+# ---------------------------------------------------------------------------------------------
 # optimize / explain
 # ---------------------------------------------------------------------------------------------
 def _optimize_module(module: nn.Module, table: List[Recogniser]) -> nn.Module:
@@ -201,17 +347,30 @@ def _held_modules(obj, depth: int, seen: set) -> Iterator[Tuple[Any, str, nn.Mod
             yield from _held_modules(value, depth - 1, seen)
 
 
-def optimize(model):
+def optimize(model, *, cuda_graphs: bool = False):
     """Swap rlx modules into `model` (an nn.Module) or into every model a pipeline object holds, in
-    place; returns the same object. Unknown modules and objects are left unchanged."""
+    place; returns the same object. Unknown modules and objects are left unchanged.
+
+    cuda_graphs: every PyanNet found also replays its segmentation forward from CUDA graphs, one per input
+    shape (`SegmentationGraphs`; other shapes and inputs off CUDA run eagerly)."""
+    if not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     table = recognisers()
     if isinstance(model, nn.Module):
-        return _optimize_module(model, table)
-    for owner, name, module in list(_held_modules(model, depth=4, seen=set())):
-        new_module = _optimize_module(module, table)
-        if new_module is not module:
-            setattr(owner, name, new_module)
-    return model
+        optimized = [_optimize_module(model, table)]
+    else:
+        optimized = []
+        for owner, name, module in list(_held_modules(model, depth=4, seen=set())):
+            new_module = _optimize_module(module, table)
+            if new_module is not module:
+                setattr(owner, name, new_module)
+            optimized.append(new_module)
+    if cuda_graphs:
+        for root in optimized:
+            for module in root.modules():
+                if _is_optimized_pyannet(module):
+                    _install_graphs(module)
+    return model if not isinstance(model, nn.Module) else optimized[0]
 
 
 def _sincnet_route(module: nn.Module, waveforms: torch.Tensor):
@@ -240,10 +399,21 @@ def _route_of(module: nn.Module):
 
 def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:
     """{module path: Route} for every rlx module of `model` that runs when `model(*inputs, **kwargs)`
-    runs (the forward runs once, under no_grad; each rlx module reports the route its call takes)."""
+    runs (the forward runs once, eagerly, under no_grad; each rlx module reports the route its call
+    takes). A model optimized with cuda_graphs=True also reports, under "<path>#cuda_graphs" ("#cuda_graphs"
+    for the model itself), a GraphCapture: whether such a call replays a CUDA graph, is captured, or runs
+    eagerly, and why."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     routes: Dict[str, Any] = {}
+    with torch.no_grad():
+        for path, module in model.named_modules():
+            graphs = module.__dict__.get("forward")
+            if isinstance(graphs, SegmentationGraphs):
+                decision, reason = graphs.decide(inputs, kwargs) if module is model else (
+                    "eager", "not decided here: it depends on the input this submodule receives")
+                shapes = tuple(key[0] for key in graphs.graphs)
+                routes[f"{path}#cuda_graphs"] = GraphCapture(path, shapes, decision, reason)
     handles = []
 
     def hook_for(path: str, explain_call):
@@ -257,10 +427,12 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:
         explain_call = _route_of(module)
         if explain_call is not None:
             handles.append(module.register_forward_pre_hook(hook_for(path, explain_call), with_kwargs=True))
+    token = _eager_only.set(True)
     try:
         with torch.no_grad():
             model(*inputs, **kwargs)
     finally:
+        _eager_only.reset(token)
         for handle in handles:
             handle.remove()
     return routes

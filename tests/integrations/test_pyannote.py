@@ -170,3 +170,71 @@ def test_segmentation_3_0_shape_on_cuda_after_optimize():
     assert routes["lstm"].backend == "triton" and routes["classifier"].backend == "triton"
     assert got.shape == (4, 589, 7)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------ cuda_graphs=True
+def test_cuda_graphs_off_cuda_run_eagerly_and_explain_says_why():
+    model = make_pyannet(hidden=8, linear_hidden=8)
+    x = waveforms(1)
+    with torch.no_grad():
+        want = model(x)
+        optimized = pyannote.optimize(copy.deepcopy(model), cuda_graphs=True)
+        assert isinstance(optimized.forward, pyannote.SegmentationGraphs)
+        with rt.use_backend("torch"):
+            got = optimized(x)
+            routes = pyannote.explain(optimized, x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    note = routes["#cuda_graphs"]
+    assert note.decision == "eager" and "cpu" in note.reason and note.captured_shapes == ()
+    assert {"sincnet", "lstm", "classifier"} <= set(routes)
+
+
+def test_cuda_graphs_keep_the_state_dict_copy_and_install_once():
+    model = make_pyannet(hidden=8, linear_hidden=8)
+    keys = list(model.state_dict())
+    optimized = pyannote.optimize(model, cuda_graphs=True)
+    graphs = optimized.forward
+    assert pyannote.optimize(optimized, cuda_graphs=True).forward is graphs      # idempotent
+    assert list(optimized.state_dict()) == keys
+    clone = copy.deepcopy(optimized)
+    assert isinstance(clone.forward, pyannote.SegmentationGraphs) and clone.forward.model is clone
+    assert clone.forward.graphs == {}
+    with pytest.raises(TypeError, match="cuda_graphs"):
+        pyannote.optimize(model, cuda_graphs="yes")
+
+
+def test_cuda_graphs_reach_the_models_of_a_pipeline():
+    pipeline = SpeakerDiarization(make_pyannet(hidden=8, linear_hidden=8))
+    pyannote.optimize(pipeline, cuda_graphs=True)
+    assert isinstance(pipeline._segmentation.model.forward, pyannote.SegmentationGraphs)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_capture_the_segmentation_forward_per_shape_and_replay_it():
+    """The first call of a shape runs eagerly, the second captures, later ones replay the graph: the same
+    values as the stock model; a weight edited in place is captured again; another shape runs eagerly."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    stock = make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda()
+    model = pyannote.optimize(copy.deepcopy(stock), cuda_graphs=True)
+    x = torch.randn(4, 1, 32000, device="cuda")
+    with torch.inference_mode():
+        want = stock(x)
+        assert pyannote.explain(model, x)["#cuda_graphs"].decision == "eager"
+        first = model(x)
+        assert pyannote.explain(model, x)["#cuda_graphs"].decision == "capture"
+        second = model(x)
+        routes = pyannote.explain(model, x)
+        assert routes["#cuda_graphs"].decision == "replay" and routes["lstm"].backend == "triton"
+        third = model(x.clone())
+        for got in (first, second, third):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        other = torch.randn(2, 1, 32000, device="cuda")
+        torch.testing.assert_close(model(other), stock(other), rtol=1e-4, atol=1e-4)
+    assert len(model.forward.graphs) == 1
+    with torch.no_grad():
+        for module in (stock, model):
+            module.classifier.bias.add_(0.25)
+    with torch.inference_mode():
+        assert pyannote.explain(model, x)["#cuda_graphs"].decision == "capture"
+        torch.testing.assert_close(model(x), stock(x), rtol=1e-4, atol=1e-4)
