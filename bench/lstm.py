@@ -2,8 +2,10 @@
 
 Shape (pyannote segmentation-3.0): batch 32, 589 steps, input 60, hidden 128, 4 layers,
 bidirectional, batch_first, float32 with TF32 off (pyannote's inference setting). On a GPU the
-routed module runs once per case, plus one row per approved Triton candidate called directly (the
-measurements a recipe for the device class would be chosen from). On CPU (quick): batch 2, 50
+routed module runs once per case, the routed module again replayed from a CUDA graph (the launch
+overheads gone: how it runs inside the graph-captured segmentation forward), plus one row per
+approved Triton candidate called directly (the measurements a recipe for the device class would be
+chosen from); the baseline is cuDNN's nn.LSTM, called eagerly, in every row. On CPU (quick): batch 2, 50
 steps, routed to the torch fallback (the interpreter is not a speed path), so the numbers are
 context for the dispatch cost, not a kernel claim.
 """
@@ -54,8 +56,14 @@ def run(quick: bool = False) -> list:
                           base_us, bytes_moved=moved, backend=route.backend, candidate=route.candidate_tag,
                           max_rel_err=float(f"{rel_err:.3g}")))
         if device.type == "cuda":
+            from bench.common import time_us
             from rlx_triton.backends.triton import lstm as triton_lstm
             from rlx_triton.planner import LstmVariant
+
+            graph_us = time_us(lambda: fast(x), device, quick, graph=True)
+            rows.append(case("lstm", f"{shape}, cuda graph", x.dtype, graph_us, "nn.LSTM (cuDNN)", base_us,
+                             bytes_moved=moved, backend=route.backend, candidate=route.candidate_tag,
+                             variant="cuda graph", max_rel_err=float(f"{rel_err:.3g}")))
 
             kwargs = dict(has_biases=True, num_layers=4, dropout=0.0, training=False, bidirectional=True,
                           batch_first=True)

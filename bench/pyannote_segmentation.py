@@ -3,7 +3,8 @@
 Shape: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> (32, 589, 7); SincNet, a 4-layer
 bidirectional LSTM (hidden 128), two linear layers (128) and the powerset classifier (7 classes,
 log-softmax); random weights. The model is pyannote.audio's PyanNet when installed, else the
-structural copy in tests/reference/pyannote_models.py. On CPU (quick): 1 chunk of 2 s, routed to
+structural copy in tests/reference/pyannote_models.py. On a GPU a second row times
+optimize(model, cuda_graphs=True): the forward replayed from a CUDA graph captured for the shape. On CPU (quick): 1 chunk of 2 s, routed to
 the torch fallback (the interpreter is not a speed path): context for the dispatch cost only.
 """
 from __future__ import annotations
@@ -59,9 +60,21 @@ def run(quick: bool = False) -> list:
         rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), device, quick=quick)
     shape = f"({batch}, 1, {samples}) -> {tuple(out.shape)} {device.type}"
     summary = ", ".join(f"{path}={route.backend}" for path, route in routes.items())
-    return [case("pyannote_segmentation", shape, wav.dtype, rlx_us, "PyanNet (torch, TF32 off)", base_us,
-                 bytes_moved=moved, backend="+".join(sorted({r.backend for r in routes.values()})) or "torch",
-                 routes=summary, max_abs_err=float(f"{max_abs_err:.3g}"))]
+    backends = "+".join(sorted({r.backend for r in routes.values()})) or "torch"
+    rows = [case("pyannote_segmentation", shape, wav.dtype, rlx_us, "PyanNet (torch, TF32 off)", base_us,
+                 bytes_moved=moved, backend=backends, routes=summary, max_abs_err=float(f"{max_abs_err:.3g}"))]
+    if device.type == "cuda":
+        graphed = pyannote.optimize(copy.deepcopy(stock), cuda_graphs=True)
+        with torch.inference_mode(), rt.use_backend(backend):
+            graphed(wav)                      # the first call of the shape runs eagerly, the next one captures
+            graph_err = (graphed(wav) - ref).abs().max().item()
+            note = str(pyannote.explain(graphed, wav)["#cuda_graphs"])
+            rlx_us, base_us = side_by_side(lambda: graphed(wav), lambda: stock(wav), device, quick=quick)
+        rows.append(case("pyannote_segmentation", f"{shape}, cuda graph", wav.dtype, rlx_us,
+                         "PyanNet (torch, TF32 off)", base_us, bytes_moved=moved, backend=backends, routes=summary,
+                         variant="cuda graph",
+                         cuda_graphs=note, max_abs_err=float(f"{graph_err:.3g}")))
+    return rows
 
 
 if __name__ == "__main__":
