@@ -132,6 +132,6 @@ def test_type_checkers_see_the_public_surface(tmp_path):
     assert revealed[0].startswith("def (waveform: Any, blackman_coeff: float")
     assert revealed[1].startswith("def (query: Any, key: Any, value: Any")
     assert revealed[2].endswith("-> rlx_triton.nn.lstm.LSTM\"")
-    assert revealed[3].startswith("def (model: Any)") and revealed[4].startswith("def (name: str")
+    assert revealed[3].startswith("def (model: Any, *, cuda_graphs: bool =)") and revealed[4].startswith("def (name: str")
     assert revealed[5].endswith("-> rlx_triton.router.route.Route\"") and revealed[6] == 'str"'
     assert 'Module has no attribute "not_a_public_name"' in result.stdout
