@@ -12,8 +12,11 @@ spills, the SASS instruction mix, and a roofline estimate beside the physical fl
 (rlx_triton.perf.roofline; the assumptions are printed and written to the JSON). Per model (PyanNet
 segmentation, WeSpeaker ResNet34): Triton launches and host synchronisations of one forward at the
 bench shape. A case whose family's launcher still launches outside the executor is reported as
-"no launch plan yet" (its launches are counted, its time is not estimated). Every estimate is
-uncalibrated; where bench/results/*.json holds a run on the same GPU, measured / estimated is shown.
+"no launch plan yet" (its launches are counted, its time is not estimated). Where the families of a
+case's ops state their torch path's kernels (`library_kernels(request)` in backends/torch_ref/<family>.py),
+the case also gets a "library path estimate": the same roofline applied to those kernels (JSON key
+"library_estimate", only on such cases). Every estimate is uncalibrated; where bench/results/*.json holds
+a run on the same GPU, measured / estimated is shown.
 
 Exit codes: 0 every case analysed or reported, 1 a case failed to trace or a launch failed to compile,
 2 bad usage (unknown device or bench, a profile that is not a CUDA GPU, triton not installed).
@@ -68,12 +71,16 @@ class CaseReport:
     dtype: str = ""
     note: str = ""
     measured_us: Optional[float] = None
+    library: Optional[dict] = None   # the library path estimate (rlx_triton.perf.roofline.library_estimate)
 
     def as_json(self) -> dict:
-        return {"bench": self.bench, "case": self.case, "shape": self.shape, "backend": self.backend,
+        data = {"bench": self.bench, "case": self.case, "shape": self.shape, "backend": self.backend,
                 "candidate": self.candidate, "launches": self.launches, "floor_us": self.floor_us,
                 "est_us": self.est_us, "bw_fraction": self.bw_fraction,
                 "kernels": [kernel.as_json() for kernel in self.kernels]}
+        if self.library is not None:
+            data["library_estimate"] = self.library
+        return data
 
 
 def _route_summary(case, routes) -> tuple:
@@ -106,6 +113,23 @@ def _op_calls(routes) -> list:
             continue
         calls.append(route)
     return calls
+
+
+def library_path(routes, profile) -> Optional[dict]:
+    """The library path estimate of a traced case: the torch path's kernels of every op call it routed, read by
+    the roofline (None unless every call's family states `library_kernels(request)` in its torch module)."""
+    from rlx_triton.perf.roofline import library_estimate
+    from rlx_triton.router import registry
+
+    calls = [route for route in _op_calls(routes) if route.request is not None]
+    kernels = []
+    for route in calls:
+        module = registry.family_module(registry.library_backend().name, route.family, route.op)
+        stated = getattr(module, "library_kernels", None)
+        if stated is None:
+            return None
+        kernels.extend(stated(route.request))
+    return library_estimate(kernels, profile) if calls else None
 
 
 def launch_count_mismatches(trace) -> List[str]:
@@ -243,6 +267,8 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
         report = CaseReport(case.bench, label, shape, backend, candidate, result.launches, floor_us, est_us,
                             bw_fraction, kernels, case.dtype, "; ".join(notes))
         report.measured_us = measured.get((case.bench, label, case.dtype, candidate))
+        if case.pinned is None:
+            report.library = library_path(result.routes, profile)
         reports.append(report)
 
     models = []
@@ -290,6 +316,10 @@ def format_report(profile, analysis: dict) -> str:
         for kernel in case.kernels:
             key = (kernel.name, tuple(kernel.grid), kernel.regs, kernel.smem)
             seen.setdefault(key, [kernel, 0])[1] += 1
+        if case.library is not None:
+            parts = ", ".join(f"{k['name']} {_fmt(k['est_us'])}" for k in case.library["kernels"])
+            lines.append(f"    {case.library['label']}: {case.library['launches']} launches, floor "
+                         f"{_fmt(case.library['floor_us'])} us, est {_fmt(case.library['est_us'])} us ({parts})")
         for (name, _grid, _regs, _smem), (kernel, count) in seen.items():
             times = f" x{count}" if count > 1 else ""
             if kernel.error and kernel.regs is None:

@@ -34,6 +34,10 @@ ASSUMPTIONS = (
     "models: launches_per_forward counts the Triton kernel launches of one forward at the bench shape (ops that "
     "run on torch are not counted); host_syncs_per_forward counts .item()/bool() reads, tensors made from host "
     "data and host-device copies in that forward",
+    "library path estimate: where a family's torch path states its kernels (backends/torch_ref/<family>.py "
+    "`library_kernels(request)`: each kernel's minimum bytes and FLOPs and its unit), each is read with the same "
+    "roofline with every SM busy (no occupancy or fill loss) plus one launch latency; the case's estimate is "
+    "their sum",
 )
 
 
@@ -142,6 +146,41 @@ def estimate(launch, compiled, profile) -> KernelEstimate:
     est_us = seconds * 1e6 + profile.launch_us
     return KernelEstimate(ctas_per_sm=occ.ctas_per_sm, waves=_rounded(ctas / slots, 4), sm_fill=_rounded(sm_fill, 4),
                           est_us=_rounded(est_us), **common, **base)
+
+
+@dataclass(frozen=True)
+class LibraryKernel:
+    """One kernel of a library (torch) path, as a family states it for the library path estimate: the bytes it
+    must read and write at least (each byte once) and the FLOPs it must execute, on `unit`."""
+    name: str
+    bytes_read: int
+    bytes_written: int
+    flops: int = 0
+    unit: str = "fp32_fma"
+
+    @property
+    def bytes(self) -> int:
+        return int(self.bytes_read) + int(self.bytes_written)
+
+
+def library_kernel_us(kernel: LibraryKernel, profile) -> tuple:
+    """(floor_us, est_us) of one library kernel: the roofline with every SM busy, plus one launch latency."""
+    memory_s = kernel.bytes / profile.bandwidth
+    compute_s = kernel.flops / profile.peak[kernel.unit] if kernel.flops else 0.0
+    floor_us = max(memory_s, compute_s) * 1e6
+    return floor_us, floor_us + profile.launch_us
+
+
+def library_estimate(kernels: Sequence[LibraryKernel], profile) -> dict:
+    """The library path estimate of a case: per kernel and summed (see ASSUMPTIONS), JSON-ready."""
+    rows = []
+    for kernel in kernels:
+        floor_us, est_us = library_kernel_us(kernel, profile)
+        rows.append({"name": kernel.name, "bytes": kernel.bytes, "flops": int(kernel.flops), "unit": kernel.unit,
+                     "floor_us": _rounded(floor_us), "est_us": _rounded(est_us)})
+    return {"label": "library path estimate (uncalibrated)", "launches": len(rows),
+            "floor_us": _rounded(sum(row["floor_us"] for row in rows)),
+            "est_us": _rounded(sum(row["est_us"] for row in rows)), "kernels": rows}
 
 
 def case_totals(kernels: Sequence[KernelEstimate], profile):

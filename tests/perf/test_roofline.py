@@ -117,3 +117,15 @@ def test_sass_mix_without_a_loop_counts_the_kernel():
     mix = sass_mix(listing)
     assert mix["scope"] == "kernel"
     assert (mix["mma"], mix["ffma"], mix["ldg128"], mix["ldgsts"]) == (1, 4, 2, 1)
+
+
+def test_the_library_path_estimate_is_the_roofline_with_every_sm_busy_plus_a_launch_each():
+    from rlx_triton.perf.roofline import LibraryKernel, library_estimate
+
+    kernels = [LibraryKernel("copy", 48_000_000, 48_000_000), LibraryKernel("gemm", 4_800_000, 0, 6.7e11)]
+    estimate = library_estimate(kernels, H200)
+    copy_us, gemm_us = 96e6 / 4.8e12 * 1e6, 6.7e11 / 67e12 * 1e6          # 20 us of bytes, 10 us of FLOPs
+    assert [k["floor_us"] for k in estimate["kernels"]] == [pytest.approx(copy_us), pytest.approx(gemm_us)]
+    assert estimate["est_us"] == pytest.approx(copy_us + gemm_us + 2 * H200.launch_us, abs=1e-3)
+    assert estimate["launches"] == 2 and "library path estimate" in estimate["label"]
+    assert any(line.startswith("library path estimate") for line in ASSUMPTIONS)
