@@ -30,12 +30,17 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m rlx_triton.demo
 
+# The interpreter runs kernels on one core: tests spread over every core (pytest-xdist), a test
+# module's tests stay on one worker so its module-scoped fixtures (compiled plans, wheels) build once.
+PYTEST_WORKERS ?= auto
+PYTEST := TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope
+
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) tests
 	$(PY) -m rlx_triton audit --arch sm_80 --arch sm_90
 
 test-fast: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -x -p no:cacheprovider tests -m "not slow"
+	$(PYTEST) -x tests -m "not slow"
 
 audit: $(STAMP)
 	$(PY) -m rlx_triton audit --arch sm_80 --arch sm_90
