@@ -2,7 +2,8 @@
 
 The router never names a backend or a family: it walks what is registered here. A backend's family
 modules are imported lazily, only once the backend can run on the device at hand, so that triton is
-not imported on machines that cannot use it.
+not imported on machines that cannot use it; each is checked against the family protocol
+(router/protocol.py) when it is first loaded.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Dict, List, Optional, Tuple
+
+from rlx_triton.router.protocol import check_family_module
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,8 @@ class BackendSpec:
     is_library: bool = False  # the always-correct torch fallback
     # ops of a family whose kernels live in a sibling module (e.g. conv2d of the conv family in conv2d.py)
     op_modules: Tuple[Tuple[str, str], ...] = ()
+    # attributes every family module of this backend defines beyond the protocol (e.g. AUDIT_KERNELS)
+    module_attributes: Tuple[str, ...] = ()
 
     def module_name(self, family: str, op: Optional[str] = None) -> str:
         return dict(self.op_modules).get(op, family) if op is not None else family
@@ -72,11 +77,12 @@ def library_backend() -> BackendSpec:
 
 
 def family_module(backend_name: str, family: str, op: Optional[str] = None) -> ModuleType:
-    """The backend's module for one family, or for one op of it (imported on first use)."""
+    """The backend's module for one family, or for one op of it (imported and checked on first use)."""
     key = (backend_name, family, op)
     module = _modules.get(key)
     if module is None:
         spec = backend(backend_name)
         module = importlib.import_module(f"{spec.package}.{spec.module_name(family, op)}")
+        check_family_module(module, backend=spec.name, is_library=spec.is_library, extra=spec.module_attributes)
         _modules[key] = module
     return module

@@ -11,6 +11,8 @@ from rlx_triton.router.registry import BackendSpec, register_backend
 FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
 # the 2-D convolutions of the conv family live in their own module
 OP_MODULES = (("conv2d", "conv2d"), ("stats_pool", "conv2d"))
+# beyond the family protocol: what `rlx-triton audit` compiles and `rlx-triton perf` checks
+MODULE_ATTRIBUTES = ("AUDIT_KERNELS", "launch_count")
 
 
 def triton_installed() -> bool:
@@ -31,4 +33,5 @@ def probe(facts) -> "str | None":
     return f"triton does not run on {facts.kind} devices"
 
 
-register_backend(BackendSpec(name="triton", precedence=0, package=__name__, families=FAMILIES, op_modules=OP_MODULES, probe=probe))
+register_backend(BackendSpec(name="triton", precedence=0, package=__name__, families=FAMILIES, op_modules=OP_MODULES,
+                             module_attributes=MODULE_ATTRIBUTES, probe=probe))
