@@ -16,7 +16,7 @@ _EXPORTS = {
     "sdpa_decode": ("rlx_triton.ops.sdpa_decode", "sdpa_decode"),
     "patch_sdpa": ("rlx_triton.ops.sdpa_decode", "patch_sdpa"),
     "fbank": ("rlx_triton.ops.fbank", "fbank"),
-    "explain": ("rlx_triton.router.route", "explain"),
+    "explain": ("rlx_triton.explaining", "explain"),
     "use_backend": ("rlx_triton.router.settings", "use_backend"),
     "MissingKernel": ("rlx_triton.router.route", "MissingKernel"),
     "Route": ("rlx_triton.router.route", "Route"),

@@ -373,28 +373,11 @@ def optimize(model, *, cuda_graphs: bool = False):
     return model if not isinstance(model, nn.Module) else optimized[0]
 
 
-def _sincnet_route(module: nn.Module, waveforms: torch.Tensor):
-    """The route of rlx SincNet's forward: the same `ops.conv.sincnet` call, explained."""
-    from rlx_triton.ops import conv as conv_ops
-    from rlx_triton.router import explain as explain_op
-
-    convs, norms = list(module.conv1d)[1:], list(module.norm1d)
-    return explain_op(conv_ops.sincnet, waveforms, module.filters(), module.wav_norm1d.weight,
-                      module.wav_norm1d.bias, [c.weight for c in convs], [c.bias for c in convs],
-                      [n.weight for n in norms], [n.bias for n in norms], stride=module.conv1d[0].stride,
-                      pool=module.pool1d[0].kernel_size, eps=module.wav_norm1d.eps,
-                      negative_slope=module.negative_slope, sample_rate=int(module.sample_rate))
-
-
 def _route_of(module: nn.Module):
-    """The module's own `explain` if it has one, else a known forward's route, else None."""
-    if not type(module).__module__.startswith("rlx_triton."):
-        return None
-    if callable(getattr(module, "explain", None)):
-        return module.explain
-    if type(module).__module__ == "rlx_triton.nn.conv" and type(module).__name__ == "SincNet":
-        return lambda waveforms: _sincnet_route(module, waveforms)
-    return None
+    """The module's own `explain` where it returns the one Route of its forward, else None."""
+    from rlx_triton.explaining import explains_itself
+
+    return module.explain if explains_itself(module) else None
 
 
 def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:

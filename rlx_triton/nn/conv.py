@@ -11,7 +11,7 @@ other settings run nn.Conv1d's own forward), with an optional fused `epilogue`.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -80,16 +80,27 @@ class SincNet(nn.Module):
                                      sample_rate=fb.sample_rate, min_low_hz=fb.min_low_hz,
                                      min_band_hz=fb.min_band_hz)
 
-    def forward(self, waveforms: torch.Tensor) -> torch.Tensor:
-        """(batch, 1, samples) -> (batch, channels, frames)."""
+    def _op_call(self, waveforms: torch.Tensor) -> Tuple[tuple, dict]:
+        """The arguments of the `ops.conv.sincnet` call that forward makes."""
         convs = list(self.conv1d)[1:]
         norms = list(self.norm1d)
-        return conv_ops.sincnet(
-            waveforms, self.filters(), self.wav_norm1d.weight, self.wav_norm1d.bias,
-            [c.weight for c in convs], [c.bias for c in convs],
-            [n.weight for n in norms], [n.bias for n in norms],
-            stride=self.conv1d[0].stride, pool=self.pool1d[0].kernel_size, eps=self.wav_norm1d.eps,
-            negative_slope=self.negative_slope, sample_rate=int(self.sample_rate))
+        args = (waveforms, self.filters(), self.wav_norm1d.weight, self.wav_norm1d.bias,
+                [c.weight for c in convs], [c.bias for c in convs], [n.weight for n in norms], [n.bias for n in norms])
+        kwargs = dict(stride=self.conv1d[0].stride, pool=self.pool1d[0].kernel_size, eps=self.wav_norm1d.eps,
+                      negative_slope=self.negative_slope, sample_rate=int(self.sample_rate))
+        return args, kwargs
+
+    def forward(self, waveforms: torch.Tensor) -> torch.Tensor:
+        """(batch, 1, samples) -> (batch, channels, frames)."""
+        args, kwargs = self._op_call(waveforms)
+        return conv_ops.sincnet(*args, **kwargs)
+
+    def explain(self, waveforms: torch.Tensor):
+        """The Route forward(waveforms) takes, without running it."""
+        from rlx_triton.router import explain
+
+        args, kwargs = self._op_call(waveforms)
+        return explain(conv_ops.sincnet, *args, **kwargs)
 
 
 class Conv1d(nn.Conv1d):
@@ -112,15 +123,32 @@ class Conv1d(nn.Conv1d):
         new.train(module.training)
         return new
 
+    def _routed(self) -> bool:
+        """Whether forward calls the routed conv1d op (groups=1, zero padding) or nn.Conv1d's own forward."""
+        return self.groups == 1 and self.padding_mode == "zeros"
+
+    def _op_args(self, input: torch.Tensor) -> tuple:
+        padding = self.padding if isinstance(self.padding, str) else self.padding[0]
+        return input, self.weight, self.bias, self.stride[0], padding, self.dilation[0]
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.groups != 1 or self.padding_mode != "zeros":
+        if not self._routed():
             out = super().forward(input)
             if self.epilogue is not None:
                 out = _epilogue_torch(out, self.epilogue)
             return out
-        padding = self.padding if isinstance(self.padding, str) else self.padding[0]
-        return conv_ops.conv1d(input, self.weight, self.bias, self.stride[0], padding, self.dilation[0],
-                               epilogue=self.epilogue)
+        return conv_ops.conv1d(*self._op_args(input), epilogue=self.epilogue)
+
+    def explain(self, input: torch.Tensor):
+        """The Route forward(input) takes, without running it (the torch library op where forward runs
+        nn.Conv1d's own forward)."""
+        from rlx_triton.router import Route, explain
+
+        if not self._routed():
+            return Route(family="conv", op="conv1d", backend="torch",
+                         evidence_detail=f"groups={self.groups}, padding_mode={self.padding_mode!r}: nn.Conv1d's "
+                                         "own forward (the conv1d op takes groups=1 with zero padding)")
+        return explain(conv_ops.conv1d, *self._op_args(input), epilogue=self.epilogue)
 
 
 def _epilogue_torch(y: torch.Tensor, epilogue: ConvEpilogue) -> torch.Tensor:

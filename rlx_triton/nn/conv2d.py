@@ -267,6 +267,7 @@ class _Block(nn.Module):
 
     _depth = 0        # number of convs (conv1, conv2, ...)
     _geometry = None  # the original block class
+    explains_submodules = True  # explain() reports each conv's route, not one route for the block
 
     def __init__(self, convs, shortcut: Optional[Conv2d], stride: int):
         super().__init__()
@@ -292,6 +293,12 @@ class _Block(nn.Module):
         for i in range(1, self._depth):
             x = getattr(self, f"conv{i}")(x)
         return getattr(self, f"conv{self._depth}")(x, residual=identity)
+
+    def explain(self, x: torch.Tensor) -> dict:
+        """{conv path: Route} for every conv forward(x) runs (it runs once, under no_grad)."""
+        from rlx_triton.integrations.pyannote import explain
+
+        return explain(self, x)
 
     def num_frames(self, num_samples: int) -> int:
         return self._geometry.num_frames(self, num_samples)

@@ -59,19 +59,29 @@ class Fbank(nn.Module):
     def num_features(self) -> int:
         return self.options.num_columns
 
-    def forward(self, waveforms: torch.Tensor) -> torch.Tensor:
+    def _op_input(self, waveforms: torch.Tensor) -> torch.Tensor:
+        """The waveform the fbank op receives: (T,) as given, (B, T) as (B, 1, T), (B, C, T) as given."""
         if not isinstance(waveforms, torch.Tensor):
             raise TypeError(f"Fbank: waveforms must be a torch.Tensor (B, C, T), (B, T) or (T,), "
                             f"got {type(waveforms).__name__}")
         if waveforms.dim() == 1:
-            return _op.fbank(waveforms, **self.options.__dict__)
+            return waveforms
         if waveforms.dim() == 2:
             waveforms = waveforms.unsqueeze(1)
             if self.options.channel > 0:
                 raise ValueError(f"Fbank: channel={self.options.channel} needs (B, C, T) waveforms, got (B, T)")
         if waveforms.dim() != 3:
             raise ValueError(f"Fbank: waveforms must be (B, C, T), (B, T) or (T,), got shape {tuple(waveforms.shape)}")
-        return _op.fbank(waveforms, **self.options.__dict__)
+        return waveforms
+
+    def forward(self, waveforms: torch.Tensor) -> torch.Tensor:
+        return _op.fbank(self._op_input(waveforms), **self.options.__dict__)
+
+    def explain(self, waveforms: torch.Tensor):
+        """The Route forward(waveforms) takes, without running it."""
+        from rlx_triton.router import explain
+
+        return explain(_op.fbank, self._op_input(waveforms), **self.options.__dict__)
 
     def extra_repr(self) -> str:
         changed = [f"{f.name}={getattr(self.options, f.name)!r}" for f in fields(self.options)

@@ -238,3 +238,10 @@ def test_cuda_graphs_capture_the_segmentation_forward_per_shape_and_replay_it():
     with torch.inference_mode():
         assert pyannote.explain(model, x)["#cuda_graphs"].decision == "capture"
         torch.testing.assert_close(model(x), stock(x), rtol=1e-4, atol=1e-4)
+
+
+def test_rt_explain_of_an_optimized_model_is_pyannote_explain():
+    model = pyannote.optimize(make_pyannet(hidden=8, linear_hidden=8))
+    x = waveforms(1)
+    with rt.use_backend("torch"):
+        assert rt.explain(model, x) == pyannote.explain(model, x)
