@@ -10,6 +10,8 @@ Units of `peak`:
 - fp32_fma: fp32 on the CUDA cores (FFMA; other fp32 instructions are counted at the same rate);
 - tf32: tensor cores on TF32 operands (tl.dot with input_precision "tf32");
 - tf32x3: three TF32 products per fp32 product (input_precision "tf32x3"): a third of tf32;
+- tf32x4: four TF32 products per fp32 product (both operands split into TF32 halves, every pair of
+  halves multiplied, as one dot): a quarter of tf32;
 - fp16_mma / bf16_mma: tensor cores on fp16 / bf16 operands with fp32 accumulation.
 
 This module imports neither torch nor triton; `rlx_triton.router.device.profile_facts` turns a
@@ -26,7 +28,7 @@ MB = 1024 * 1024
 GiB = 1024 ** 3
 TERA = 1e12
 
-UNITS = ("fp32_fma", "tf32", "tf32x3", "fp16_mma", "bf16_mma")
+UNITS = ("fp32_fma", "tf32", "tf32x3", "tf32x4", "fp16_mma", "bf16_mma")
 
 # Sources quoted by several profiles.
 _CUDA_GUIDE = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' "
@@ -37,6 +39,7 @@ _OCCUPANCY = ("CUDA Occupancy Calculator / cudaOccupancyMaxActiveBlocksPerMultip
 _LAUNCH = ("assumption: a kernel launch without CUDA graphs costs about 4 us on the GPU timeline "
            "(back-to-back launches of tiny kernels on A100/H100-class devices, 3-5 us)")
 _TF32X3 = "tf32x3 issues three TF32 products per fp32 product: tf32 / 3"
+_TF32X4 = "tf32x4 issues four TF32 products per fp32 product: tf32 / 4"
 _METAL_TABLES = ("Apple Metal Feature Set Tables (Apple7/Apple8 GPU families): 32 KB threadgroup memory, "
                  "1024 threads per threadgroup, 32 threads per SIMD-group")
 _APPLE_LAUNCH = ("assumption: a Metal compute dispatch costs about 10 us from command-buffer commit on "
@@ -101,11 +104,13 @@ def _cuda(key, name, capability, sm_count, memory_bytes, bandwidth, fp32, tf32, 
         "shared_reserved_per_cta": _OCCUPANCY,
         "launch_us": _LAUNCH,
         "peak.tf32x3": _TF32X3,
+        "peak.tf32x4": _TF32X4,
     }
     return DeviceProfile(
         key=key, name=name, kind="cuda", capability=capability, sm_count=sm_count, memory_bytes=memory_bytes,
         bandwidth=bandwidth,
-        peak={"fp32_fma": fp32, "tf32": tf32, "tf32x3": tf32 / 3, "fp16_mma": fp16, "bf16_mma": bf16},
+        peak={"fp32_fma": fp32, "tf32": tf32, "tf32x3": tf32 / 3, "tf32x4": tf32 / 4, "fp16_mma": fp16,
+              "bf16_mma": bf16},
         launch_us=4.0, registers_per_sm=65536, shared_per_sm=shared_per_sm, shared_per_cta=shared_per_cta,
         shared_reserved_per_cta=1 * KB, max_ctas_per_sm=max_ctas, max_warps_per_sm=max_warps, l2_bytes=l2_bytes,
         names=names, sources={**common, **sources})

@@ -30,6 +30,7 @@ def test_every_cuda_profile_is_complete_and_sourced(gpu):
     for unit in UNITS:
         assert gpu.peak[unit] > 0 and gpu.sources.get(f"peak.{unit}"), unit
     assert gpu.peak["tf32x3"] == pytest.approx(gpu.peak["tf32"] / 3)
+    assert gpu.peak["tf32x4"] == pytest.approx(gpu.peak["tf32"] / 4)
     assert gpu.arch in {"sm_80", "sm_89", "sm_90"} and gpu.arch_number == int(gpu.arch[3:])
     assert gpu.shared_per_cta <= gpu.shared_per_sm and gpu.names
 
