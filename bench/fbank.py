@@ -1,11 +1,14 @@
 """Kaldi fbank: rt.nn.Fbank.wespeaker() (the fused Triton kernel) against the torch paths, side by side.
 
 Shape: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> (32, 998, 80) float32, pyannote's WeSpeaker
-front end (x32768, 80-bin hamming log-mel, mean over frames subtracted), TF32 off. Baselines, in
-the same run and on the same device:
-- "torch fallback": rlx_triton's own torch path (backends/torch_ref/fbank.py, batched rfft + matmul);
-- "torchaudio kaldi.fbank (vmap)": pyannote's exact call, torch.vmap over the batch, when torchaudio
-  is importable.
+front end (x32768, 80-bin hamming log-mel, mean over frames subtracted), TF32 off (on sm_80 / sm_90
+the route is the two-stage DFT in tf32x3, fp32 accuracy on tensor cores). Baselines, in the same run
+and on the same device, the best a user has without rlx_triton:
+- "torch fallback": rlx_triton's own torch path (backends/torch_ref/fbank.py: batched over the chunks,
+  cuFFT's rfft and a cuBLAS mel matmul);
+- "torchaudio kaldi.fbank (vmap)": pyannote's exact call, torch.vmap over the batch, when torchaudio's
+  compliance module is found (rlx_triton._torchaudio.kaldi_compliance: also the copy `make venv`
+  installs outside sys.path).
 On CPU (quick mode and under the interpreter): 2 chunks, and the rlx side routes to its torch
 fallback (the interpreter is not a speed path), so the numbers are context, not a kernel claim.
 """
@@ -23,9 +26,10 @@ WESPEAKER = dict(num_mel_bins=80, frame_length=25, frame_shift=10, round_to_powe
 
 def _torchaudio_front_end():
     """pyannote's BaseWeSpeakerResNet.compute_fbank, or None without torchaudio."""
-    try:
-        from torchaudio.compliance import kaldi  # type: ignore
-    except ImportError:
+    from rlx_triton._torchaudio import kaldi_compliance
+
+    kaldi = kaldi_compliance()
+    if kaldi is None:
         return None
 
     def compute(waveforms):

@@ -163,5 +163,5 @@ def run(rows: torch.Tensor, options: FbankOptions, *, single: bool = False, requ
     if frames <= 0 or rows.shape[0] == 0:
         out = torch.empty(rows.shape[0], max(frames, 0), options.num_columns, device=rows.device, dtype=out_dtype)
     else:
-        out = chosen.module.fbank(rows, options, candidate=chosen.candidate).to(out_dtype)
+        out = chosen.module.fbank(rows, options, candidate=chosen.candidate, route=chosen).to(out_dtype)
     return out[0] if single else out

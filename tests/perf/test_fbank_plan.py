@@ -1,114 +1,150 @@
-"""The fbank launcher as launch records (backends/triton/fbank.py `fbank_plan`).
+"""The fbank launcher as launch records (backends/triton/fbank.py `fbank_plan`) and its analysis as on an H200.
 
-The dense-DFT launches are checked against the direct kernel calls the launcher made before it ran
-records (written out below as `direct_dense_launches`): same kernels, grids, specialisation and
-options, same output. At the WeSpeaker bench shape, planned on meta tensors as on an H200, the records
-hold the hand-counted grid, bytes and FLOPs, and `launch_count` states what the traced call launched.
+In the interpreter the launcher runs exactly its records (both frames kernels, the CMN pass), with the
+JIT's own specialisation. At the WeSpeaker bench shape, routed and planned on meta tensors as on an H200,
+the records hold the hand-counted grid, bytes and FLOPs; compiled for sm_90 the two-stage kernel issues
+tensor-core MMAs without spilling, and the case's estimate is below the library path estimate (the same
+roofline on the torch path's kernels, whose bytes and FLOPs are checked by hand here too).
 """
 import math
 
 import pytest
 import torch
-import triton
 
+from rlx_triton.backends.torch_ref import fbank as torch_ref
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
 from rlx_triton.backends.triton import fbank as kernels
 from rlx_triton.backends.triton import launches
-from rlx_triton.backends.triton.launches import describe_call
 from rlx_triton.devices import profile
+from rlx_triton.perf import analyse_plan
+from rlx_triton.perf.roofline import case_totals, library_estimate
+from rlx_triton.perf.trace import as_compiled
 from rlx_triton.planner.candidates.fbank import FbankVariant
-from rlx_triton.router.device import profile_facts
+from rlx_triton.router.device import profile_facts, routing_as
+from tests.perf.jit_reference import jit_specialization
 from tests.reference.fbank import WESPEAKER_80, speech_like
 
 H200 = profile("h200")
 WESPEAKER = dict(WESPEAKER_80, input_scale=32768.0, subtract_mean=True)
+DENSE, TWO_STAGE = FbankVariant.IEEE_F16_Q32.candidate(), FbankVariant.TF32X3_F64_Q32.candidate()
 
 
-def direct_dense_launches(wave, options, candidate):
-    """The dense-DFT launcher as it called the kernels directly (the reference the records must equal)."""
-    batch, num_samples = wave.shape
-    num_frames = options.num_frames(num_samples)
-    out = torch.empty(batch, num_frames, options.num_columns, device=wave.device, dtype=torch.float32)
-    device = wave.device
-    meta = kernels._meta(candidate, options)
-    grid = (triton.cdiv(num_frames, meta["BLOCK_F"]), batch)
-    kernels._fbank_frames_kernel[grid](
-        wave, kernels._window(options, device),
-        kernels._dft_basis(options.window_size, options.padded_window_size, device),
-        kernels._mel_transposed(options, device), out,
-        num_samples, num_frames,
-        wave.stride(0), out.stride(0), out.stride(1),
-        options.window_shift, 0 if options.snip_edges else options.reflect_pad,
-        float(options.input_scale), 1.0 - float(options.preemphasis_coefficient),
-        math.log(options.energy_floor) if options.energy_floor > 0 else 0.0,
-        **kernels._constexprs(options), **meta,
-    )
-    if options.subtract_mean:
-        cmn_cols = 16 if options.num_columns <= 16 else 32
-        kernels._fbank_cmn_kernel[(batch, triton.cdiv(options.num_columns, cmn_cols))](
-            out, num_frames, options.num_columns, out.stride(0), out.stride(1),
-            BLOCK_F=32, BLOCK_C=cmn_cols, num_warps=1,
-        )
-    return out
-
-
-@pytest.mark.parametrize("variant", list(FbankVariant), ids=lambda v: v.name)
+@pytest.mark.parametrize("candidate", [DENSE, TWO_STAGE], ids=["dense", "two_stage"])
 @pytest.mark.parametrize("kwargs", [dict(sample_frequency=8000.0, subtract_mean=True, use_energy=True),
                                     dict(sample_frequency=8000.0, snip_edges=False)], ids=["cmn_energy", "no_snip"])
-def test_the_records_are_the_direct_launches(variant, kwargs):
+def test_the_launcher_runs_its_records_and_nothing_else(candidate, kwargs):
     options = FbankOptions(**kwargs)
     wave = speech_like(1207, batch=2, sample_rate=8000.0).float()
-    candidate = variant.candidate()
-    with launches.recording() as direct:
-        expected = direct_dense_launches(wave, options, candidate)
-    plan, out = kernels.fbank_plan(wave, options, candidate=candidate)
-    with launches.recording() as planned:
-        launches.run(plan)
-    assert [describe_call(*call) for call in direct.bypassing_calls] == [record.describe() for record in plan]
-    assert planned.outside == [] and planned.records == plan
-    assert torch.equal(out, expected)
-
-
-def test_the_launcher_runs_its_plan_and_nothing_else():
-    options = FbankOptions(sample_frequency=8000.0, subtract_mean=True)
-    wave = speech_like(807, batch=1, sample_rate=8000.0).float()
-    candidate = FbankVariant.DEFAULT.candidate()
     with launches.recording() as log:
         out = kernels.fbank(wave, options, candidate=candidate)
-    plan, _ = kernels.fbank_plan(wave, options, candidate=candidate)
+    plan, planned_out = kernels.fbank_plan(wave, options, candidate=candidate)
     assert log.outside == [] and [r.describe() for r in log.records] == [r.describe() for r in plan]
-    assert out.shape == (1, options.num_frames(807), 23)
+    names = ["_fbank_split_kernel" if candidate is TWO_STAGE else "_fbank_frames_kernel"]
+    assert [r.name for r in plan] == names + (["_fbank_cmn_kernel"] if options.subtract_mean else [])
+    launches.run(plan)
+    assert torch.equal(planned_out, out)
+
+
+@pytest.mark.parametrize("candidate", [DENSE, TWO_STAGE], ids=["dense", "two_stage"])
+def test_the_recorded_specialisation_is_the_jits(candidate):
+    wave = speech_like(1207, batch=2, sample_rate=8000.0).float()
+    plan, _ = kernels.fbank_plan(wave, FbankOptions(sample_frequency=8000.0, subtract_mean=True), candidate=candidate)
+    for record in plan:
+        mine = record.specialization()
+        signature, constexprs, attrs = jit_specialization(record.jit, record.args, record.meta)
+        assert (dict(mine.signature), dict(mine.constexprs), dict(mine.attrs)) == (signature, constexprs, attrs)
 
 
 def test_an_empty_batch_plans_no_launch():
-    plan, out = kernels.fbank_plan(torch.empty(0, 800), FbankOptions(), candidate=FbankVariant.DEFAULT.candidate())
+    plan, out = kernels.fbank_plan(torch.empty(0, 800), FbankOptions(), candidate=DENSE)
     assert plan == [] and out.shape == (0, 3, 23)
+
+
+def _bench_route():
+    import rlx_triton as rt
+
+    waves = torch.empty(32, 1, 160000, device="meta")
+    with as_compiled(), routing_as(profile_facts(H200)):
+        return rt.explain(rt.fbank, waves, **WESPEAKER_80, subtract_mean=True, input_scale=32768.0)
 
 
 @pytest.fixture(scope="module")
 def bench_plan():
-    """The WeSpeaker front end at the bench shape (32 chunks of 10 s), planned on meta tensors."""
+    """The WeSpeaker front end at the bench shape (32 chunks of 10 s), routed and planned as on an H200."""
+    route = _bench_route()
     options = FbankOptions(**WESPEAKER)
-    wave = torch.empty(32, 160000, device="meta")
-    candidate = FbankVariant.DEFAULT.candidate()
-    plan, out = kernels.fbank_plan(wave, options, candidate=candidate)
-    return options, candidate, plan, out
+    with as_compiled():
+        plan, out = kernels.fbank_plan(torch.empty(32, 160000, device="meta"), options, candidate=route.candidate,
+                                       route=route)
+    return route, options, plan, out
+
+
+def test_an_h200_routes_the_front_end_to_the_tensor_core_recipe(bench_plan):
+    route, _options, plan, _out = bench_plan
+    assert route.backend == "triton" and route.evidence == "Recipe" and route.candidate_tag == TWO_STAGE.tag()
+    assert [r.name for r in plan] == ["_fbank_split_kernel", "_fbank_cmn_kernel"]
 
 
 def test_bench_shape_records_by_hand(bench_plan):
-    options, candidate, plan, out = bench_plan
+    _route, _options, plan, out = bench_plan
     assert out.shape == (32, 998, 80) and out.device.type == "meta"
-    frames_record, cmn_record = plan
-    block_f = candidate.tile_frames
-    tiles = math.ceil(998 / block_f)
-    assert frames_record.grid == (tiles, 32)
-    # waveform once, window (400), the four basis planes (400 x 256), the mel matrix (256 x 128)
-    assert frames_record.bytes_read == 32 * 160000 * 4 + 400 * 4 + 4 * 400 * 256 * 4 + 256 * 128 * 4
-    assert frames_record.bytes_written == 32 * 998 * 80 * 4
-    padded = 32 * tiles * block_f
-    assert frames_record.flops == 2 * 4 * padded * 256 * 400 + 2 * padded * 256 * 128 + 3 * padded * 256
-    assert frames_record.unit == "fp32_fma"
-    assert cmn_record.grid == (32, 3) and cmn_record.bytes == 2 * 32 * 998 * 80 * 4
+    frames, cmn = plan
+    tiles = math.ceil(998 / 64)
+    assert frames.grid == (tiles, 32) and frames.num_warps == 8 and frames.unit == "tf32x3"
+    # 512 = 16 x 32: stage 1 (2 x 16 x 16 x 32 per frame, cos and sin), twiddle (6 x 16 x 32), stage 2
+    # (4 x 2 x 16 x 32 x 16), power (3 x 256), mel (2 x 256 x (64 + 16)), over 64-frame tiles
+    per_frame = 2 * 2 * 16 * 16 * 32 + 6 * 16 * 32 + 4 * 2 * 16 * 32 * 16 + 3 * 256 + 2 * 256 * 80
+    padded_frames = 32 * tiles * 64
+    assert frames.flops == padded_frames * per_frame
+    scratch = padded_frames * 256 * 4   # the spectra, written and read back
+    constants = 400 * 4 + (2 * 16 * 16 + 2 * 16 * 32 + 3 * 16 * 32 + 80 * 256) * 4
+    groups = math.ceil(998 / 16) * 80 * 4 * 32
+    assert frames.bytes_read == 32 * 160000 * 4 + constants + scratch
+    assert frames.bytes_written == 32 * 998 * 80 * 4 + groups + scratch
+    assert cmn.grid == (math.ceil(998 / 128), 32)
+    assert cmn.bytes_read == 32 * 998 * 80 * 4 + groups and cmn.bytes_written == 32 * 998 * 80 * 4
+
+
+def test_library_kernels_by_hand(bench_plan):
+    route, _options, _plan, _out = bench_plan
+    stated = torch_ref.library_kernels(route.request)
+    rows = 32 * 998
+    assert [k.name for k in stated] == [
+        "framing + DC removal + pre-emphasis + window + zero pad", "rfft (cuFFT)", "power spectrum",
+        "mel matmul (cuBLAS, TF32 off)", "log floor + log", "mean over frames", "mean subtraction"]
+    framing, rfft, power, mel, log, mean, subtract = stated
+    assert (framing.bytes_read, framing.bytes_written) == (32 * 160000 * 4, rows * 512 * 4)
+    assert (rfft.bytes_read, rfft.bytes_written, rfft.flops) == (rows * 512 * 4, rows * 257 * 8, rows * 11520)
+    assert (power.bytes_read, power.bytes_written) == (rows * 257 * 8, rows * 257 * 4)
+    assert mel.flops == 2 * rows * 257 * 80 and mel.unit == "fp32_fma"
+    assert mel.bytes == (rows + 80) * 257 * 4 + rows * 80 * 4
+    assert log.bytes == mean.bytes_read + subtract.bytes_written == 2 * rows * 80 * 4
+    estimate = library_estimate(stated, H200)
+    assert estimate["launches"] == 7
+    assert estimate["est_us"] == pytest.approx(estimate["floor_us"] + 7 * H200.launch_us, abs=0.01)
+    # the mel product is FLOP-bound at the FMA rate, everything else bandwidth-bound
+    assert estimate["kernels"][3]["floor_us"] == pytest.approx(mel.flops / 67e12 * 1e6, abs=0.01)
+    assert estimate["kernels"][1]["floor_us"] == pytest.approx(rfft.bytes / 4.8e12 * 1e6, abs=0.01)
+
+
+@pytest.fixture(scope="module")
+def bench_analysis(bench_plan, tmp_path_factory):
+    _route, _options, plan, _out = bench_plan
+    return analyse_plan(plan, H200, cache_dir=str(tmp_path_factory.mktemp("perf-cache")))
+
+
+def test_the_two_stage_kernel_runs_on_tensor_cores_without_spilling(bench_analysis):
+    frames, cmn = bench_analysis
+    assert frames.mma > 0 and frames.spills == 0 and frames.ctas_per_sm >= 1
+    assert cmn.spills == 0
+
+
+def test_the_estimate_is_below_the_library_path_estimate(bench_plan, bench_analysis):
+    route, _options, _plan, _out = bench_plan
+    _floor_us, est_us, _bw = case_totals(bench_analysis, H200)
+    library = library_estimate(torch_ref.library_kernels(route.request), H200)
+    rfft_and_mel = sum(k["est_us"] for k in library["kernels"] if k["name"].startswith(("rfft", "mel matmul")))
+    assert est_us < rfft_and_mel < library["est_us"]
 
 
 def test_launch_count_is_what_the_traced_call_launched():

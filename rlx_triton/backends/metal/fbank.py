@@ -64,8 +64,9 @@ def shader_constants(options: "_ref.FbankOptions", device) -> tuple:
     return tuple(t.to(device) for t in _constants_cpu(options))
 
 
-def fbank(waveform: torch.Tensor, options: "_ref.FbankOptions", *, candidate=None) -> torch.Tensor:
-    """(B, T) waveform -> (B, frames, num_mel_bins + use_energy) Kaldi filterbank features."""
+def fbank(waveform: torch.Tensor, options: "_ref.FbankOptions", *, candidate=None, route=None) -> torch.Tensor:
+    """(B, T) waveform -> (B, frames, num_mel_bins + use_energy) Kaldi filterbank features (`route`, the
+    router's decision, is accepted for the family's common signature)."""
     if options.dither != 0.0:
         raise ValueError("fbank: dither must be 0.0 on the Metal path (random noise runs in the torch fallback)")
     out_dtype = waveform.dtype

@@ -329,10 +329,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate=None) -> torch.Tensor:
+def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate=None, route=None) -> torch.Tensor:
     """(B, T) waveform -> (B, frames, num_mel_bins + use_energy) Kaldi filterbank features.
 
-    `candidate` is ignored (the library path has no tiling choices). The caller (rlx_triton.ops.fbank)
+    `candidate` and `route` are ignored (the library path has no tiling choices). The caller (rlx_triton.ops.fbank)
     has validated the shape: T is at least one window and min_duration is met.
     """
     dtype = compute_dtype(waveform.dtype)
@@ -345,7 +345,8 @@ def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate=None) -> t
         frames = frames + torch.randn(frames.shape, device=device, dtype=dtype) * options.dither
     if options.remove_dc_offset:
         frames = frames - frames.mean(dim=-1, keepdim=True)
-    if options.raw_energy:
+    # the log energy is a column only with use_energy (torchaudio computes it always and drops it)
+    if options.use_energy and options.raw_energy:
         log_energy = _log_energy(frames, options)
     if options.preemphasis_coefficient != 0.0:
         previous = torch.cat((frames[..., :1], frames[..., :-1]), dim=-1)  # replicate pad: x[-1] := x[0]
@@ -354,7 +355,7 @@ def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate=None) -> t
     padding = options.padded_window_size - options.window_size
     if padding:
         frames = torch.nn.functional.pad(frames, (0, padding), mode="constant", value=0)
-    if not options.raw_energy:
+    if options.use_energy and not options.raw_energy:
         log_energy = _log_energy(frames, options)
 
     spectrum = torch.fft.rfft(frames).abs()
@@ -369,3 +370,50 @@ def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate=None) -> t
     if options.subtract_mean:
         mel = mel - mel.mean(dim=-2, keepdim=True)
     return mel
+
+
+# ---------------------------------------------------------------------------------------------
+# the library path's kernels, for `rlx-triton perf`'s library path estimate
+
+_ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def library_kernels(request) -> list:
+    """The kernels `fbank` above needs on a GPU for a routed fbank request, each with its minimum traffic (every
+    byte once) and FLOPs (rlx_triton.perf.roofline.LibraryKernel). The torch ops are grouped as a lean torch
+    path would fuse them, so the estimate is a lower bound of this module's launches (it runs several
+    elementwise kernels per step): framing with DC removal, pre-emphasis, window and zero padding as one kernel;
+    cuFFT's real FFT (2.5 N log2 N FLOPs per frame); the power (or magnitude); the mel matrix product (cuBLAS
+    SGEMM with TF32 off, as pyannote runs it); the log floor; with use_energy the log energy and the column
+    concatenation; with subtract_mean the mean over frames and its subtraction."""
+    from rlx_triton.perf.roofline import LibraryKernel
+
+    fields, features = request.field_map, request.feature_map
+    batch, samples, frames = fields["batch"], fields["samples"], fields["frames"]
+    dft, mel = fields["window"], fields["bins"]
+    compute = 8 if request.dtype == "float64" else 4
+    rows = batch * frames
+    spectrum_bins = dft // 2 + 1
+    frames_bytes = rows * dft * compute
+    columns = mel + int(bool(features.get("use_energy")))
+    features_bytes = rows * columns * compute
+    kernels = [
+        LibraryKernel("framing + DC removal + pre-emphasis + window + zero pad",
+                      batch * samples * _ELEMENT_BYTES.get(request.dtype, 4), frames_bytes, 4 * rows * dft),
+        LibraryKernel("rfft (cuFFT)", frames_bytes, rows * spectrum_bins * 2 * compute,
+                      int(2.5 * dft * math.log2(dft)) * rows),
+        LibraryKernel("power spectrum", rows * spectrum_bins * 2 * compute, rows * spectrum_bins * compute,
+                      3 * rows * spectrum_bins),
+        LibraryKernel("mel matmul (cuBLAS, TF32 off)", (rows + mel) * spectrum_bins * compute,
+                      rows * mel * compute, 2 * rows * spectrum_bins * mel),
+    ]
+    if features.get("use_log_fbank", True):
+        kernels.append(LibraryKernel("log floor + log", rows * mel * compute, rows * mel * compute, 2 * rows * mel))
+    if features.get("use_energy"):
+        kernels.append(LibraryKernel("log energy", frames_bytes, rows * compute, 2 * rows * dft))
+        kernels.append(LibraryKernel("energy column concatenation", features_bytes, features_bytes))
+    if features.get("subtract_mean"):
+        kernels.append(LibraryKernel("mean over frames", features_bytes, batch * columns * compute, rows * columns))
+        kernels.append(LibraryKernel("mean subtraction", features_bytes + batch * columns * compute, features_bytes,
+                                     rows * columns))
+    return kernels
