@@ -46,6 +46,9 @@ class AuditSpec:
     default: Any
     dtypes: Tuple[str, ...] = ("fp32",)
     expects_mma: Union[bool, Callable[[Any, str], bool]] = False
+    # arguments a real call hands the JIT as multiples of 16 (aligned pointers, strides of padded rows):
+    # compiled with triton's divisibility hint, as the JIT specialises them (vector loads, cp.async)
+    divisible: Tuple[str, ...] = ()
 
     def mma_expected(self, candidate, dtype: str) -> bool:
         return self.expects_mma(candidate, dtype) if callable(self.expects_mma) else bool(self.expects_mma)
@@ -93,7 +96,8 @@ def compile_spec(spec: AuditSpec, candidate, dtype: str, arch: int = 90):
     meta = dict(spec.meta(candidate, dtype))
     options = {key: meta.pop(key) for key in ("num_warps", "num_stages", "num_ctas", "maxnreg") if key in meta}
     signature = {name: kind.replace("{dt}", dtype) for name, kind in spec.signature.items()}
-    source = ASTSource(_jit_function(spec.kernel), signature=signature, constexprs=meta)
+    attrs = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(signature) if name in spec.divisible}
+    source = ASTSource(_jit_function(spec.kernel), signature=signature, constexprs=meta, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
