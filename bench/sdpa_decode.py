@@ -3,12 +3,14 @@
     python bench/sdpa_decode.py [--quick]
 
 On a GPU every case runs one query token per sequence against a KV cache: Llama-3-8B-like GQA
-(32 query / 8 KV heads, D 128) over batch {1, 4, 16, 64} x KV length {512, 4k, 16k, 64k}, MHA, MQA, and
-D in {64, 96, 256}, in fp16 and bf16. The baseline is the fastest torch variant measured in the same
+(32 query / 8 KV heads, D 128) over batch {1, 4, 16, 64} x KV length {512, 4k, 16k, 64k} and batch {1, 2} x
+{32k, 128k}, MHA, MQA (batch 1 and 2 at 32k-128k, 16, 64), and D in {64, 96, 256}, in fp16 and bf16. The baseline is the fastest torch variant measured in the same
 run: SDPA forced to each backend (flash, efficient, cudnn, math) with enable_gqa, and on KV heads
 repeated beforehand (repeat not timed); variants that refuse a case are skipped. Times are CUDA-graph
 replays (the op routes once, at capture). GB/s counts K and V read plus q and out; `bw_case` marks
-cases with batch x KV heads x KV length >= 2^20, where the target is >= 80% of the copy bandwidth.
+cases with batch x KV heads x KV length >= 2^20, where the target is >= 80% of the copy bandwidth;
+`splits` is the number of KV splits the Triton launch used (its grid's second dimension, from the device's
+split rule).
 On the CPU (--quick) tiny shapes report the route taken and the timing of the path that runs there.
 """
 from __future__ import annotations
@@ -41,7 +43,12 @@ def cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
                                 seq_kv=seq_kv, dtype=dtype))
         for batch, seq_kv in ((1, 16384), (16, 4096)) if not quick else ((16, 4096),):
             out.append(dict(label="mha", batch=batch, heads=32, kv_heads=32, head_dim=128, seq_kv=seq_kv, dtype=dtype))
-        for batch, seq_kv in ((1, 65536), (16, 16384), (64, 4096)) if not quick else ((16, 16384),):
+        # small batches over long caches, where the split count decides how many SMs work
+        for batch, seq_kv in ((1, 32768), (1, 131072), (2, 32768), (2, 131072)) if not quick else ((1, 131072),):
+            out.append(dict(label="llama3-8b-gqa", batch=batch, heads=32, kv_heads=8, head_dim=128, seq_kv=seq_kv,
+                            dtype=dtype))
+        mqa = ((1, 32768), (1, 65536), (1, 131072), (2, 32768), (2, 131072), (16, 16384), (64, 4096))
+        for batch, seq_kv in mqa if not quick else ((1, 131072), (16, 16384)):
             out.append(dict(label="mqa", batch=batch, heads=32, kv_heads=1, head_dim=128, seq_kv=seq_kv, dtype=dtype))
         for head_dim in (64, 96, 256) if not quick else (96,):
             for seq_kv in (4096, 16384) if not quick else (16384,):
@@ -77,6 +84,18 @@ def _torch_variants(q, k, v) -> Dict[str, Callable[[], torch.Tensor]]:
     return variants
 
 
+def split_count(route, q, k, v) -> Optional[int]:
+    """KV splits of the Triton launch a route makes for these inputs (its plan, built on meta tensors), or None."""
+    if route.backend != "triton":
+        return None
+    from rlx_triton.router.device import device_facts
+
+    meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (q, k, v)]
+    plan, _ = route.module.sdpa_decode_plan(*meta, candidate=route.candidate,
+                                           sm_count=device_facts(q.device).sm_count or 1)
+    return plan[0].grid[1]
+
+
 def _time(fn, device, quick) -> Optional[float]:
     from bench.common import time_us
 
@@ -108,6 +127,7 @@ def run(quick: bool = False) -> List[dict]:
         gqa = kv_heads != heads
         with rt.use_backend("auto"):
             chosen = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
+            splits = split_count(chosen, q, k, v)
             rlx_us = _time(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), device, quick)
         baselines = {name: _time(fn, device, quick) for name, fn in _torch_variants(q, k, v).items()}
         measured = {name: us for name, us in baselines.items() if us is not None}
@@ -115,7 +135,7 @@ def run(quick: bool = False) -> List[dict]:
         moved = (k.numel() + v.numel() + 2 * q.numel()) * q.element_size()
         shape = f"{spec['label']} b{batch} h{heads}/{kv_heads} d{dim} kv{seq_kv}"
         results.append(case("sdpa_decode", shape, dtype, rlx_us or float("nan"), best, measured[best],
-                            bytes_moved=moved, backend=chosen.backend, candidate=chosen.candidate_tag,
+                            bytes_moved=moved, backend=chosen.backend, candidate=chosen.candidate_tag, splits=splits,
                             bw_case=batch * kv_heads * seq_kv >= 2**20,
                             torch_us={name: (round(us, 3) if us else None) for name, us in baselines.items()}))
         del q, k, v
@@ -129,6 +149,7 @@ if __name__ == "__main__":
     quick = "--quick" in sys.argv[1:]
     for row in run(quick):
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
-        print(f"{row['shape']:<40} {row['dtype']:<9} route={row['backend']:<6} rlx {row['rlx_us']:>9.1f} us  "
+        print(f"{row['shape']:<40} {row['dtype']:<9} route={row['backend']:<6} splits={row.get('splits') or '-':<3} "
+              f"rlx {row['rlx_us']:>9.1f} us  "
               f"best torch {row['baseline']:<32} {row['baseline_us']:>9.1f} us  {speedup:>7}  "
               f"{row['gbps'] or '-'} GB/s")

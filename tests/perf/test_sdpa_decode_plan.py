@@ -44,9 +44,10 @@ def test_the_launcher_runs_exactly_its_plan(kwargs):
     elif kwargs.get("attn_mask") == "float":
         kwargs["attn_mask"] = torch.randn(1, 4, 1, 64)
     candidate = _routed_candidate(q.to("meta"), k.to("meta"), v.to("meta"))
-    with launches.recording() as by_launcher:
-        out, lse = kernels.sdpa_decode(q, k, v, candidate=candidate, **kwargs)
-    plan, (planned_out, planned_lse) = kernels.sdpa_decode_plan(q, k, v, candidate=candidate, **kwargs)
+    with launches.recording() as by_launcher:   # as on 132 SMs: the rule splits, the last split merges
+        out, lse = kernels.sdpa_decode(q, k, v, candidate=candidate, sm_count=132, **kwargs)
+    plan, (planned_out, planned_lse) = kernels.sdpa_decode_plan(q, k, v, candidate=candidate, sm_count=132, **kwargs)
+    assert plan[0].grid[1] > 1 or kwargs.get("causal") == "top_left"   # top-left: 2 keys, one tile
     with launches.recording() as by_plan:
         launches.run(plan)
     assert by_launcher.outside == [] and by_plan.outside == []
@@ -77,25 +78,26 @@ def bench_shape_analysis(cache_dir):
     q = torch.empty(1, 32, 1, 128, device="meta", dtype=torch.float16)
     k = torch.empty(1, 8, 16384, 128, device="meta", dtype=torch.float16)
     candidate = _routed_candidate(q, k, k)
-    with as_compiled():
+    with as_compiled(), routing_as(H200):   # meta tensors stand for an H200: its 132 SMs feed the split rule
         plan, _ = kernels.sdpa_decode_plan(q, k, k, candidate=candidate)
     kernels_ = analyse_plan(plan, H200, cache_dir=cache_dir)
     return dims, q, k, plan, kernels_
 
 
-def test_the_split_grid_is_kv_heads_times_splits(bench_shape_analysis):
+def test_the_grid_is_kv_heads_times_the_devices_splits(bench_shape_analysis):
     _dims, _q, _k, plan, analysed = bench_shape_analysis
-    split = analysed[0]
-    assert plan[0].grid == (8, 4) and split.ctas == 32          # 1 sequence x 8 KV heads x 1 row block, 4 splits
-    assert [k.name for k in analysed] == ["_sdpa_decode_split_kernel", "_sdpa_decode_merge_kernel"]
-    assert analysed[1].ctas == 32                               # one program per query row
+    # 1 sequence x 8 KV heads x 1 row block; 16 splits (the candidate's cap): 128 programs for 132 SMs
+    assert plan[0].grid == (8, 16) and analysed[0].ctas == 128
+    assert plan[0].grid[1] == kernels.kv_splits(132, 8, 16384, plan[0].meta["BLOCK_N"], 16)
+    assert [k.name for k in analysed] == ["_sdpa_decode_kernel"]        # the merge runs in the same launch
 
 
-def test_the_split_reads_k_and_v_once(bench_shape_analysis):
+def test_the_launch_reads_k_and_v_once(bench_shape_analysis):
     _dims, q, k, plan, analysed = bench_shape_analysis
     kv_bytes = 2 * 8 * 16384 * 128 * 2
-    partials = 32 * 4 * 128 * 4 + 32 * 4 * 4
-    assert analysed[0].bytes == kv_bytes + q.numel() * 2 + partials
+    out_lse = 32 * 128 * 2 + 32 * 4
+    partials = 32 * 16 * (128 + 1) * 4 + 8 * 4              # written by each split, read back by the merge; tickets
+    assert analysed[0].bytes == kv_bytes + q.numel() * 2 + out_lse + 2 * partials
     assert analysed[0].floor_us == pytest.approx(analysed[0].bytes / 4.8e12 * 1e6, abs=1e-3)
     # the dots as executed: 8 KV heads x 16 packed rows (4 query heads padded), D + Dv = 256
     assert analysed[0].unit == "fp16_mma" and analysed[0].flops == 2 * 8 * 16 * 16384 * 256
@@ -105,13 +107,15 @@ def test_occupancy_waves_and_fill_follow_the_compiled_resources(bench_shape_anal
     _dims, _q, _k, plan, analysed = bench_shape_analysis
     split = analysed[0]
     assert split.regs > 0 and split.spills == 0 and split.smem > 0
+    assert plan[0].num_stages == 3 and split.ldgsts > 0                     # K and V double-buffered with cp.async
     per_warp = math.ceil(split.regs * 32 / 256) * 256
     by_hand = min(65536 // (per_warp * split.num_warps), 233472 // (split.smem + 1024), 64 // split.num_warps, 32)
     assert split.ctas_per_sm == by_hand == occupancy(H200, split.regs, split.smem, split.num_warps).ctas_per_sm
-    assert split.waves == pytest.approx(32 / (132 * by_hand), abs=1e-4)
-    assert split.sm_fill == pytest.approx(32 / 132, abs=1e-4)                # 24% of the SMs busy
+    assert by_hand >= 2
+    assert split.waves == pytest.approx(128 / (132 * by_hand), abs=1e-4)
+    assert split.sm_fill == pytest.approx(128 / 132, abs=1e-4)               # 97% of the SMs busy
     memory_us = split.bytes / 4.8e12 * 1e6
-    assert split.est_us == pytest.approx(memory_us * 132 / 32 + H200.launch_us, abs=1e-2)
+    assert split.est_us == pytest.approx(memory_us * 132 / 128 + H200.launch_us, abs=1e-2)
     assert split.mma > 0                                                     # fp16 dot on tensor cores
 
 
@@ -139,7 +143,8 @@ def test_the_routed_candidate_is_what_the_profile_routes_to():
     k = torch.empty(1, 8, 16384, 128, device="meta", dtype=torch.float16)
     facts = profile_facts(H200)
     candidate = _routed_candidate(q, k, k)
-    assert facts.device_class == "sm90" and candidate.split_k == 4 and candidate.use_f16_kv
+    assert facts.device_class == "sm90" and candidate.tag() == kernels.RECIPES["sm90"]
+    assert candidate.split_k == 16 and candidate.use_f16_kv
 
 
 def test_perf_analyses_the_bench_case_from_the_launchers_plan(cache_dir):
@@ -154,7 +159,7 @@ def test_perf_analyses_the_bench_case_from_the_launchers_plan(cache_dir):
     result = trace(case.call, facts)
     assert not result.error and result.unplanned_families() == []
     assert launch_count_mismatches(result) == []
-    assert [r.name for r in result.records] == ["_sdpa_decode_split_kernel", "_sdpa_decode_merge_kernel"]
+    assert [r.name for r in result.records] == ["_sdpa_decode_kernel"]
     analysed = analyse_plan(result.records, H200, cache_dir=cache_dir)
     floor_us, est_us, _bw = case_totals(analysed, H200)
-    assert 0 < floor_us < est_us and analysed[0].sm_fill == pytest.approx(32 / 132, abs=1e-4)
+    assert 0 < floor_us < est_us and analysed[0].sm_fill == pytest.approx(128 / 132, abs=1e-4)

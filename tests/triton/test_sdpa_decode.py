@@ -1,4 +1,7 @@
-"""The split-K decode kernels against the float64 reference, in the Triton interpreter (tiny shapes)."""
+"""The split-K decode kernel and its split rule against the float64 reference, in the Triton interpreter (tiny shapes).
+
+Kernel tests run the split rule for a GPU of SPLITTING_SMS SMs, so their tiny launches split as far as
+the candidate's split_k and the KV tiles allow (a CPU's single SM would never split)."""
 from __future__ import annotations
 
 import math
@@ -11,6 +14,7 @@ from rlx_triton.backends.triton import sdpa_decode as tk
 from tests.reference.sdpa_decode import DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SPLITTING_SMS = 64
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
 
 
@@ -37,8 +41,8 @@ def assert_matches(out, lse, ref_out, ref_lse, dtype, seq_kv):
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-def run_and_check(q, k, v, cand=None, **kw):
-    out, lse = tk.sdpa_decode(q, k, v, candidate=cand or candidate(), **kw)
+def run_and_check(q, k, v, cand=None, sm_count=SPLITTING_SMS, **kw):
+    out, lse = tk.sdpa_decode(q, k, v, candidate=cand or candidate(), sm_count=sm_count, **kw)
     ref_out, ref_lse = attention_reference(q, k, v, **kw)
     assert_matches(out, lse, ref_out, ref_lse, q.dtype, k.shape[2])
     return out, lse
@@ -116,7 +120,7 @@ def test_keys_past_the_valid_length_are_never_read():
     lengths = torch.tensor([5, 30], dtype=torch.int32)
     k[0, :, 5:] = float("nan")
     v[0, :, 5:] = float("nan")
-    out, _ = tk.sdpa_decode(q, k, v, cache_seqlens=lengths, candidate=candidate(split_k=4))
+    out, _ = tk.sdpa_decode(q, k, v, cache_seqlens=lengths, candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
     assert torch.isfinite(out).all()
 
 
@@ -188,7 +192,7 @@ def test_approved_candidates_hold_their_error_bound():
         cand = SdpaDecodeCandidate.from_tag(tag)
         measured_dtype = torch.float16 if cand.use_f16_kv else torch.float32
         q, k, v, kw = _sweep_inputs(measured_dtype)
-        out, _ = tk.sdpa_decode(q, k, v, candidate=cand, **kw)
+        out, _ = tk.sdpa_decode(q, k, v, candidate=cand, sm_count=SPLITTING_SMS, **kw)
         ref, _ = attention_reference(q, k, v, **kw)
         assert _relative_error(out, ref) <= approval.max_rel_err, tag
 
@@ -203,20 +207,21 @@ def test_fp32_candidate_is_approved_for_high_fidelity_and_f16_kv_ones_are_not():
 def test_top_left_causal_with_a_long_cache_reads_only_the_first_keys():
     q, k, v = make_qkv(1, 2, 1, 3, 70, 16)
     k[:, :, 3:] = float("nan")  # keys no token may see under top-left alignment
-    out, _ = tk.sdpa_decode(q, k, v, causal="top_left", candidate=candidate())
+    out, _ = tk.sdpa_decode(q, k, v, causal="top_left", candidate=candidate(), sm_count=SPLITTING_SMS)
     ref, _ = attention_reference(q, k[:, :, :3], v[:, :, :3], causal="top_left")
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_meta_maps_the_candidate_fields():
-    meta = tk._meta(candidate(split_k=4, tile_n=64, tg_size=128), rows=4, head_dim=24, head_dim_v=24,
+    meta = tk._meta(candidate(split_k=4, tile_n=64, tg_size=256), rows=4, head_dim=24, head_dim_v=24,
                     dtype=torch.float16)
-    assert (meta["SPLIT_K"], meta["BLOCK_N"], meta["num_warps"]) == (4, 64, 4)
+    assert (meta["MAX_SPLITS"], meta["BLOCK_N"]) == (4, 64)
+    assert meta["num_warps"] == 4                      # tensor-core tiles: one row of 4 warps, at most tg_size // 32
     assert (meta["BLOCK_M"], meta["BLOCK_D"], meta["BLOCK_DV"]) == (16, 32, 32)
-    assert meta["DOT_LOWP"] and not meta["SINGLE_PASS"]
-    single = tk._meta(candidate(split_k=1, partial_reduce=False, use_f16_kv=False), rows=1, head_dim=8,
-                      head_dim_v=8, dtype=torch.float16)
-    assert single["SINGLE_PASS"] and not single["DOT_LOWP"] and single["BLOCK_D"] == 16
+    assert meta["DOT_LOWP"]
+    fp32 = tk._meta(candidate(split_k=1, partial_reduce=False, use_f16_kv=False, tg_size=256), rows=1, head_dim=8,
+                    head_dim_v=8, dtype=torch.float16)
+    assert fp32["MAX_SPLITS"] == 1 and not fp32["DOT_LOWP"] and fp32["BLOCK_D"] == 16 and fp32["num_warps"] == 8
 
 
 @pytest.mark.parametrize("head_dim,rows", [(128, 4), (256, 64)])
@@ -229,8 +234,23 @@ def test_meta_shrinks_tiles_to_the_register_budget(head_dim, rows):
     assert per_thread <= tk._THREAD_BYTES_LOWP and meta["BLOCK_M"] >= 16 and meta["BLOCK_N"] >= 16
 
 
-def test_two_stage_with_a_single_split():
+@pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (128, torch.float16), (256, torch.bfloat16),
+                                            (128, torch.float32)])
+def test_meta_double_buffers_k_and_v_within_the_pipeline_budget(head_dim, dtype):
+    meta = tk._meta(candidate(tile_n=128, tg_size=256), rows=4, head_dim=head_dim, head_dim_v=head_dim, dtype=dtype)
+    element = torch.empty((), dtype=dtype).element_size()
+    assert (tk.NUM_STAGES - 1) * meta["BLOCK_N"] * (meta["BLOCK_D"] + meta["BLOCK_DV"]) * element <= tk._PIPELINE_BYTES
+
+
+def test_meta_caps_the_tile_for_a_short_kv_range():
+    meta = tk._meta(candidate(tile_n=128), rows=4, head_dim=64, head_dim_v=64, dtype=torch.float16, max_block_n=32)
+    assert meta["BLOCK_N"] == 32
+
+
+def test_a_partial_reduce_candidate_capped_at_one_split_writes_the_output_directly():
     q, k, v = make_qkv(1, 2, 1, 1, 30, 16)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(split_k=1, partial_reduce=True), sm_count=SPLITTING_SMS)
+    assert plan[0].grid[1] == 1 and plan[0].args[7] is plan[0].args[5]   # no partial buffer: out itself
     run_and_check(q, k, v, cand=candidate(split_k=1, partial_reduce=True))
 
 
@@ -244,3 +264,130 @@ def test_degenerate_inputs_match_the_reference(case, cand, dtype):
     q, k, v, kwargs, expect = degenerate_inputs(case, dtype)
     out, _ = run_and_check(q, k, v, cand=cand, **kwargs)
     assert_outcome(out, expect)
+
+
+# --- the split rule --------------------------------------------------------------------------------
+def test_rule_takes_one_split_where_the_row_blocks_fill_the_gpu():
+    assert tk.kv_splits(132, 128, 16384, 64, 16) == 1           # 128 of 132 SMs, as full as any split count gives
+    assert tk.kv_splits(108, 216, 4096, 64, 16) == 1            # two whole waves on an A100
+
+
+def test_rule_splits_up_to_the_candidates_cap_for_few_row_blocks():
+    assert tk.kv_splits(132, 8, 65536, 64, 16) == 16            # Llama-3-8B at batch 1: 128 programs
+    assert tk.kv_splits(132, 8, 65536, 64, 4) == 4              # split_k bounds it
+    assert tk.kv_splits(132, 1, 65536, 64, 16) == 16            # MQA at batch 1: as full as the cap allows
+
+
+def test_rule_never_gives_a_split_less_than_one_tile_of_the_bucket():
+    assert tk.kv_splits(132, 8, 100, 64, 16) == 2               # bucket 128: two tiles of 64
+    assert tk.kv_splits(132, 8, 1, 16, 16) == 1
+
+
+def test_rule_reads_the_kv_length_bucket_so_the_grid_is_fixed_within_it():
+    assert {tk.kv_splits(132, 3, n, 16, 16) for n in (65, 100, 128)} == {tk.kv_splits(132, 3, 128, 16, 16)}
+    q = torch.randn(1, 4, 1, 16)
+    grids = {tk.sdpa_decode_plan(q, torch.randn(1, 2, n, 16), torch.randn(1, 2, n, 16), candidate=candidate(split_k=16),
+                                 sm_count=132)[0][0].grid for n in (33, 50, 64)}
+    assert len(grids) == 1
+
+
+def test_rule_picks_the_fullest_last_wave_whatever_the_programs_per_sm():
+    # 512 row blocks on 132 SMs: 3 waves + 116 (0.88); 9 splits: 4608 = 34 waves + 120 (0.91)
+    assert tk.last_wave_fill(512, 132) == pytest.approx(116 / 132)
+    assert tk.kv_splits(132, 512, 4096, 64, 16) == 9
+    assert tk.last_wave_fill(264, 132) == 1.0
+
+
+def test_a_cpu_never_splits():
+    assert tk.kv_splits(1, 3, 65536, 64, 16) == 1
+    q, k, v = make_qkv(1, 2, 1, 1, 300, 16)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(split_k=16))   # CPU tensors: no SMs
+    assert plan[0].grid == (1, 1)
+
+
+def test_short_kv_ranges_take_smaller_tiles_to_reach_more_sms():
+    assert tk.block_n_for_short_kv(132, 8, 512, 64) == 32      # 8 x 16 tiles of 32 for 132 SMs
+    assert tk.block_n_for_short_kv(132, 8, 65536, 64) == 64
+    assert tk.block_n_for_short_kv(132, 1, 16, 64) == 16       # never below 16
+
+
+def test_one_split_matches_float64():
+    q, k, v = make_qkv(2, 4, 2, 1, 70, 16)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(split_k=4), sm_count=4)   # 4 row blocks, 4 SMs
+    assert plan[0].grid == (4, 1)
+    run_and_check(q, k, v, cand=candidate(split_k=4), sm_count=4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_maximum_splits_match_float64(dtype):
+    q, k, v = make_qkv(1, 4, 1, 1, 333, 16, dtype=dtype)        # 21 tiles of 16, 16 splits of one or two
+    cand = candidate(split_k=16)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=cand, sm_count=132)
+    assert plan[0].grid == (1, 16)
+    run_and_check(q, k, v, cand=cand, sm_count=132)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sequences_shorter_than_one_tile_beside_long_ones(dtype):
+    q, k, v = make_qkv(3, 4, 2, 2, 200, 16, dtype=dtype)
+    lengths = torch.tensor([3, 200, 15], dtype=torch.int32)      # tiles of 16: 3 and 15 keys are one tile
+    run_and_check(q, k, v, cand=candidate(split_k=8), sm_count=132, cache_seqlens=lengths, causal="bottom_right")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_per_sequence_lengths_that_leave_splits_empty(dtype):
+    # 8 splits of S_max 128 (8 tiles): length 1 has one live split, 40 three, 100 seven, 128 all eight
+    q, k, v = make_qkv(4, 2, 1, 1, 128, 16, dtype=dtype)
+    lengths = torch.tensor([1, 40, 100, 128], dtype=torch.int64)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(split_k=8), sm_count=132, cache_seqlens=lengths)
+    assert plan[0].grid == (4, 8)
+    run_and_check(q, k, v, cand=candidate(split_k=8), sm_count=132, cache_seqlens=lengths)
+
+
+def test_every_launch_leaves_the_ticket_counters_at_zero():
+    q, k, v = make_qkv(2, 4, 2, 1, 96, 16)
+    lengths = torch.tensor([96, 20], dtype=torch.int32)
+    for _ in range(2):  # the second launch reuses the counters the first one left
+        run_and_check(q, k, v, cand=candidate(split_k=4), sm_count=132, cache_seqlens=lengths)
+    assert all(int(counters.abs().sum()) == 0 for counters in tk._tickets.values())
+
+
+# --- the autotune bridge ---------------------------------------------------------------------------
+def _routed(q, k, v):
+    import rlx_triton as rt
+
+    with rt.use_backend("triton"):
+        return rt.explain(rt.sdpa_decode, q, k, v)
+
+
+def test_a_routed_launch_goes_through_the_autotune_bridge_with_the_routes_candidate():
+    q, k, v = make_qkv(1, 4, 2, 1, 50, 16, dtype=torch.float16)
+    route = _routed(q, k, v)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=route.candidate, route=route, sm_count=SPLITTING_SMS)
+    record = plan[0]
+    assert record.route is route and route.candidate.tag() in record.kernel.tags
+    assert record.meta["BLOCK_N"] == record.kernel.config_of(route.candidate).kwargs["BLOCK_N"]
+    out, lse = tk.sdpa_decode(q, k, v, candidate=route.candidate, route=route, sm_count=SPLITTING_SMS)
+    ref_out, ref_lse = attention_reference(q, k, v)
+    assert_matches(out, lse, ref_out, ref_lse, torch.float16, 50)
+
+
+def test_a_kv_length_growing_inside_its_bucket_keeps_one_autotune_key():
+    from rlx_triton.backends.triton.autotune import autotune_key
+    from rlx_triton.config import override_settings
+
+    q = torch.randn(1, 4, 1, 16).half()
+    tuned_kernels, keys = set(), set()
+    with override_settings(tune=False):
+        for seq_kv in (65, 100, 128):
+            k, v = torch.randn(1, 2, seq_kv, 16).half(), torch.randn(1, 2, seq_kv, 16).half()
+            route = _routed(q, k, v)
+            plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=route.candidate, route=route, sm_count=SPLITTING_SMS)
+            tuned = plan[0].kernel
+            key = autotune_key(tuned.arg_names, tuned.key, plan[0].args, {})
+            tk.sdpa_decode(q, k, v, candidate=route.candidate, route=route, sm_count=SPLITTING_SMS)
+            assert tuned.winner(key) == route.candidate.tag()
+            tuned_kernels.add(tuned)
+            keys.add(key)
+    assert len(tuned_kernels) == 1 and len(keys) == 1
+    assert 128 in next(iter(keys))   # the KV bucket, not the length

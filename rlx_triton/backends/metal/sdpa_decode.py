@@ -153,7 +153,9 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                                  scale: Optional[float] = None, enable_gqa: bool = False, *,
-                                 candidate=None) -> torch.Tensor:
+                                 candidate=None, lower_right: bool = False, route=None) -> torch.Tensor:
     """torch SDPA (dropout 0) through the decode kernels: (N..., Hq, Lq, D) or (N, Lq, D) inputs with the
-    same leading dims; the KV heads divide the query heads (enable_gqa, or one KV head)."""
-    return sdpa_through_decode(sdpa_decode, query, key, value, attn_mask, is_causal, scale, candidate)
+    same leading dims; the KV heads divide the query heads (enable_gqa, or one KV head). lower_right: causal
+    masking aligned to the last key (a lower-right CausalBias); route: unused (the shaders have no tuner)."""
+    return sdpa_through_decode(sdpa_decode, query, key, value, attn_mask, is_causal, scale, candidate,
+                               lower_right=lower_right)

@@ -94,10 +94,12 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
 
 def sdpa_through_decode(sdpa_decode_fn, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attn_mask: Optional[torch.Tensor], is_causal: bool, scale: Optional[float],
-                        candidate) -> torch.Tensor:
+                        candidate, *, lower_right: bool = False, **options) -> torch.Tensor:
     """torch SDPA (dropout 0) through a backend's `sdpa_decode`: (N..., Hq, Lq, D) or (N, Lq, D) inputs
     with the same leading dims are viewed as (B, H, L, D), and the output is given back their layout.
-    The Triton and Metal `scaled_dot_product_attention` launchers are this with their own `sdpa_decode`."""
+    lower_right: causal masking aligned to the last key (a lower-right CausalBias) instead of is_causal's
+    top-left. The Triton and Metal `scaled_dot_product_attention` launchers are this with their own
+    `sdpa_decode` (`options`, e.g. the Triton launcher's route, are passed on to it)."""
     seq_q, seq_kv = query.shape[-2], key.shape[-2]
     if query.dim() == 3:  # (N, L, E): N sequences of one head each
         q4, k4, v4 = query[None], key[None], value[None]
@@ -106,15 +108,23 @@ def sdpa_through_decode(sdpa_decode_fn, query: torch.Tensor, key: torch.Tensor, 
     mask4 = None
     if attn_mask is not None:
         mask4 = attn_mask.expand(*query.shape[:-1], seq_kv).reshape(q4.shape[0], q4.shape[1], seq_q, seq_kv)
-    out, _ = sdpa_decode_fn(q4, k4, v4, attn_mask=mask4, causal="top_left" if is_causal else "none", scale=scale,
-                            candidate=candidate)
+    causal = "bottom_right" if lower_right else "top_left" if is_causal else "none"
+    out, _ = sdpa_decode_fn(q4, k4, v4, attn_mask=mask4, causal=causal, scale=scale, candidate=candidate, **options)
     return out.reshape(*query.shape[:-3], *out.shape[1:]) if query.dim() > 3 else out[0]
+
+
+def lower_right_mask(seq_q: int, seq_kv: int, device) -> torch.Tensor:
+    """The bool (Lq, S) mask of causal masking aligned to the last key (torch's lower-right CausalBias)."""
+    return torch.ones(seq_q, seq_kv, dtype=torch.bool, device=device).tril(seq_kv - seq_q)
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                                  scale: Optional[float] = None, enable_gqa: bool = False, *,
-                                 candidate=None) -> torch.Tensor:
-    """torch's own SDPA (dropout 0), called through torch._C so that rt.patch_sdpa() never recurses."""
+                                 candidate=None, lower_right: bool = False, route=None) -> torch.Tensor:
+    """torch's own SDPA (dropout 0), called through torch._C so that rt.patch_sdpa() never recurses;
+    lower_right runs it with the lower-right causal mask materialized, as torch does off its fused kernels."""
+    if lower_right:
+        attn_mask, is_causal = lower_right_mask(query.shape[-2], key.shape[-2], query.device), False
     return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
                                                      is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -1,12 +1,18 @@
-"""Split-K flash-decoding attention kernels (Triton) for short query lengths against a long KV range.
+"""Split-K flash-decoding attention (Triton) for short query lengths against a long KV range: one launch.
 
-Stage 1 (`_sdpa_decode_split_kernel`) gives every (batch, KV head, block of packed query rows) a fixed
-number of KV splits (`candidate.split_k`, a grid dimension). The number of *live* splits of a sequence is
-computed on the device from its valid length, so the grid never depends on data: empty splits exit at
-once, nothing syncs with the host and the launch can be captured in a CUDA graph. Each program runs an
-fp32 online softmax (base 2) over its KV range and writes a normalised partial output and its
-log-sum-exp. Stage 2 (`_sdpa_decode_merge_kernel`) merges the live splits of each query row. With
-`split_k == 1` and `partial_reduce == False` stage 1 writes the final output directly (single pass).
+`_sdpa_decode_kernel` runs on a grid of (batch x KV heads x blocks of packed query rows, splits). The
+split count comes from the device (`kv_splits`, the split rule: SM count, row blocks, the KV length's
+bucket; the candidate's `split_k` is its upper bound), so the grid is fixed per (bucket, device). How
+many splits of a sequence are *live* is decided on the device from its valid length (`_live_splits`:
+every live split gets a balanced share of at least one BLOCK_N tile), so nothing syncs with the host,
+empty splits exit at once and the launch can be captured in a CUDA graph.
+
+Each program runs an fp32 online softmax (base 2) over its KV tiles, K and V double-buffered by the
+software pipeline (num_stages 3). With one split it writes the output and LSE directly. Otherwise it
+writes a normalised partial output and its log-sum-exp, takes a ticket from its row block's counter,
+and the program that takes the last ticket merges the live splits of its rows (in split order, so the
+result does not depend on which program finishes last) and resets the counter for the next launch.
+The counters live in a per-device, per-stream workspace that every launch leaves at zero.
 
 The query heads sharing one KV head (GQA/MQA) and the query tokens are packed into the M rows of
 `tl.dot` (packed row r -> head `kv_head * group + r // Lq`, token `r % Lq`), at least 16 rows per tile.
@@ -20,12 +26,16 @@ length, and under top-left alignment past the last query token, are never read):
 key adds -inf to its score, so NaN or +inf in a query row, a key or a mask gives a NaN row with a NaN
 LSE, and NaN or Inf in a value gives NaN through the P @ V product (0 * NaN), as in torch.
 
-The module also declares the family's routing data (COVERAGE, APPROVALS, RECIPES, AUDIT_KERNELS).
+With the router's route the launch goes through the autotune bridge (backends/triton/autotune.py),
+keyed on the token, batch and KV-length buckets and the head shape; without one the candidate is
+launched directly. The module also declares the family's routing data (COVERAGE, APPROVALS, RECIPES,
+AUDIT_KERNELS).
 """
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+import threading
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import triton
@@ -33,8 +43,8 @@ import triton.language as tl
 
 from rlx_triton.backends.torch_ref.sdpa_decode import sdpa_through_decode
 from rlx_triton.backends.triton import launches
-from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant
 from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage
@@ -52,31 +62,89 @@ MAX_HEAD_DIM = 256
 _DOT_UNITS = {torch.float16: "fp16_mma", torch.bfloat16: "bf16_mma"}
 
 
-@triton.jit
-def _split_bounds(seqlen, split, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    # every split covers a whole number of BLOCK_N tiles; trailing splits of a short sequence are empty
-    per_split = tl.cdiv(tl.cdiv(seqlen, SPLIT_K), BLOCK_N) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, seqlen)
-    return lo, hi, per_split
+# ---------------------------------------------------------------------------------------------------
+# The split rule: how many programs share the KV range of one block of query rows.
+# ---------------------------------------------------------------------------------------------------
+MIN_FILL = 0.9  # share of the SMs the last wave of a launch should keep busy
+MIN_BLOCK_N = 16
+
+
+def kv_bucket(seq_kv: int) -> int:
+    """The power of two at or above a KV length: the rule reads buckets, so the grid is fixed per bucket."""
+    return 1 << max(0, int(seq_kv) - 1).bit_length()
+
+
+def last_wave_fill(programs: int, sm_count: int) -> float:
+    """Share of the SMs busy in the last wave of `programs` equal programs, whatever the resident programs
+    per SM: a whole number of waves of `sm_count` keeps every SM busy, a remainder r keeps r of them."""
+    remainder = programs % sm_count
+    return 1.0 if remainder == 0 else remainder / sm_count
+
+
+def block_n_for_short_kv(sm_count: int, row_blocks: int, seq_kv: int, block_n: int) -> int:
+    """BLOCK_N halved (down to 16) while the bucket's tiles of all row blocks could not give MIN_FILL of the
+    SMs one tile each: a short KV range is spread over more programs in smaller tiles."""
+    tiles_wanted = MIN_FILL * sm_count
+    while block_n > MIN_BLOCK_N and row_blocks * triton.cdiv(kv_bucket(seq_kv), block_n) < tiles_wanted:
+        block_n //= 2
+    return block_n
+
+
+def kv_splits(sm_count: int, row_blocks: int, seq_kv: int, block_n: int, max_splits: int) -> int:
+    """Grid splits (grid dim 1) for `row_blocks` (batch x KV heads x query-row blocks) over `seq_kv` keys.
+
+    The rule: the split count s in [1, cap] whose launch of row_blocks x s programs leaves the fewest SMs
+    idle in its last wave (`last_wave_fill`; the smallest such s), where cap = min(max_splits, the
+    candidate's split_k; the number of BLOCK_N tiles in the KV length's bucket), so every split of a full
+    bucket has at least one tile. One split (no partials, no merge) wherever it fills the GPU as well as
+    any. Where nothing reaches MIN_FILL (too few row blocks times `max_splits`, as MQA at batch 1) the
+    fullest launch there is is taken. A CPU (sm_count 1) never splits.
+    """
+    cap = max(1, min(int(max_splits), triton.cdiv(kv_bucket(seq_kv), block_n)))
+    best, best_fill = 1, -1.0
+    for splits in range(1, cap + 1):
+        fill = last_wave_fill(row_blocks * splits, sm_count)
+        if fill > best_fill + 1e-9:
+            best, best_fill = splits, fill
+    return best
 
 
 @triton.jit
-def _sdpa_decode_split_kernel(
+def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
+    """(live splits, first key, end key) of `split` for a sequence of `seqlen` valid keys: the sequence's
+    tiles are shared as evenly as whole tiles allow by at most `num_splits` programs of at least one tile."""
+    tiles = tl.cdiv(seqlen, BLOCK_N)
+    live = tl.minimum(tiles, num_splits)
+    # int64: split x tiles passes 2^31 for the longest sequences
+    first_tile = (split.to(tl.int64) * tiles) // live
+    end_tile = ((split + 1).to(tl.int64) * tiles) // live
+    lo = (first_tile * BLOCK_N).to(tl.int32)
+    hi = tl.minimum(end_tile * BLOCK_N, seqlen).to(tl.int32)
+    return live, lo, hi
+
+
+# ---------------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["seq_kv", "token_bucket", "batch_bucket", "kv_len_bucket"])
+def _sdpa_decode_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, seqlens_ptr,
-    o_ptr, lse_ptr, part_o_ptr, part_lse_ptr,
+    o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, tickets_ptr,
     stride_qb, stride_qh, stride_ql,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb, stride_mh, stride_ml, stride_mn,
-    num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, num_m_blocks,
+    num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v,
     qk_scale,  # softmax scale * log2(e)
+    token_bucket, batch_bucket, kv_len_bucket,  # read by the autotuner's key only
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    SPLIT_K: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr, SINGLE_PASS: tl.constexpr, DOT_LOWP: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr,
 ):
     pid_bhm = tl.program_id(0)
     split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+    num_m_blocks = tl.cdiv(group * seq_q, BLOCK_M)
     m_block = pid_bhm % num_m_blocks
     bh = pid_bhm // num_m_blocks
     kv_head = bh % num_kv_heads
@@ -86,9 +154,9 @@ def _sdpa_decode_split_kernel(
         seqlen = tl.load(seqlens_ptr + batch).to(tl.int32)
     else:
         seqlen = seq_kv
-    lo, hi, per_split = _split_bounds(seqlen, split, SPLIT_K, BLOCK_N)
-    if lo >= hi:
-        return  # an empty split: the merge kernel never reads it
+    live, lo, hi = _live_splits(seqlen, num_splits, split, BLOCK_N)
+    if split >= live:
+        return  # an empty split: it takes no ticket and the merge never reads it
 
     # packed query rows of this program: (query head within the group, query token)
     rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -177,79 +245,87 @@ def _sdpa_decode_split_kernel(
 
     # rows of o / lse / partials are contiguous (batch, head, token)
     out_row = (batch64 * (num_kv_heads * group) + head64) * seq_q + tok64
-    if SINGLE_PASS:
-        o_ptrs = o_ptr + out_row[:, None] * head_dim_v + offs_dv[None, :]
-        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_valid[:, None] & dv_valid[None, :])
-        tl.store(lse_ptr + out_row, lse2 * 0.6931471805599453, mask=row_valid)
+    out_mask = row_valid[:, None] & dv_valid[None, :]
+    if MAX_SPLITS == 1:  # a candidate that never splits: no partials, no merge compiled in
+        _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid)
+    elif num_splits == 1:
+        _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid)
     else:
-        part_row = out_row * SPLIT_K + split
-        tl.store(part_o_ptr + part_row[:, None] * head_dim_v + offs_dv[None, :], out,
-                 mask=row_valid[:, None] & dv_valid[None, :])
-        tl.store(part_lse_ptr + part_row, lse2, mask=row_valid)
+        part_rows = out_row * num_splits  # partials of a row: (split, Dv), split-major
+        tl.store(part_o_ptr + (part_rows + split)[:, None] * head_dim_v + offs_dv[None, :], out, mask=out_mask)
+        tl.store(part_lse_ptr + part_rows + split, lse2, mask=row_valid)
+        # every thread's partial stores come before the ticket, which releases them to the merging program
+        tl.debug_barrier()
+        ticket = tl.atomic_add(tickets_ptr + pid_bhm, 1, sem="acq_rel", scope="gpu")
+        if ticket == live - 1:
+            # the last live split merges all of them; partials written by other SMs are read from L2 (.cg)
+            offs_s = tl.arange(0, MAX_SPLITS)
+            lse_all = tl.load(part_lse_ptr + part_rows[:, None] + offs_s[None, :],
+                              mask=row_valid[:, None] & (offs_s[None, :] < live), other=float("-inf"),
+                              cache_modifier=".cg")
+            m = tl.max(lse_all, 1)
+            m = tl.where(m == float("-inf"), 0.0, m)
+            denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
+            merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+            for s in range(0, live):
+                w = tl.exp2(tl.load(part_lse_ptr + part_rows + s, mask=row_valid, other=float("-inf"),
+                                    cache_modifier=".cg") - m)
+                part = tl.load(part_o_ptr + (part_rows + s)[:, None] * head_dim_v + offs_dv[None, :],
+                               mask=out_mask, other=0.0, cache_modifier=".cg")
+                merged += w[:, None] * part
+            # as for l above: a NaN partial LSE makes denom NaN, which must not read as "no keys"
+            merged_no_keys = denom == 0.0
+            denom_safe = tl.where(merged_no_keys, 1.0, denom)
+            _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged / denom_safe[:, None],
+                        tl.where(merged_no_keys, float("-inf"), m + tl.log2(denom_safe)), out_mask, row_valid)
+            tl.store(tickets_ptr + pid_bhm, 0)  # every live split has taken its ticket: ready for the next launch
 
 
 @triton.jit
-def _sdpa_decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, o_ptr, lse_ptr, seqlens_ptr,
-    rows_per_batch, seq_kv, head_dim_v,
-    SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr,
-):
-    row = tl.program_id(0)
-    batch = row // rows_per_batch
-    if HAS_SEQLENS:
-        seqlen = tl.load(seqlens_ptr + batch).to(tl.int32)
-    else:
-        seqlen = seq_kv
-    per_split = tl.cdiv(tl.cdiv(seqlen, SPLIT_K), BLOCK_N) * BLOCK_N
-    num_live = tl.cdiv(seqlen, per_split)
-
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    s_live = offs_s < num_live
-    dv_valid = offs_dv < head_dim_v
-    row64 = row.to(tl.int64)
-
-    lse = tl.load(part_lse_ptr + row64 * SPLIT_K + offs_s, mask=s_live, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m_safe)
-    denom = tl.sum(w, 0)
-    parts = tl.load(part_o_ptr + (row64 * SPLIT_K + offs_s[:, None]) * head_dim_v + offs_dv[None, :],
-                    mask=s_live[:, None] & dv_valid[None, :], other=0.0)
-    # as in the split kernel: a NaN partial LSE makes denom NaN, which must not read as "no keys"
-    no_keys = denom == 0.0
-    denom_safe = tl.where(no_keys, 1.0, denom)
-    out = tl.sum(w[:, None] * parts, 0) / denom_safe
-    tl.store(o_ptr + row64 * head_dim_v + offs_dv, out.to(o_ptr.dtype.element_ty), mask=dv_valid)
-    tl.store(lse_ptr + row64, tl.where(no_keys, float("-inf"),
-                                       (m_safe + tl.log2(denom_safe)) * 0.6931471805599453))
+def _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid):
+    """The output rows in o's dtype and their LSE in natural log (lse2 is base 2)."""
+    tl.store(o_ptr + out_row[:, None] * head_dim_v + offs_dv[None, :], out.to(o_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(lse_ptr + out_row, lse2 * 0.6931471805599453, mask=row_valid)
 
 
 def _interpreting() -> bool:
     return triton.knobs.runtime.interpret if hasattr(triton, "knobs") else False
 
 
-# Bytes of K/V tiles, q, the accumulator and the score tile (scores, probabilities, mask pointers) one
-# thread may hold before ptxas spills, measured with the audit (mask + causal + cache lengths, sm_80 and
-# sm_90): fp16/bf16 operands spill above ~300 B/thread, fp32 ieee operands above ~250 B/thread.
-_THREAD_BYTES_LOWP = 288
+# K and V tiles in flight while one is consumed: the software pipeline's depth (num_stages 3 = two buffers)
+NUM_STAGES = 3
+# Shared memory the pipeline's K/V buffers may take: two stages of BLOCK_N x (D + Dv) keys within 64 KiB
+# leave room for 3 programs per SM on sm_90 (228 KiB) and 2 on sm_80 (164 KiB).
+_PIPELINE_BYTES = 64 * 1024
+# Bytes per thread of K/V tiles, q, the accumulator and the score tile (the formula in _meta) below which
+# ptxas keeps everything in registers, measured with rlx-triton perf / the audit on sm_80 and sm_90 (mask +
+# causal + cache lengths). Tensor-core dots (fp16/bf16 operands, 4 warps): no spills up to ~900 B (16-32
+# rows, D 64-256); fp32 operands, multiplied on the FMA units from registers: spills above ~250 B
+# (16-bit inputs upcast to fp32 operands: both copies of a K/V tile counted).
+_THREAD_BYTES_LOWP = 768
 _THREAD_BYTES_FP32 = 224
+# warps of a tensor-core decode tile: one row of 4 warps across the 16-64 packed query rows
+_LOWP_WARPS = 4
 
 
-def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtype) -> dict:
-    """Candidate -> meta-parameters of the split kernel.
+def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtype,
+          max_block_n: Optional[int] = None) -> dict:
+    """Candidate -> meta-parameters of the kernel.
 
-    split_k -> SPLIT_K (grid dim 1, the maximum number of KV splits); tg_size // 32 -> num_warps;
-    tile_n -> BLOCK_N; tile_m -> the least BLOCK_M (packed query rows: at least 16 for tl.dot, and up to
-    64 so a whole GQA group x tokens shares one read of K/V); D and Dv -> next powers of two (>= 16).
-    The tiles are upper bounds: while K/V tiles, q, the accumulator and the score tile exceed the
-    per-thread register budget, BLOCK_N halves down to 32, then num_warps doubles up to 8, then BLOCK_M
-    and BLOCK_N halve down to 16, then num_warps doubles up to 16 (no candidate spills on sm_80/sm_90).
-    use_f16_kv -> fp16/bf16 dot operands for 16-bit inputs; fp32 operands with ieee precision otherwise
-    (bf16 under the interpreter also takes fp32 operands: the interpreter computes on raw bf16 bits).
-    split_k == 1 with partial_reduce False -> single pass (no partials, no merge kernel).
-    tile_k, pad_q and pad_kv need no mapping: D is padded to a power of two and every length is masked.
+    split_k -> MAX_SPLITS (the split rule's upper bound); tile_n -> BLOCK_N (at most `max_block_n`, the
+    split rule's tile for a short KV range); tile_m -> the least BLOCK_M (packed query rows: at least 16
+    for tl.dot, and up to 64 so a whole GQA group x tokens shares one read of K/V); D and Dv -> next
+    powers of two (>= 16). use_f16_kv -> fp16/bf16 dot operands for 16-bit inputs (tensor cores); fp32
+    operands with ieee precision otherwise (bf16 under the interpreter also takes fp32 operands: the
+    interpreter computes on raw bf16 bits). tg_size // 32 -> num_warps for fp32 operands; tensor-core
+    tiles take 4 warps (at most tg_size // 32).
+    K and V are double-buffered (num_stages 3): BLOCK_N halves while the two stages would pass
+    _PIPELINE_BYTES. The tiles are upper bounds: while K/V tiles, q, the accumulator and the score tile
+    exceed the per-thread register budget, BLOCK_N halves down to 32, then num_warps doubles up to 8,
+    then BLOCK_M and BLOCK_N halve down to 16, then num_warps doubles up to 16 (no routed configuration
+    spills on sm_80/sm_90). partial_reduce, tile_k, pad_q and pad_kv need no mapping: one split writes the
+    output directly and more merge in the same launch, D is padded to a power of two and every length is
+    masked.
     """
     lowp = bool(candidate.use_f16_kv) and dtype in (torch.float16, torch.bfloat16)
     if dtype == torch.bfloat16 and _interpreting():
@@ -257,13 +333,23 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_dv = max(16, triton.next_power_of_2(head_dim_v))
     block_m = max(16, triton.next_power_of_2(max(1, candidate.tile_m)), min(triton.next_power_of_2(rows), 64))
-    block_n = max(16, triton.next_power_of_2(candidate.tile_n))
-    num_warps = max(1, candidate.tg_size // 32)
+    block_n = max(MIN_BLOCK_N, triton.next_power_of_2(candidate.tile_n))
+    if max_block_n is not None:
+        block_n = max(MIN_BLOCK_N, min(block_n, max_block_n))
+    warps = max(1, candidate.tg_size // 32)
+    num_warps = min(warps, _LOWP_WARPS) if lowp else warps
+    element_bytes = torch.empty((), dtype=dtype).element_size()
     operand_bytes = 2 if lowp else 4
     budget = _THREAD_BYTES_LOWP if lowp else _THREAD_BYTES_FP32
 
+    while block_n > MIN_BLOCK_N and (NUM_STAGES - 1) * block_n * (block_d + block_dv) * element_bytes > _PIPELINE_BYTES:
+        block_n //= 2
+
+    # 16-bit tiles multiplied as fp32 operands are held twice: as loaded and converted
+    tile_bytes = operand_bytes if lowp or element_bytes == 4 else element_bytes + operand_bytes
+
     def thread_bytes():
-        kv = block_n * (block_d + block_dv) * operand_bytes
+        kv = block_n * (block_d + block_dv) * tile_bytes
         q_acc = block_m * (block_d + block_dv) * 4
         scores = block_m * block_n * 16
         return (kv + q_acc + scores) / (32 * num_warps)
@@ -286,11 +372,10 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         BLOCK_DV=block_dv,
-        SPLIT_K=max(1, int(candidate.split_k)),
-        SINGLE_PASS=int(candidate.split_k) <= 1 and not candidate.partial_reduce,
+        MAX_SPLITS=max(1, triton.next_power_of_2(int(candidate.split_k))),
         DOT_LOWP=lowp,
         num_warps=num_warps,
-        num_stages=1 if _interpreting() else 2,
+        num_stages=1 if _interpreting() else NUM_STAGES,
     )
 
 
@@ -307,17 +392,82 @@ def _unique_bytes(t: torch.Tensor) -> int:
     return count * t.element_size()
 
 
+def _sm_count(device: torch.device) -> int:
+    """SMs of the device the router reads facts from (1 where there are none: a CPU never splits)."""
+    from rlx_triton.router.device import device_facts
+
+    return device_facts(device).sm_count or 1
+
+
+# ticket counters per (device, stream): zeros, and every launch leaves them at zero
+_tickets: Dict[tuple, torch.Tensor] = {}
+_tickets_lock = threading.Lock()
+
+
+def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device, stream)
+    counters = _tickets.get(key)
+    if counters is None or counters.numel() < count:
+        with _tickets_lock:
+            counters = _tickets.get(key)
+            if counters is None or counters.numel() < count:
+                counters = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
+                _tickets[key] = counters
+    return counters
+
+
+# Autotune key: the token, batch and KV-length buckets and the head shape (never raw lengths or tensors).
+_TUNE_KEY = ["token_bucket", "batch_bucket", "num_kv_heads", "group", "head_dim", "head_dim_v", "kv_len_bucket"]
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "MAX_SPLITS", "DOT_LOWP")
+_tuned: Dict[tuple, object] = {}
+_tuned_lock = threading.Lock()
+
+
+def tuned_kernel(*, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtype, max_block_n: int):
+    """`_sdpa_decode_kernel` under the autotune bridge, one config per candidate approved for the current
+    precision profile, for one head shape (query rows, D, Dv, dtype) and short-KV tile bound."""
+    from rlx_triton.router import plans
+    from rlx_triton.router.approvals import approval_for
+
+    profile = plans.profile_name(plans.current_profile())
+    rows_class = min(triton.next_power_of_2(rows), 64)
+    key = (profile, rows_class, triton.next_power_of_2(head_dim), triton.next_power_of_2(head_dim_v), dtype,
+           max_block_n)
+    tuned = _tuned.get(key)
+    if tuned is None:
+        with _tuned_lock:
+            tuned = _tuned.get(key)
+            if tuned is None:
+                from rlx_triton.backends.triton.autotune import TunedKernel
+
+                candidates = [c for c in plans.plan_for("sdpa_decode").candidates
+                              if approval_for(APPROVALS, c.tag(), profile) is not None]
+
+                def to_config(candidate):
+                    meta = _meta(candidate, rows=rows_class, head_dim=head_dim, head_dim_v=head_dim_v, dtype=dtype,
+                                 max_block_n=max_block_n)
+                    return triton.Config({name: meta[name] for name in _CONFIG_KEYS}, num_warps=meta["num_warps"],
+                                         num_stages=meta["num_stages"])
+
+                tuned = TunedKernel(_sdpa_decode_kernel, candidates, to_config, key=_TUNE_KEY)
+                _tuned[key] = tuned
+    return tuned
+
+
 def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                      attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                      scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                     candidate) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
-    """The launches of `sdpa_decode` as records, and the (out, lse) buffers they fill.
+                     candidate, route=None,
+                     sm_count: Optional[int] = None) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
+    """The launch of `sdpa_decode` as a record, and the (out, lse) buffers it fills.
 
-    Built from shapes and strides only, so meta tensors give the plan at any shape. Bytes count every
-    element a launch may read once (K and V up to the padded length S: with cache_seqlens the keys past
-    a sequence's length are skipped, so the real traffic can be less) and every element it writes;
-    FLOPs are the two dots as the dot units execute them (query rows padded to BLOCK_M, head dims to
-    BLOCK_D / BLOCK_DV).
+    Built from shapes and strides only, so meta tensors give the plan at any shape. sm_count: the SMs the
+    split rule fills (default: the device's, from the router's device facts). Bytes count every element
+    the launch may read once (K and V up to the padded length S: with cache_seqlens the keys past a
+    sequence's length are skipped, so the real traffic can be less) and every element it writes, the
+    partials written and read back by the merge included; FLOPs are the two dots as the dot units execute
+    them (query rows padded to BLOCK_M, head dims to BLOCK_D / BLOCK_DV).
     """
     batch, num_heads, seq_q, head_dim = query.shape
     num_kv_heads, seq_kv, head_dim_v = key.shape[1], key.shape[2], value.shape[-1]
@@ -333,17 +483,39 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         if cache_seqlens is not None:
             cache_seqlens = cache_seqlens.clamp(max=seq_q)
         seq_kv = seq_q
+    device = query.device
+    sms = sm_count if sm_count is not None else _sm_count(device)
 
     rows = group * seq_q
+    heads_blocks = batch * num_kv_heads
     meta = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype)
-    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
-    split_k = meta["SPLIT_K"]
-    num_m_blocks = triton.cdiv(rows, meta["BLOCK_M"])
-    device = query.device
+    max_block_n = block_n_for_short_kv(sms, heads_blocks * triton.cdiv(rows, meta["BLOCK_M"]), seq_kv,
+                                       meta["BLOCK_N"])
+    if max_block_n < meta["BLOCK_N"]:
+        meta = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype,
+                     max_block_n=max_block_n)
+
+    def grid_for(config: dict) -> Tuple[int, int]:
+        row_blocks = heads_blocks * triton.cdiv(rows, config["BLOCK_M"])
+        return row_blocks, kv_splits(sms, row_blocks, seq_kv, config["BLOCK_N"], config["MAX_SPLITS"])
+
+    row_blocks, splits = grid_for(meta)
+    tuned = None
+    if route is not None and route.candidate is not None:
+        tuned = tuned_kernel(rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype,
+                             max_block_n=max_block_n)
+        if candidate.tag() not in tuned.tags:
+            tuned = None
+    # a cold bucket may be tuned on this call: the partials then hold the largest grid of any config
+    splits_held = splits
+    if tuned is not None:
+        from rlx_triton.backends.triton.autotune import tuning_allowed
+
+        if tuning_allowed(route, device):
+            splits_held = max(grid_for(config.kwargs)[1] for config in tuned.configs)
 
     out = torch.empty((batch, num_heads, seq_q, head_dim_v), device=device, dtype=query.dtype)
     lse = torch.empty((batch, num_heads, seq_q), device=device, dtype=torch.float32)
-
     if attn_mask is None:
         mask_kind, mask, mask_strides = MASK_NONE, query, (0, 0, 0, 0)
     else:
@@ -354,12 +526,12 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             mask_kind = MASK_FLOAT
         mask_strides = mask.stride()
     seqlens = cache_seqlens if cache_seqlens is not None else query
-
-    if meta["SINGLE_PASS"]:
-        part_o, part_lse = out, lse
+    if splits_held > 1:
+        part_o = torch.empty((batch, num_heads, seq_q, splits_held, head_dim_v), device=device, dtype=torch.float32)
+        part_lse = torch.empty((batch, num_heads, seq_q, splits_held), device=device, dtype=torch.float32)
+        tickets = _ticket_counters(device, heads_blocks * triton.cdiv(rows, MIN_BLOCK_N))
     else:
-        part_o = torch.empty((batch, num_heads, seq_q, split_k, head_dim_v), device=device, dtype=torch.float32)
-        part_lse = torch.empty((batch, num_heads, seq_q, split_k), device=device, dtype=torch.float32)
+        part_o, part_lse, tickets = out, lse, lse
 
     size = query.element_size()
     read = (query.numel() + batch * num_kv_heads * seq_kv * (head_dim + head_dim_v)) * size
@@ -367,72 +539,75 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         read += _unique_bytes(mask)
     if cache_seqlens is not None:
         read += cache_seqlens.numel() * cache_seqlens.element_size()
-    written = part_o.numel() * part_o.element_size() + part_lse.numel() * part_lse.element_size()
-    padded_rows = batch * num_kv_heads * num_m_blocks * meta["BLOCK_M"]
+    written = out.numel() * size + lse.numel() * 4
+    if splits > 1:  # the partials, written by every split and read back by the merging one; the tickets
+        partials = batch * num_heads * seq_q * splits * (head_dim_v + 1) * 4
+        read += partials + row_blocks * 4
+        written += partials + row_blocks * 4
+    padded_rows = row_blocks * meta["BLOCK_M"]
     flops = 2 * padded_rows * seq_kv * (meta["BLOCK_D"] + meta["BLOCK_DV"])
     unit = _DOT_UNITS.get(query.dtype, "fp32_fma") if meta["DOT_LOWP"] else "fp32_fma"
 
-    plan = [Launch(
-        _sdpa_decode_split_kernel, (batch * num_kv_heads * num_m_blocks, split_k),
-        (query, key, value, mask, seqlens, out, lse, part_o, part_lse,
-         query.stride(0), query.stride(1), query.stride(2),
-         key.stride(0), key.stride(1), key.stride(2),
-         value.stride(0), value.stride(1), value.stride(2),
-         *mask_strides,
-         num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, num_m_blocks,
-         float(scale) * LOG2E),
-        meta=dict(MASK_KIND=mask_kind, CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None, **meta),
-        num_warps=num_warps, num_stages=num_stages, bytes_read=read, bytes_written=written, flops=flops, unit=unit,
-    )]
-    if not meta["SINGLE_PASS"]:
-        out_bytes = out.numel() * out.element_size() + lse.numel() * lse.element_size()
-        seqlen_bytes = cache_seqlens.numel() * cache_seqlens.element_size() if cache_seqlens is not None else 0
-        plan.append(Launch(
-            _sdpa_decode_merge_kernel, (batch * num_heads * seq_q,),
-            (part_o, part_lse, out, lse, seqlens, num_heads * seq_q, seq_kv, head_dim_v),
-            meta=dict(SPLIT_K=split_k, BLOCK_N=meta["BLOCK_N"], BLOCK_S=triton.next_power_of_2(split_k),
-                      BLOCK_DV=meta["BLOCK_DV"], HAS_SEQLENS=cache_seqlens is not None),
-            num_warps=4, bytes_read=written + seqlen_bytes, bytes_written=out_bytes,
-            flops=3 * part_o.numel(), unit="fp32_fma",
-        ))
-    return plan, (out, lse)
+    args = (query, key, value, mask, seqlens, out, lse, part_o, part_lse, tickets,
+            query.stride(0), query.stride(1), query.stride(2),
+            key.stride(0), key.stride(1), key.stride(2),
+            value.stride(0), value.stride(1), value.stride(2),
+            *mask_strides,
+            num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v,
+            float(scale) * LOG2E,
+            triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv))
+    flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MASK_KIND=mask_kind,
+                 CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None)
+    counts = dict(bytes_read=read, bytes_written=written, flops=flops, unit=unit)
+    if tuned is not None:
+        record = Launch.tuned(tuned, candidate, grid_for, args, flags, route=route, **counts)
+    else:
+        record = Launch(_sdpa_decode_kernel, (row_blocks, splits), args,
+                        meta=dict(flags, **{name: meta[name] for name in _CONFIG_KEYS}),
+                        num_warps=meta["num_warps"], num_stages=meta["num_stages"], **counts)
+    return [record], (out, lse)
 
 
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                candidate) -> tuple[torch.Tensor, torch.Tensor]:
+                candidate, route=None, sm_count: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few query tokens against a KV range; returns (out, lse).
 
     query (B, Hq, Lq, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) with Hq % Hkv == 0 (strided views are
     read in place when their last dim is contiguous). attn_mask: bool (True keeps) or float (added),
     broadcastable to (B, Hq, Lq, S). causal: "none", "top_left" (torch SDPA) or "bottom_right" (within each
     sequence's valid length). cache_seqlens: (B,) int valid KV lengths in [1, S] or None (= S).
+    route: the router's decision (then the launch goes through the autotune bridge); sm_count: the SMs
+    the split rule fills (default: the device's).
     Returns out (B, Hq, Lq, Dv) in query's dtype and lse (B, Hq, Lq) float32 in natural log (-inf and a
     zero output for rows that see no key). Inputs are assumed validated by the op layer. Runs exactly the
-    records of `sdpa_decode_plan`.
+    record of `sdpa_decode_plan`: one launch.
     """
     plan, outputs = sdpa_decode_plan(query, key, value, attn_mask=attn_mask, causal=causal, scale=scale,
-                                     cache_seqlens=cache_seqlens, candidate=candidate)
+                                     cache_seqlens=cache_seqlens, candidate=candidate, route=route,
+                                     sm_count=sm_count)
     launches.run(plan)
     return outputs
 
 
 def launch_count(request, candidate) -> int:
-    """Launches `sdpa_decode` runs for a routed request: the split kernel, and the merge unless single pass."""
-    return 1 if (int(candidate.split_k) <= 1 and not candidate.partial_reduce) else 2
+    """Launches `sdpa_decode` runs for a routed request: one (the merge is folded into the kernel)."""
+    return 1
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                                  scale: Optional[float] = None, enable_gqa: bool = False, *,
-                                 candidate) -> torch.Tensor:
-    """torch SDPA (dropout 0) through the decode kernels: (N..., Hq, Lq, D) or (N, Lq, D) inputs.
+                                 candidate, lower_right: bool = False, route=None) -> torch.Tensor:
+    """torch SDPA (dropout 0) through the decode kernel: (N..., Hq, Lq, D) or (N, Lq, D) inputs.
 
     Leading dims of query, key and value must match (the op routes batch broadcasting to torch); the
-    KV heads divide the query heads (enable_gqa, or a single KV head that torch broadcasts).
+    KV heads divide the query heads (enable_gqa, or a single KV head that torch broadcasts). lower_right:
+    causal masking aligned to the last key (torch's lower-right CausalBias).
     """
-    return sdpa_through_decode(sdpa_decode, query, key, value, attn_mask, is_causal, scale, candidate)
+    return sdpa_through_decode(sdpa_decode, query, key, value, attn_mask, is_causal, scale, candidate,
+                               lower_right=lower_right, route=route)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -470,52 +645,49 @@ APPROVALS = {
     for variant in SdpaDecodeVariant
 }
 
-# No measured per-device recipe yet (the GPU run is pending): the plan's launch rule picks candidates.
-RECIPES: dict = {}
-SPEED_EVIDENCE: dict = {}
+# Built-in recipe per CUDA device class: the candidate with the widest split cap (split_k 16, 16-row tiles),
+# since the split count now comes from the device and split_k only bounds it: the rule can then fill the
+# SMs at small batch and still takes one split where the batch fills them. A guess from `rlx-triton perf`
+# (uncalibrated: no GPU run has measured it), labelled as such in SPEED_EVIDENCE; a winner-table entry
+# replaces it. The interpreter and the CPU keep the plan's launch rule.
+_WIDEST_SPLITS = SdpaDecodeVariant.LONG_KV_SPLIT16_F16_KV.tag()
+RECIPES: dict = {"sm90": _WIDEST_SPLITS, "sm80": _WIDEST_SPLITS, "cuda": _WIDEST_SPLITS}
+SPEED_EVIDENCE: dict = {_WIDEST_SPLITS: "estimated by rlx-triton perf (uncalibrated), not measured"}
 
 _AUDIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-_SPLIT_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "SPLIT_K", "MASK_KIND", "CAUSAL",
-                     "HAS_SEQLENS", "SINGLE_PASS", "DOT_LOWP")
-_SPLIT_SIGNATURE = {name: ("constexpr" if name in _SPLIT_CONSTEXPRS else "i32")
-                    for name in _sdpa_decode_split_kernel.arg_names}
-_SPLIT_SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8",
-                         "seqlens_ptr": "*i32", "o_ptr": "*{dt}", "lse_ptr": "*fp32", "part_o_ptr": "*fp32",
-                         "part_lse_ptr": "*fp32", "qk_scale": "fp32"})
+_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "MAX_SPLITS", "MASK_KIND", "CAUSAL", "HAS_SEQLENS",
+               "DOT_LOWP")
+_SIGNATURE = {name: ("constexpr" if name in _CONSTEXPRS else "i32") for name in _sdpa_decode_kernel.arg_names}
+_SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8", "seqlens_ptr": "*i32",
+                   "o_ptr": "*{dt}", "lse_ptr": "*fp32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
+                   "tickets_ptr": "*i32", "qk_scale": "fp32"})
 
 
-def _audit_split_meta(rows: int, head_dim: int):
+def _audit_meta(rows: int, head_dim: int):
     def meta(candidate, dt: str) -> dict:
         m = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim, dtype=_AUDIT_DTYPES[dt])
-        m.update(MASK_KIND=MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True)
+        m.update(MASK_KIND=MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True, stride_mn=1)
         return m
     return meta
 
 
-def _audit_merge_meta(candidate, dt: str) -> dict:
-    m = _meta(candidate, rows=4, head_dim=128, head_dim_v=128, dtype=_AUDIT_DTYPES[dt])
-    return dict(SPLIT_K=m["SPLIT_K"], BLOCK_N=m["BLOCK_N"], BLOCK_S=triton.next_power_of_2(m["SPLIT_K"]),
-                BLOCK_DV=m["BLOCK_DV"], HAS_SEQLENS=True, num_warps=4, num_stages=1)
-
-
+# what the JIT sees as multiples of 16 in a decode call with head dims of 16 or more: every pointer, the
+# strides of q/k/v rows and heads, the head dims; the mask's key stride is 1 (a constexpr to the JIT)
+_DIVISIBLE = ("q_ptr", "k_ptr", "v_ptr", "mask_ptr", "seqlens_ptr", "o_ptr", "lse_ptr", "part_o_ptr", "part_lse_ptr",
+              "tickets_ptr", "stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kn", "stride_vb",
+              "stride_vh", "stride_vn", "stride_mb", "stride_mh", "stride_ml", "head_dim", "head_dim_v")
+_SIGNATURE["stride_mn"] = "constexpr"
 _CANDIDATES = tuple(variant.candidate() for variant in SdpaDecodeVariant)
 _DEFAULT = SdpaDecodeVariant.DEFAULT.candidate()
 AUDIT_KERNELS = [
     # Llama-3-8B decode: 4 query heads per KV head, one token, head dim 128, mask + bottom-right causal
-    AuditSpec(name="sdpa_decode_split_d128", family="sdpa_decode", kernel=_sdpa_decode_split_kernel,
-              signature=_SPLIT_SIGNATURE, meta=_audit_split_meta(rows=4, head_dim=128),
-              candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp32", "fp16", "bf16"),
+    AuditSpec(name="sdpa_decode_d128", family="sdpa_decode", kernel=_sdpa_decode_kernel,
+              signature=_SIGNATURE, meta=_audit_meta(rows=4, head_dim=128),
+              candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp32", "fp16", "bf16"), divisible=_DIVISIBLE,
               expects_mma=lambda cand, dt: bool(cand.use_f16_kv) and dt != "fp32"),
     # head dim 256 with 16 packed rows (e.g. 8 heads per KV head x 2 tokens)
-    AuditSpec(name="sdpa_decode_split_d256", family="sdpa_decode", kernel=_sdpa_decode_split_kernel,
-              signature=_SPLIT_SIGNATURE, meta=_audit_split_meta(rows=16, head_dim=256),
-              candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp16", "bf16"),
+    AuditSpec(name="sdpa_decode_d256", family="sdpa_decode", kernel=_sdpa_decode_kernel,
+              signature=_SIGNATURE, meta=_audit_meta(rows=16, head_dim=256),
+              candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp16", "bf16"), divisible=_DIVISIBLE,
               expects_mma=lambda cand, dt: bool(cand.use_f16_kv)),
-    AuditSpec(name="sdpa_decode_merge", family="sdpa_decode", kernel=_sdpa_decode_merge_kernel,
-              signature={"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*{dt}", "lse_ptr": "*fp32",
-                         "seqlens_ptr": "*i32", "rows_per_batch": "i32", "seq_kv": "i32", "head_dim_v": "i32",
-                         "SPLIT_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_S": "constexpr",
-                         "BLOCK_DV": "constexpr", "HAS_SEQLENS": "constexpr"},
-              meta=_audit_merge_meta, candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp32", "fp16", "bf16"),
-              expects_mma=False),
 ]
