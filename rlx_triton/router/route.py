@@ -3,8 +3,9 @@
 The rules follow the speakrs CUDA router:
 - backends are walked in precedence order (triton, metal); one is taken only if it runs on the
   device and its declared coverage covers the whole request;
-- the candidate comes from the winner table, else a built-in recipe for the device class, else the
-  plan's default; accuracy approval is a separate catalogue, and an unapproved candidate is replaced
+- the candidate comes from the winner table, else a built-in recipe for the device class (one for the
+  class, or one per request geometry the family module names: recipe_key), else the plan's default;
+  accuracy approval is a separate catalogue, and an unapproved candidate is replaced
   by the family's fp32 candidate if that one is approved, else the backend is skipped;
 - speed evidence only labels a route, it never decides one;
 - every refusal is typed and falls back to the torch library op, or raises MissingKernel in strict mode.
@@ -19,7 +20,7 @@ import contextvars
 import threading
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar
 
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
@@ -251,9 +252,9 @@ def _choose_candidate(backend_name: str, module: ModuleType, request: Request, f
         if winner in by_tag:
             candidate, evidence, detail = by_tag[winner], TUNE_FILE, "winner table"
     if candidate is None:
-        recipe = getattr(module, "RECIPES", {}).get(facts.device_class)
+        recipe, geometry = _recipe(module, request, facts.device_class)
         if recipe in by_tag:
-            candidate, evidence, detail = by_tag[recipe], RECIPE, f"built-in recipe for {facts.device_class}"
+            candidate, evidence, detail = by_tag[recipe], RECIPE, f"built-in recipe for {facts.device_class}{geometry}"
     if candidate is None:
         candidate, evidence, detail = launch.candidate, DEVICE_DEFAULT, f"plan default ({profile_name} profile)"
 
@@ -272,6 +273,18 @@ def _choose_candidate(backend_name: str, module: ModuleType, request: Request, f
     speed = getattr(module, "SPEED_EVIDENCE", {}).get(candidate.tag())
     return dict(candidate=candidate, candidate_tag=candidate.tag(), kernel_name=kernel_name, evidence=evidence,
                 evidence_detail=detail, approval=approval, speed=speed, tune_key=tune_key)
+
+
+def _recipe(module: ModuleType, request: Request, device_class: str) -> Tuple[Optional[str], str]:
+    """(tag, where) of a module's built-in recipe for the device class: RECIPES[class] is a tag, or a mapping
+    from the module's `recipe_key(request)` (e.g. a layer geometry) to tags, "*" for any other key."""
+    recipe = getattr(module, "RECIPES", {}).get(device_class)
+    if not isinstance(recipe, Mapping):
+        return recipe, ""
+    key = module.recipe_key(request)
+    if key in recipe:
+        return recipe[key], f", {key}"
+    return recipe.get("*"), ""
 
 
 _Op = TypeVar("_Op", bound=Callable[..., Any])

@@ -90,6 +90,27 @@ def test_recipe_beats_plan_default(fake_backends, fake_module, fbank_candidates,
     assert (decided.evidence, decided.candidate) == ("Recipe", recipe)
 
 
+@pytest.mark.parametrize("key, expected", [("wide", 0), ("other", 1)])
+def test_a_recipe_per_request_key_picks_the_keys_tag_else_the_star(fake_backends, fake_module, fbank_candidates,
+                                                                  monkeypatch, key, expected):
+    approve_all(fake_module, fbank_candidates, monkeypatch)
+    chosen = fbank_candidates[-1 - expected]
+    monkeypatch.setattr(fake_module, "RECIPES", {"cpu": {"wide": fbank_candidates[-1].tag(),
+                                                         "*": fbank_candidates[-2].tag()}})
+    monkeypatch.setattr(fake_module, "recipe_key", lambda request: key, raising=False)
+    decided = route(fbank_request())
+    assert (decided.evidence, decided.candidate) == ("Recipe", chosen)
+    assert decided.evidence_detail.endswith(", wide") == (key == "wide")
+
+
+def test_a_recipe_mapping_without_the_key_or_a_star_falls_to_the_plan_default(fake_backends, fake_module,
+                                                                            fbank_candidates, monkeypatch):
+    approve_all(fake_module, fbank_candidates, monkeypatch)
+    monkeypatch.setattr(fake_module, "RECIPES", {"cpu": {"wide": fbank_candidates[-1].tag()}})
+    monkeypatch.setattr(fake_module, "recipe_key", lambda request: "narrow", raising=False)
+    assert route(fbank_request()).evidence == "DeviceDefault"
+
+
 def test_winner_table_beats_recipe(fake_backends, fake_module, fbank_candidates, monkeypatch, tmp_path):
     from rlx_triton.config import override_settings
     from rlx_triton.router import plans
