@@ -3,23 +3,36 @@ and rt.patch_sdpa().
 
 Both ops validate their input first (errors name the argument), build a routing Request from the
 shapes, and run as torch.library custom ops (`rlx_triton::sdpa`, `rlx_triton::sdpa_decode`) with fake
-implementations, so `torch.compile(fullgraph=True)` sees one opaque node per call. Inside the op the
-router picks the Triton decode kernel for covered (decode-shaped) requests and torch otherwise; routing
-reads shapes and dtypes only, never tensor data, so a call never syncs with the host.
+implementations, so `torch.compile(fullgraph=True)` sees one opaque node per call. A call is routed
+once: in eager mode the wrapper decides and hands its decision to the custom op (a key into the
+decisions it made, `_decision_key`); under torch.compile the op decides when it runs, since only then
+are the real shapes known. Routing reads shapes and dtypes only, never tensor data.
+
+Repeated calls are cheap: a call with exactly the signature of an earlier one reuses its decision, and
+a call whose only change is the KV length (a decode step) reuses the decision of its power-of-two
+bucket after checking just what the length touches (key and value agree on it, the mask's last dim).
+
+Every input torch's SDPA accepts is accepted: CausalBias masks (upper-left runs as is_causal, lower-right
+as the kernels' bottom-right alignment), a 0-dim tensor scale, enable_gqa with key and value head
+counts that differ (torch), nested tensors (torch); each gives torch's values, on a kernel where one
+covers it and through torch's op otherwise (strict mode refuses those, with the reason).
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
-from typing import Iterator, Optional, Tuple, Union
+import threading
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 from rlx_triton.router.request import dtype_name
-from rlx_triton.router.route import exact_route, remember_exact_route
+from rlx_triton.router.route import Route, exact_route, remember_exact_route
 
 
 _FAMILY = KernelFamily.SDPA_DECODE.value
@@ -32,6 +45,43 @@ class AttentionInputError(ValueError, RuntimeError):
 def _check_scale(scale, op: str) -> None:
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"{op}: scale must be a float or None, got {type(scale).__name__}")
+
+
+def _scale_value(scale, op: str):
+    """scale as a Python number: torch takes a 0-dim tensor for it (its value is read, as torch reads it)."""
+    if isinstance(scale, torch.Tensor):
+        if scale.dim() != 0 or scale.is_complex() or scale.dtype == torch.bool:
+            raise TypeError(f"{op}: scale must be a float, a 0-dim real tensor or None, got a tensor of shape "
+                            f"{tuple(scale.shape)} and dtype {scale.dtype}")
+        return scale.item()
+    return scale
+
+
+def _decision_key(decided: Route) -> str:
+    """The key the custom op receives for a decision made in the wrapper (eager mode routes once)."""
+    key = _decision_keys.get(id(decided))
+    if key is None:
+        with _decisions_lock:
+            if len(_decisions) >= _DECISION_LIMIT:
+                _decisions.clear()
+                _decision_keys.clear()
+            key = str(next(_decision_ids))
+            _decisions[key] = decided
+            _decision_keys[id(decided)] = key
+    return key
+
+
+def _decided(key: Optional[str]) -> Optional[Route]:
+    """The wrapper's decision for the custom op, or None (under torch.compile, or forgotten: route again)."""
+    return _decisions.get(key) if key else None
+
+
+# decisions handed from the wrappers to the custom ops: key -> Route (each Route kept alive, so ids stay unique)
+_decisions: Dict[str, Route] = {}
+_decision_keys: Dict[int, str] = {}
+_decision_ids = itertools.count()
+_decisions_lock = threading.Lock()
+_DECISION_LIMIT = 4096
 
 
 def _check_same_dtype_and_device(op: str, **tensors: torch.Tensor) -> None:
@@ -47,46 +97,77 @@ def _check_same_dtype_and_device(op: str, **tensors: torch.Tensor) -> None:
                                       f"{first_name} on {first.device} and {name} on {tensor.device}")
 
 
-def _library_route(build_request, *tensors) -> bool:
-    """Whether this call runs torch's own implementation outside the custom op.
-
-    The router decides (in strict mode it raises MissingKernel instead): calls that autograd records
-    go to the library (the kernels are forward-only and the custom ops have no backward, a typed
-    `requires_grad` refusal), and an eager call the router sends to the library then skips the
-    custom-op dispatch. Under torch.compile other calls stay one opaque custom-op node, which routes
-    when it runs.
-    """
-    if torch.compiler.is_compiling() and not needs_grad(*tensors):
-        return False
-    return route(build_request()).backend == "torch"
-
-
 # --------------------------------------------------------------------------------------------------
 # rt.scaled_dot_product_attention
 # --------------------------------------------------------------------------------------------------
-def _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> Optional[tuple]:
-    """Everything validation and routing read from a call, or None when it is not hashable as such."""
+def _causal_bias(attn_mask, is_causal: bool, query, key) -> Tuple[Optional[torch.Tensor], bool, bool]:
+    """(attn_mask, is_causal, lower_right) with a torch CausalBias mask replaced by the alignment it stands for.
+
+    As torch dispatches it: upper-left, or lower-right with as many queries as keys, is is_causal; lower-right
+    aligns the last query with the last key (the kernels' bottom-right alignment); is_causal=True with a
+    CausalBias is torch's ValueError.
+    """
+    if not isinstance(attn_mask, CausalBias):
+        return attn_mask, is_causal, False
+    op = "scaled_dot_product_attention"
+    if is_causal:
+        raise AttentionInputError(f"{op}: CausalBias should not be used with causal=True")
+    if attn_mask.variant == CausalVariant.UPPER_LEFT or attn_mask.seq_len_q == attn_mask.seq_len_kv:
+        return None, True, False
+    if attn_mask.variant != CausalVariant.LOWER_RIGHT:
+        raise AttentionInputError(f"{op}: CausalBias.variant must be a CausalVariant, got {attn_mask.variant!r}")
+    sizes = (attn_mask.seq_len_q, attn_mask.seq_len_kv)
+    if isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor) and not (query.is_nested or key.is_nested) \
+            and query.dim() >= 2 and key.dim() >= 2 and sizes != (query.shape[-2], key.shape[-2]):
+        raise AttentionInputError(f"{op}: a lower-right CausalBias of (L, S) = {sizes} needs query length L and key "
+                                  f"length S, got {query.shape[-2]} and {key.shape[-2]}")
+    return None, False, True
+
+
+def _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                    lower_right) -> Optional[tuple]:
+    """Everything validation and routing read from a call (the scale's type, not its value), or None when
+    it is not hashable as such."""
     try:
         signature = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device,
-                     key.device, value.device, query.requires_grad, key.requires_grad, value.requires_grad,
-                     torch.is_grad_enabled(), dropout_p, is_causal, scale, enable_gqa,
+                     key.device, value.device,
+                     torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
+                     dropout_p, is_causal, type(scale), enable_gqa, lower_right,
                      None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
                                                      attn_mask.requires_grad))
         hash(signature)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable scale: validation will say what is wrong
+    except (AttributeError, TypeError, RuntimeError):
+        # not tensors, an unhashable value (validation will say what is wrong), or a strided nested tensor
         return None
     return signature
 
 
+def _kv_bucket_signature(signature: tuple) -> Optional[tuple]:
+    """The call's signature with the KV length S replaced by its power-of-two bucket: calls that differ only
+    in S within one bucket share their route (what a decode step changes). None where S is 0 or the key is
+    not (..., S, E)."""
+    q_shape, k_shape, v_shape = signature[0], signature[1], signature[2]
+    if len(k_shape) < 2 or len(v_shape) < 2:
+        return None
+    seq_kv = k_shape[-2]
+    if seq_kv < 1:
+        return None
+    mask = signature[-1]
+    if mask is not None:  # its last dim is S or 1
+        mask = (mask[0][:-1], mask[0][-1] == 1) + mask[1:]
+    return ("kv-bucket", q_shape, k_shape[:-2], k_shape[-1], v_shape[:-2], v_shape[-1], (seq_kv - 1).bit_length(),
+            signature[3:-1], mask)
+
+
+def _kv_length_agrees(key, value, attn_mask) -> bool:
+    """What a new KV length could break in a call that is otherwise known: value's length and the mask's last dim."""
+    seq_kv = key.shape[-2]
+    return value.shape[-2] == seq_kv and (attn_mask is None or attn_mask.shape[-1] in (1, seq_kv))
+
+
 def _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> None:
     op = "scaled_dot_product_attention"
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        check_is_tensor(name, tensor, op=op)
-    if attn_mask is not None:
-        check_is_tensor("attn_mask", attn_mask, op=op)
-    _check_scale(scale, op)
-    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p <= 1.0:
-        raise AttentionInputError(f"{op}: dropout_p must be a probability in [0, 1], got {dropout_p!r}")
+    _validate_nested(query, key, value, attn_mask, dropout_p, scale)
     _check_same_dtype_and_device(op, query=query, key=key, value=value)
     if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
         raise AttentionInputError(f"{op}: query, key and value need at least 2 dims (..., L, E), got "
@@ -98,11 +179,11 @@ def _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, en
         raise AttentionInputError(f"{op}: value's sequence length (dim -2) must equal key's, got value "
                                   f"{tuple(value.shape)} for key {tuple(key.shape)}")
     if enable_gqa and query.dim() >= 3 and key.dim() >= 3 and value.dim() >= 3:
-        heads, kv_heads = query.shape[-3], key.shape[-3]
-        if value.shape[-3] != kv_heads or kv_heads == 0 or heads % kv_heads != 0:
-            raise AttentionInputError(f"{op}: with enable_gqa the number of heads in key and value must be "
-                                      f"equal and divide the query heads, got query {heads}, key {kv_heads}, "
-                                      f"value {value.shape[-3]}")
+        heads, kv_heads, v_heads = query.shape[-3], key.shape[-3], value.shape[-3]
+        if kv_heads == 0 or v_heads == 0 or heads % kv_heads != 0 or heads % v_heads != 0:
+            raise AttentionInputError(f"{op}: with enable_gqa the number of heads in key and value must divide "
+                                      f"the number of heads in query, got query {heads}, key {kv_heads}, "
+                                      f"value {v_heads}")
     if attn_mask is not None:
         if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
             raise AttentionInputError(f"{op}: expected attn_mask dtype to be bool or float or to match query's "
@@ -114,6 +195,23 @@ def _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, en
         except RuntimeError:
             raise AttentionInputError(f"{op}: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast "
                                       f"to (..., L, S) = {target}") from None
+
+
+def _validate_nested(query, key, value, attn_mask, dropout_p, scale) -> None:
+    """What rlx_triton checks of any call, nested tensors included (on those torch's op checks the rest as it
+    runs them): tensors, the scale, the dropout probability."""
+    op = "scaled_dot_product_attention"
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        check_is_tensor(name, tensor, op=op)
+    if attn_mask is not None:
+        check_is_tensor("attn_mask", attn_mask, op=op)
+    _check_scale(scale, op)
+    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p <= 1.0:
+        raise AttentionInputError(f"{op}: dropout_p must be a probability in [0, 1], got {dropout_p!r}")
+
+
+def _is_nested(*tensors) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_nested for t in tensors)
 
 
 def _sdpa_layout(q_shape: torch.Size, k_shape: torch.Size, v_shape: torch.Size) -> str:
@@ -129,49 +227,79 @@ def _sdpa_layout(q_shape: torch.Size, k_shape: torch.Size, v_shape: torch.Size) 
 def _sdpa_request(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                   enable_gqa=False) -> Request:
     """Validates a torch-SDPA call and reduces it to a routing Request (what explain() shows)."""
+    attn_mask, is_causal, lower_right = _causal_bias(attn_mask, is_causal, query, key)
+    scale = _scale_value(scale, "scaled_dot_product_attention")
+    if _is_nested(query, key, value, attn_mask):
+        _validate_nested(query, key, value, attn_mask, dropout_p, scale)
+        return _nested_request(query, key, value, attn_mask, dropout_p)
     _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    return _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, lower_right)
 
 
-def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> Request:
+def _mask_kind(attn_mask) -> str:
+    return "none" if attn_mask is None else "bool" if attn_mask.dtype == torch.bool else "float"
+
+
+def _nested_request(query, key, value, attn_mask, dropout_p) -> Request:
+    """Nested tensors have no fixed shape to route on: the request says so, and only torch's op takes them."""
+    return Request(
+        _FAMILY, "scaled_dot_product_attention", (), dtype_name(query.dtype), query.device,
+        (("mask", _mask_kind(attn_mask)), ("dropout", dropout_p > 0.0), ("layout", "nested"),
+         ("requires_grad", needs_grad(query, key, value, attn_mask))),
+    )
+
+
+def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
+                        lower_right: bool = False) -> Request:
     # runs on every call with a new signature: each tensor's shape is read once
     q_shape, k_shape, v_shape = query.shape, key.shape, value.shape
     layout = _sdpa_layout(q_shape, k_shape, v_shape)
     seq_q, seq_kv, head_dim, head_dim_v = q_shape[-2], k_shape[-2], q_shape[-1], v_shape[-1]
     if len(q_shape) == 3:
-        batch, num_heads, num_kv_heads = 1, q_shape[0], k_shape[0]
+        batch, num_heads, num_kv_heads, num_v_heads = 1, q_shape[0], k_shape[0], v_shape[0]
     elif len(q_shape) >= 4:
-        batch, num_heads, num_kv_heads = math.prod(q_shape[:-3]), q_shape[-3], k_shape[-3]
+        batch, num_heads, num_kv_heads, num_v_heads = math.prod(q_shape[:-3]), q_shape[-3], k_shape[-3], v_shape[-3]
     else:
-        batch, num_heads, num_kv_heads = 1, 1, 1
+        batch, num_heads, num_kv_heads, num_v_heads = 1, 1, 1, 1
     # torch broadcasts a single KV head without enable_gqa; other head counts must match
     if num_kv_heads != num_heads and not (enable_gqa or num_kv_heads == 1):
         layout = "broadcast"
     if layout == "batched" and (num_kv_heads == 0 or num_heads % num_kv_heads != 0):
         layout = "broadcast"
+    if layout == "batched" and num_v_heads != num_kv_heads:
+        layout = "unequal_kv_heads"   # enable_gqa with key and value head counts that differ: torch's op
     group = num_heads // num_kv_heads if layout == "batched" else 1
-    if attn_mask is None:
-        mask = "none"
+    if lower_right:  # a lower-right CausalBias, which was the call's mask
+        causal = "bottom_right"
+    elif is_causal:
+        causal = "top_left" if attn_mask is None else "top_left_with_mask"
     else:
-        mask = "bool" if attn_mask.dtype == torch.bool else "float"
-    causal = ("top_left" if attn_mask is None else "top_left_with_mask") if is_causal else "none"
+        causal = "none"
     return Request(
         _FAMILY, "scaled_dot_product_attention",
         (("m", seq_q * group), ("tokens", seq_q), ("batch", batch), ("num_heads", num_heads),
          ("head_dim", head_dim), ("seq_q", seq_q), ("seq_kv", seq_kv), ("num_kv_heads", num_kv_heads),
          ("head_dim_v", head_dim_v)),
         dtype_name(query.dtype), query.device,
-        (("mask", mask), ("causal", causal), ("dropout", dropout_p > 0.0), ("layout", layout),
+        (("mask", _mask_kind(attn_mask)), ("causal", causal), ("dropout", dropout_p > 0.0), ("layout", layout),
          ("requires_grad", needs_grad(query, key, value, attn_mask))),
     )
 
 
+def _run_sdpa(chosen: Route, query, key, value, attn_mask, is_causal, scale, enable_gqa, lower_right) -> torch.Tensor:
+    return chosen.module.scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                                                      candidate=chosen.candidate, lower_right=lower_right,
+                                                      route=chosen if chosen.candidate is not None else None)
+
+
 @torch.library.custom_op("rlx_triton::sdpa", mutates_args=())
 def _sdpa_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
-             is_causal: bool, scale: Optional[float], enable_gqa: bool) -> torch.Tensor:
-    chosen = route(_build_sdpa_request(query, key, value, attn_mask, 0.0, is_causal, enable_gqa))
-    out = chosen.module.scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                                                     candidate=chosen.candidate)
+             is_causal: bool, scale: Optional[float], enable_gqa: bool, lower_right: bool = False,
+             decision: Optional[str] = None) -> torch.Tensor:
+    chosen = _decided(decision)
+    if chosen is None:  # under torch.compile (or a forgotten decision): route now
+        chosen = route(_build_sdpa_request(query, key, value, attn_mask, 0.0, is_causal, enable_gqa, lower_right))
+    out = _run_sdpa(chosen, query, key, value, attn_mask, is_causal, scale, enable_gqa, lower_right)
     return out.contiguous()
 
 
@@ -184,8 +312,36 @@ def _sdpa_out_shape(query, key, value) -> Tuple[int, ...]:
 
 
 @_sdpa_op.register_fake
-def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa):
+def _sdpa_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, lower_right=False, decision=None):
     return query.new_empty(_sdpa_out_shape(query, key, value))
+
+
+def _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right) -> torch.Tensor:
+    """torch's own op, outside the custom op: differentiable (autograd calls always route here), draws dropout
+    from torch's random stream (no kernel covers dropout), takes nested tensors, and costs no custom-op
+    dispatch. A lower-right causal alignment is given to it as its mask, as torch does off its fused kernels."""
+    if lower_right:
+        from rlx_triton.backends.torch_ref.sdpa_decode import lower_right_mask
+
+        attn_mask, is_causal = lower_right_mask(query.shape[-2], key.shape[-2], query.device), False
+    return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                     is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _decide_sdpa(signature, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                 lower_right) -> Route:
+    """The route of an eager call whose exact signature is new: its KV-length bucket's, or validated and routed."""
+    bucketed = _kv_bucket_signature(signature) if signature is not None else None
+    decided = exact_route(bucketed) if bucketed is not None else None
+    if decided is None or not _kv_length_agrees(key, value, attn_mask):
+        _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        decided = route(_build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
+                                            lower_right))
+        if bucketed is not None:
+            remember_exact_route(bucketed, decided)
+    if signature is not None:
+        remember_exact_route(signature, decided)
+    return decided
 
 
 @routed_op(_sdpa_request)
@@ -196,32 +352,45 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """torch.nn.functional.scaled_dot_product_attention with torch's signature and semantics.
 
     Decode-shaped calls (up to 16 query tokens, head dims up to 256, fp16/bf16/fp32, bool or float mask,
-    top-left is_causal, GQA/MQA, matching leading dims) run the split-K Triton decode kernel when the
-    router picks it; everything else (dropout, long queries, broadcast batch dims, ...) runs torch's op,
-    and strict mode raises MissingKernel for it. On the kernel, NaN and Inf land where torch's math
-    backend puts them (masks are additive: a NaN key under a False mask still gives NaN), except that
-    keys no query token can reach under top-left is_causal (past the last token) are not read.
+    top-left is_causal or a CausalBias, GQA/MQA, matching leading dims) run the split-K Triton decode
+    kernel when the router picks it; everything else (dropout, long queries, broadcast batch dims, nested
+    tensors, key and value head counts that differ, ...) runs torch's op, and strict mode raises
+    MissingKernel for it. scale may be a float or a 0-dim tensor, as in torch. On the kernel, NaN and Inf
+    land where torch's math backend puts them (masks are additive: a NaN key under a False mask still
+    gives NaN), except that keys no query token can reach under top-left is_causal (past the last token)
+    are not read.
     """
+    if attn_mask is not None:
+        attn_mask, is_causal, lower_right = _causal_bias(attn_mask, is_causal, query, key)
+    else:
+        lower_right = False
+    if scale is not None and not isinstance(scale, float):
+        scale = _scale_value(scale, "scaled_dot_product_attention")
     compiling = torch.compiler.is_compiling()
-    signature = None if compiling else _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                                       enable_gqa)
-    decided = exact_route(signature) if signature is not None else None
-    if decided is None:  # first call with this signature: validate and route it
+    signature = decided = None
+    if not compiling:
+        # a signature seen before is neither validated nor routed again (nested tensors are never remembered)
+        signature = _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right)
+        decided = exact_route(signature) if signature is not None else None
+    if decided is None and _is_nested(query, key, value, attn_mask):
+        _validate_nested(query, key, value, attn_mask, dropout_p, scale)
+        route(_nested_request(query, key, value, attn_mask, dropout_p))  # torch, or strict mode's refusal
+        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False)
+    if decided is None and not compiling:  # first call with this signature
+        decided = _decide_sdpa(signature, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                               lower_right)
+    elif compiling:
         _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         # under torch.compile the custom op routes when it runs; calls it cannot express (dropout, autograd)
         # are decided here, so strict mode refuses them the same way in both modes
-        if needs_grad(query, key, value, attn_mask) or dropout_p > 0.0 or not compiling:
-            decided = route(_build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
-            if signature is not None:
-                remember_exact_route(signature, decided)
+        if needs_grad(query, key, value, attn_mask) or dropout_p > 0.0:
+            decided = route(_build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
+                                                lower_right))
     scale = None if scale is None else float(scale)
     if decided is not None and decided.backend == "torch":
-        # torch's own op, outside the custom op: differentiable (autograd calls always route here), draws
-        # dropout from torch's random stream (no kernel covers dropout), and no custom-op dispatch cost
-        return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                                         dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                                         enable_gqa=enable_gqa)
-    return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right)
+    return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa), lower_right,
+                    None if decided is None else _decision_key(decided))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,14 +428,19 @@ def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale) -> None:
                                   f"got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != query.device:
         raise AttentionInputError(f"{op}: cache_seqlens must be on {query.device}, got {cache_seqlens.device}")
-    # the value check reads device data: skipped while compiling, tracing fakes or capturing a CUDA graph
+    _check_cache_lengths(cache_seqlens, s_max)
+
+
+def _check_cache_lengths(cache_seqlens: torch.Tensor, s_max: int) -> None:
+    """Every length in [1, S_max]. It reads device data: skipped while compiling, tracing fakes or capturing a
+    CUDA graph."""
     if torch.compiler.is_compiling() or _is_fake(cache_seqlens):
         return
     if cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
     if low < 1 or high > s_max:
-        raise AttentionInputError(f"{op}: every cache_seqlens entry must be in [1, S_max={s_max}], "
+        raise AttentionInputError(f"sdpa_decode: every cache_seqlens entry must be in [1, S_max={s_max}], "
                                   f"got values in [{low}, {high}]")
 
 
@@ -295,18 +469,36 @@ def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, 
 
 @torch.library.custom_op("rlx_triton::sdpa_decode", mutates_args=())
 def _sdpa_decode_op(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    cache_seqlens: Optional[torch.Tensor], scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
-    chosen = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, _validate=False))
+                    cache_seqlens: Optional[torch.Tensor], scale: Optional[float],
+                    decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    chosen = _decided(decision)
+    if chosen is None:  # under torch.compile (or a forgotten decision): route now
+        chosen = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, _validate=False))
     out, lse = chosen.module.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
-                                         cache_seqlens=cache_seqlens, candidate=chosen.candidate)
+                                         cache_seqlens=cache_seqlens, candidate=chosen.candidate,
+                                         **({"route": chosen} if chosen.backend == "triton" else {}))
     return out.contiguous(), lse.contiguous()
 
 
 @_sdpa_decode_op.register_fake
-def _sdpa_decode_fake(query, k_cache, v_cache, cache_seqlens, scale):
+def _sdpa_decode_fake(query, k_cache, v_cache, cache_seqlens, scale, decision=None):
     batch, heads, seq_q, _ = query.shape
     out = query.new_empty((batch, heads, seq_q, v_cache.shape[-1]))
     return out, query.new_empty((batch, heads, seq_q), dtype=torch.float32)
+
+
+def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale) -> Optional[tuple]:
+    """What validation (bar the cache lengths' values) and routing read from an sdpa_decode call."""
+    try:
+        signature = ("sdpa_decode", query.shape, k_cache.shape, v_cache.shape, query.dtype, k_cache.dtype,
+                     v_cache.dtype, query.device, k_cache.device, v_cache.device,
+                     torch.is_grad_enabled() and (query.requires_grad or k_cache.requires_grad or v_cache.requires_grad),
+                     type(scale), None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype,
+                                                                      cache_seqlens.device))
+        hash(signature)
+    except (AttributeError, TypeError):
+        return None
+    return signature
 
 
 @routed_op(_decode_request)
@@ -328,16 +520,30 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     (lse NaN), and NaN or Inf in a valid value gives NaN; the positions past a sequence's length are
     never read.
     """
-    _validate_decode(query, k_cache, v_cache, cache_seqlens, scale)
+    if scale is not None and not isinstance(scale, float):
+        scale = _scale_value(scale, "sdpa_decode")
+    compiling = torch.compiler.is_compiling()
+    signature = None if compiling else _decode_signature(query, k_cache, v_cache, cache_seqlens, scale)
+    decided = exact_route(signature) if signature is not None else None
+    if decided is None:
+        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale)
+    elif cache_seqlens is not None:
+        _check_cache_lengths(cache_seqlens, k_cache.shape[2])   # the values change between calls
     scale = None if scale is None else float(scale)
-    if _library_route(lambda: _decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, _validate=False),
-                      query, k_cache, v_cache):
+    if decided is None and (not compiling or needs_grad(query, k_cache, v_cache)):
+        # eager calls (and, under torch.compile, calls autograd records) are routed here, once
+        decided = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, _validate=False))
+        if signature is not None:
+            remember_exact_route(signature, decided)
+    if decided is not None and decided.backend == "torch":
+        # the library fallback outside the custom op: differentiable, and no custom-op dispatch cost
         from rlx_triton.backends.torch_ref import sdpa_decode as library
 
         out, lse = library.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
                                        cache_seqlens=cache_seqlens, candidate=None)
     else:
-        out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale)
+        out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale,
+                                   None if decided is None else _decision_key(decided))
     return (out, lse) if return_lse else out
 
 

@@ -443,3 +443,214 @@ def test_kv_cache_decode_is_differentiable_through_the_library_path():
     out = rt.sdpa_decode(query, cache, cache, torch.tensor([6, 3]))
     out.sum().backward()
     assert query.grad is not None and torch.isfinite(query.grad).all()
+
+
+# --- torch's whole contract: every input class torch's SDPA accepts ---------------------------------
+def _causal_biases():
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    return {"upper_left": causal_upper_left, "lower_right": causal_lower_right}
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("variant", ["upper_left", "lower_right"])
+@pytest.mark.parametrize("seq_q, seq_kv", [(3, 7), (1, 333), (4, 4)])
+def test_causal_bias_gives_torchs_values(variant, seq_q, seq_kv, backend):
+    bias = _causal_biases()[variant](seq_q, seq_kv)
+    q, k, v = qkv(2, 4, seq_q, 16, kv_heads=2, seq_kv=seq_kv)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    with rt.use_backend(backend, strict=backend == "triton"):
+        route = rt.explain(rt.scaled_dot_product_attention, q, k, v, attn_mask=bias, enable_gqa=True)
+        out = rt.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    assert type(out) is torch.Tensor and route.backend == backend
+    aligned = "bottom_right" if variant == "lower_right" and seq_q != seq_kv else "top_left"
+    assert route.request.feature_map["causal"] == aligned and route.request.feature_map["mask"] == "none"
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_lower_right_causal_bias_with_more_queries_than_keys_gives_torchs_zero_rows():
+    bias = _causal_biases()["lower_right"](9, 7)
+    q, k, v = qkv(1, 2, 9, 16, seq_kv=7)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    out = rt.scaled_dot_product_attention(q, k, v, attn_mask=bias)   # 9 tokens: not decode-shaped, torch's op
+    assert (out[:, :, :2] == 0).all()
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("variant", ["upper_left", "lower_right"])
+def test_causal_bias_under_torch_compile_gives_torchs_values(variant):
+    bias = _causal_biases()[variant](2, 11)
+    q, k, v = qkv(2, 4, 2, 16, kv_heads=1, seq_kv=11)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, bias: rt.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+                             fullgraph=True, backend="aot_eager")
+    with rt.use_backend("triton", strict=True):
+        out = compiled(q, k, v, bias)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_bias_through_patched_sdpa_gives_torchs_values():
+    bias = _causal_biases()["lower_right"](2, 9)
+    q, k, v = qkv(1, 2, 2, 16, seq_kv=9)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    with rt.patch_sdpa():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_bias_with_is_causal_raises_torchs_value_error():
+    q, k, v = qkv(1, 2, 2, 16, seq_kv=9)
+    with pytest.raises(ValueError, match="CausalBias should not be used with causal=True"):
+        rt.scaled_dot_product_attention(q, k, v, attn_mask=_causal_biases()["upper_left"](2, 9), is_causal=True)
+
+
+def test_lower_right_causal_bias_of_other_lengths_names_attn_mask():
+    q, k, v = qkv(1, 2, 2, 16, seq_kv=9)
+    with pytest.raises(ValueError, match="CausalBias of .* needs query length"):
+        rt.scaled_dot_product_attention(q, k, v, attn_mask=_causal_biases()["lower_right"](3, 9))
+
+
+@pytest.mark.parametrize("kv_heads, v_heads", [(2, 4), (4, 2), (8, 2)])
+def test_enable_gqa_with_unequal_key_and_value_heads_gives_torchs_values(kv_heads, v_heads):
+    q = torch.randn(2, 8, 1, 16)
+    k, v = torch.randn(2, kv_heads, 13, 16), torch.randn(2, v_heads, 13, 16)
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    with rt.use_backend("triton"):
+        route = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=True)
+        out = rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert route.backend == "torch" and "unequal_kv_heads" in str(route.skipped_reasons["triton"])
+    torch.testing.assert_close(out, expected)
+    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel, match="unequal_kv_heads"):
+        rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def test_enable_gqa_with_heads_that_do_not_divide_raises_like_torch():
+    q, k, v = torch.randn(1, 8, 1, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 3, 5, 16)
+    with pytest.raises(RuntimeError, match="must divide the number of heads in query"):
+        rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("scale", [torch.tensor(0.3), torch.tensor(0.3, dtype=torch.float64), torch.tensor(2)],
+                         ids=["float32", "float64", "int64"])
+def test_a_zero_dim_tensor_scale_gives_torchs_values(scale, backend):
+    q, k, v = qkv(2, 4, 1, 16, kv_heads=2)
+    expected = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+    with rt.use_backend(backend, strict=backend == "triton"):
+        out = rt.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+        decoded = rt.sdpa_decode(q, k, v, scale=scale)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(decoded, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tensor_scale_with_elements_is_a_type_error_like_torch():
+    q, k, v = qkv(1, 2, 1, 16)
+    with pytest.raises(TypeError, match="scale"):
+        rt.scaled_dot_product_attention(q, k, v, scale=torch.tensor([0.3]))
+
+
+def test_a_tensor_scale_under_torch_compile_gives_torchs_values():
+    q, k, v = qkv(2, 4, 1, 16)
+    scale = torch.tensor(0.3)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, s: rt.scaled_dot_product_attention(q, k, v, scale=s), backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, scale), F.scaled_dot_product_attention(q, k, v, scale=scale),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _nested(layout):
+    """Nested (B=2, H=4, L_b, 16) query, key and value with ragged lengths: decode queries, 3 and 5 keys."""
+    torch.manual_seed(0)
+    if layout == "jagged":
+        make = lambda *lengths: torch.nested.nested_tensor(  # noqa: E731
+            [torch.randn(n, 4, 16) for n in lengths], layout=torch.jagged).transpose(1, 2)
+    else:
+        make = lambda *lengths: torch.nested.nested_tensor([torch.randn(4, n, 16) for n in lengths])  # noqa: E731
+    return make(1, 1), make(3, 5), make(3, 5)
+
+
+def _assert_same_nested(out, expected):
+    assert type(out) is type(expected) and out.is_nested
+    for got, want in zip(out.unbind(), expected.unbind()):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("layout", ["strided", "jagged"])
+def test_nested_tensors_give_torchs_values_and_type(layout):
+    q, k, v = _nested(layout)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    with rt.use_backend("triton"):
+        route = rt.explain(rt.scaled_dot_product_attention, q, k, v)
+        out = rt.scaled_dot_product_attention(q, k, v)
+    assert route.backend == "torch" and "layout='nested'" in str(route.skipped_reasons["triton"])
+    _assert_same_nested(out, expected)
+    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel, match="nested"):
+        rt.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("layout", ["strided", "jagged"])
+def test_nested_tensors_under_torch_compile_give_torchs_values(layout):
+    q, k, v = _nested(layout)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: rt.scaled_dot_product_attention(q, k, v), backend="aot_eager")
+    _assert_same_nested(compiled(q, k, v), expected)
+
+
+# --- dispatch: one route per call, a new KV length reuses its bucket's decision -------------------
+def _routes_of(call):
+    from rlx_triton.router import recording_routes
+
+    with recording_routes() as routes:
+        out = call()
+    return routes, out
+
+
+def test_an_eager_kernel_call_is_routed_once():
+    from rlx_triton.router import clear_route_cache
+
+    clear_route_cache()
+    q, k, v = qkv(1, 4, 1, 16, kv_heads=2, seq_kv=21, dtype=torch.float16)
+    with rt.use_backend("triton", strict=True):
+        routes, out = _routes_of(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        decode_routes, _ = _routes_of(lambda: rt.sdpa_decode(q, k, v))
+    assert [r.backend for r in routes] == ["triton"] and [r.op for r in decode_routes] == ["sdpa_decode"]
+    assert_like_torch(out, q, k, v, enable_gqa=True)
+
+
+def test_a_new_kv_length_in_the_same_bucket_reuses_the_decision():
+    from rlx_triton.router import clear_route_cache
+
+    clear_route_cache()
+    q = torch.randn(1, 4, 1, 16)
+    cache = torch.randn(1, 2, 64, 16)
+    with rt.use_backend("triton", strict=True):
+        first, _ = _routes_of(lambda: rt.scaled_dot_product_attention(q, cache[:, :, :33], cache[:, :, :33],
+                                                                      enable_gqa=True))
+        for length in (40, 64):   # the bucket of 33..64: no validation, no routing
+            k = v = cache[:, :, :length]
+            again, out = _routes_of(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+            assert again == []
+            assert_like_torch(out, q, k, v, enable_gqa=True)
+        other, _ = _routes_of(lambda: rt.scaled_dot_product_attention(q, cache[:, :, :20], cache[:, :, :20],
+                                                                      enable_gqa=True))
+    assert len(first) == 1 and len(other) == 1
+
+
+def test_the_kv_length_is_still_checked_when_its_bucket_is_known():
+    q, cache = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 64, 16)
+    rt.scaled_dot_product_attention(q, cache[:, :, :40], cache[:, :, :40])
+    with pytest.raises(ValueError, match="value's sequence length"):
+        rt.scaled_dot_product_attention(q, cache[:, :, :41], cache[:, :, :42])
+    with pytest.raises(ValueError, match="attn_mask"):
+        rt.scaled_dot_product_attention(q, cache[:, :, :41], cache[:, :, :41], attn_mask=torch.ones(1, 40, dtype=torch.bool))
+
+
+def test_a_forgotten_decision_is_routed_again_inside_the_op():
+    q, k, v = qkv(1, 2, 1, 16, seq_kv=9)
+    with rt.use_backend("triton", strict=True):
+        out = torch.ops.rlx_triton.sdpa.default(q, k, v, None, False, None, False, False, "no-such-decision")
+    assert_like_torch(out, q, k, v)
