@@ -53,6 +53,14 @@ from rlx_triton.router.coverage import DEVICE_UNSUPPORTED, Coverage, Refusal
 from rlx_triton.router.device import device_facts
 
 MAX_HIDDEN = 512
+GATES = 4   # i, f, g, o: torch's gate order in the weights' rows
+MIN_DOT = 16   # tl.dot's smallest tile side: every BLOCK_* that meets a dot is at least this
+THREADS_PER_WARP = 32
+
+# the same facts for the kernels, which read only constexpr globals
+_GATES = tl.constexpr(GATES)
+GATE_I, GATE_F, GATE_G, GATE_O = (tl.constexpr(gate) for gate in range(GATES))
+TF32_MASK = tl.constexpr(0xFFFFE000)   # sign, exponent and tf32's 10 mantissa bits of an fp32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,11 +70,11 @@ MAX_HIDDEN = 512
 def _tf32_split(x):
     """(hi, lo), both with tf32's 10 mantissa bits, x = hi + lo to about 2^-20 |x| (truncation twice);
     non-finite x is all in hi."""
-    hi = (x.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    hi = (x.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
     finite = tl.abs(x) < float("inf")
     hi = tl.where(finite, hi, x)
     rest = tl.where(finite, x - hi, 0.0)
-    lo = (rest.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    lo = (rest.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
     return hi, lo
 
 
@@ -136,11 +144,42 @@ def _tanh(x):
 
 
 @triton.jit
+def _lstm_cell(pre_i, pre_f, pre_g, pre_o, c):
+    """(c_t, h_t) from the gates' pre-activations and c_{t-1}, as nn.LSTM computes them."""
+    c = _sigmoid(pre_f) * c + _sigmoid(pre_i) * _tanh(pre_g)
+    return c, _sigmoid(pre_o) * _tanh(c)
+
+
+@triton.jit
 def _gate_preact(acc, whh_ptr, h_prev, w_rows, k_idx, k_mask, h_mask, H):
     """acc += h_prev[BLOCK_B, BLOCK_H(k)] @ W_hh[w_rows, k]^T, in true fp32."""
     w_tile = tl.load(whh_ptr + w_rows[None, :].to(tl.int64) * H + k_idx[:, None],
                      mask=k_mask[:, None] & h_mask[None, :], other=0.0)
     return acc + tl.dot(h_prev, w_tile, input_precision="ieee")
+
+
+@triton.jit
+def _recurrent_preacts(whh_dir, h0_dir, y_prev, b64, b_mask, unit, h_mask, first, later, H,
+                       BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """h_{t-1} @ W_hh^T for the units `unit` of the four gates, over K = H in BLOCK_K chunks; h_{t-1} is
+    read from h0 at the first step (`first`), else from the previous output row y_prev (`later`)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_i = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc_f = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc_o = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k_idx = k0 + offs_k
+        k_mask = k_idx < H
+        state_mask = b_mask[:, None] & k_mask[None, :]
+        h_from_h0 = tl.load(h0_dir + b64[:, None] * H + k_idx[None, :], mask=state_mask & first, other=0.0)
+        h_from_y = tl.load(y_prev + k_idx[None, :], mask=state_mask & later, other=0.0)
+        h_prev = h_from_h0 + h_from_y
+        acc_i = _gate_preact(acc_i, whh_dir, h_prev, H * GATE_I + unit, k_idx, k_mask, h_mask, H)
+        acc_f = _gate_preact(acc_f, whh_dir, h_prev, H * GATE_F + unit, k_idx, k_mask, h_mask, H)
+        acc_g = _gate_preact(acc_g, whh_dir, h_prev, H * GATE_G + unit, k_idx, k_mask, h_mask, H)
+        acc_o = _gate_preact(acc_o, whh_dir, h_prev, H * GATE_O + unit, k_idx, k_mask, h_mask, H)
+    return acc_i, acc_f, acc_g, acc_o
 
 
 @triton.jit
@@ -156,15 +195,14 @@ def _lstm_recurrence_kernel(
     pid_b = tl.program_id(1)
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     offs_h = tl.arange(0, BLOCK_H)
-    offs_k = tl.arange(0, BLOCK_K)
     b_mask = offs_b < B
     b64 = offs_b.to(tl.int64)
 
-    whh_dir = whh_ptr + direction.to(tl.int64) * 4 * H * H    # (D, 4H, H) stack
-    h0_dir = h0_ptr + direction.to(tl.int64) * B * H           # (D, B, H)
-    c_dir = c_ptr + direction.to(tl.int64) * B * H             # (D, B, H), updated in place
+    whh_dir = whh_ptr + direction.to(tl.int64) * _GATES * H * H    # (D, 4H, H) stack
+    h0_dir = h0_ptr + direction.to(tl.int64) * B * H                # (D, B, H)
+    c_dir = c_ptr + direction.to(tl.int64) * B * H                  # (D, B, H), updated in place
     hn_dir = hn_ptr + direction.to(tl.int64) * B * H
-    g_col0 = direction * 4 * H
+    g_col0 = direction * _GATES * H
     y_col0 = direction * H
 
     for s in range(step_begin, step_end):
@@ -172,43 +210,27 @@ def _lstm_recurrence_kernel(
         # else from the output row this program wrote the step before.
         t = s + direction * (T - 1 - 2 * s)
         t_prev = t - 1 + 2 * direction
-        step_vec = offs_k * 0 + s          # the step as a tensor, so it combines with masks
+        step_vec = tl.arange(0, BLOCK_K) * 0 + s   # the step as a tensor, so it combines with masks
         first = (step_vec == 0)[None, :]
         later = (step_vec > 0)[None, :]
         last = ((offs_h * 0 + s) == T - 1)[None, :]
+        y_prev = y_ptr + t_prev.to(tl.int64) * stride_yt + b64[:, None] * stride_yb + y_col0
         for j0 in range(0, H, BLOCK_H):
             unit = j0 + offs_h
             h_mask = unit < H
-            acc_i = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
-            acc_f = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
-            acc_g = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
-            acc_o = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
-            for k0 in range(0, H, BLOCK_K):
-                k_idx = k0 + offs_k
-                k_mask = k_idx < H
-                state_mask = b_mask[:, None] & k_mask[None, :]
-                h_from_h0 = tl.load(h0_dir + b64[:, None] * H + k_idx[None, :],
-                                    mask=state_mask & first, other=0.0)
-                h_from_y = tl.load(y_ptr + t_prev.to(tl.int64) * stride_yt + b64[:, None] * stride_yb
-                                   + y_col0 + k_idx[None, :],
-                                   mask=state_mask & later, other=0.0)
-                h_prev = h_from_h0 + h_from_y
-                acc_i = _gate_preact(acc_i, whh_dir, h_prev, 0 * H + unit, k_idx, k_mask, h_mask, H)
-                acc_f = _gate_preact(acc_f, whh_dir, h_prev, 1 * H + unit, k_idx, k_mask, h_mask, H)
-                acc_g = _gate_preact(acc_g, whh_dir, h_prev, 2 * H + unit, k_idx, k_mask, h_mask, H)
-                acc_o = _gate_preact(acc_o, whh_dir, h_prev, 3 * H + unit, k_idx, k_mask, h_mask, H)
+            acc_i, acc_f, acc_g, acc_o = _recurrent_preacts(whh_dir, h0_dir, y_prev, b64, b_mask, unit, h_mask,
+                                                            first, later, H, BLOCK_B, BLOCK_H, BLOCK_K)
 
             out_mask = b_mask[:, None] & h_mask[None, :]
             g_row = g_ptr + t.to(tl.int64) * stride_gt + b64[:, None] * stride_gb + g_col0 + unit[None, :]
-            pre_i = acc_i + tl.load(g_row + 0 * H, mask=out_mask, other=0.0)
-            pre_f = acc_f + tl.load(g_row + 1 * H, mask=out_mask, other=0.0)
-            pre_g = acc_g + tl.load(g_row + 2 * H, mask=out_mask, other=0.0)
-            pre_o = acc_o + tl.load(g_row + 3 * H, mask=out_mask, other=0.0)
+            pre_i = acc_i + tl.load(g_row + H * GATE_I, mask=out_mask, other=0.0)
+            pre_f = acc_f + tl.load(g_row + H * GATE_F, mask=out_mask, other=0.0)
+            pre_g = acc_g + tl.load(g_row + H * GATE_G, mask=out_mask, other=0.0)
+            pre_o = acc_o + tl.load(g_row + H * GATE_O, mask=out_mask, other=0.0)
 
             state_ptrs = b64[:, None] * H + unit[None, :]
             c_prev = tl.load(c_dir + state_ptrs, mask=out_mask, other=0.0)
-            c_new = _sigmoid(pre_f) * c_prev + _sigmoid(pre_i) * _tanh(pre_g)
-            h_new = _sigmoid(pre_o) * _tanh(c_new)
+            c_new, h_new = _lstm_cell(pre_i, pre_f, pre_g, pre_o, c_prev)
             tl.store(c_dir + state_ptrs, c_new, mask=out_mask)
             tl.store(y_ptr + t.to(tl.int64) * stride_yt + b64[:, None] * stride_yb + y_col0 + unit[None, :],
                      h_new, mask=out_mask)
@@ -268,8 +290,8 @@ def _lstm_onchip_kernel(
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = offs_b < B
     b64 = offs_b.to(tl.int64)
-    cols = part * 4 * UNITS + tl.arange(0, 4 * UNITS)   # packed gate rows of this part: unit * 4 + gate
-    col_mask = cols < 4 * H
+    cols = part * _GATES * UNITS + tl.arange(0, _GATES * UNITS)   # packed gate rows of this part: unit * 4 + gate
+    col_mask = cols < H * _GATES
     unit = part * UNITS + tl.arange(0, UNITS)
     u_mask = unit < H
     offs_c = tl.arange(0, K_CHUNK)
@@ -278,7 +300,7 @@ def _lstm_onchip_kernel(
     # compiler keeps them in shared memory; per step each piece's dot reads only K_CHUNK rows into
     # registers (one BLOCK_K-deep FMA dot would hold whole operand columns). The packed rows are
     # zero-padded to BLOCK_K, so the loads are the same whatever H is.
-    whh_dir = whh_ptr + direction.to(tl.int64) * 4 * H * BLOCK_K
+    whh_dir = whh_ptr + direction.to(tl.int64) * _GATES * H * BLOCK_K
     w_rows = whh_dir + cols[None, :].to(tl.int64) * BLOCK_K
     w_parts = ()
     w_his = ()
@@ -293,7 +315,7 @@ def _lstm_onchip_kernel(
     state_ptrs = direction.to(tl.int64) * B * H + b64[:, None] * H + unit[None, :]
     c = tl.load(c_ptr + state_ptrs, mask=out_mask, other=0.0)
     g_mask = b_mask[:, None] & col_mask[None, :]
-    g_cols = g_ptr + b64[:, None] * stride_gb + direction * 4 * H + cols[None, :]
+    g_cols = g_ptr + b64[:, None] * stride_gb + direction * _GATES * H + cols[None, :]
     y_row = y_ptr + b64[:, None] * stride_yb + direction * H
     h0_row = h0_ptr + direction.to(tl.int64) * B * H + b64[:, None] * H
     counter = counter_ptr + direction * tl.num_programs(2) + pid_b
@@ -320,8 +342,7 @@ def _lstm_onchip_kernel(
         even, odd = tl.split(tl.reshape(pre, (BLOCK_B, UNITS, 2, 2)))
         pre_i, pre_g = tl.split(even)
         pre_f, pre_o = tl.split(odd)
-        c = _sigmoid(pre_f) * c + _sigmoid(pre_i) * _tanh(pre_g)
-        h = _sigmoid(pre_o) * _tanh(c)
+        c, h = _lstm_cell(pre_i, pre_f, pre_g, pre_o, c)
         tl.store(y_row + t.to(tl.int64) * stride_yt + unit[None, :], h, mask=out_mask)
         if s == T - 1:
             tl.store(hn_ptr + state_ptrs, h, mask=out_mask)
@@ -342,10 +363,18 @@ def make_candidate(batch_tile=16, hidden_tile=32, tg_size=128, stages=1, mode="p
                          mode=mode, precision=precision)
 
 
+PROJ_TILE = 64   # the projection's output tile side: no spills on sm_80/sm_90 for any candidate (audit)
+K_CHUNK_MAX = 32   # rows of W_hh^T the on-chip kernel's dots read into registers at a time
+
+
+def _warps(candidate) -> int:
+    return max(1, candidate.tg_size // THREADS_PER_WARP)
+
+
 def _proj_meta(candidate) -> dict:
-    # 64 x 64 output tiles, K in chunks of 16: no spills on sm_80/sm_90 for any candidate (audit)
-    return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, PRECISION=candidate.precision,
-                num_warps=max(1, candidate.tg_size // 32), num_stages=max(1, candidate.stages))
+    # PROJ_TILE x PROJ_TILE output tiles, K in chunks of MIN_DOT
+    return dict(BLOCK_M=PROJ_TILE, BLOCK_N=PROJ_TILE, BLOCK_K=MIN_DOT, PRECISION=candidate.precision,
+                num_warps=_warps(candidate), num_stages=max(1, candidate.stages))
 
 
 def _rec_meta(candidate) -> dict:
@@ -357,13 +386,13 @@ def _rec_meta(candidate) -> dict:
     num_stages: in persistent mode the W_hh k-loop is software-pipelined `stages` deep (the next
     tile is fetched from L2 while the current one is in the dot); stepwise launches use one stage
     (two spill on sm_80). The arithmetic is the same either way."""
-    num_warps = max(1, candidate.tg_size // 32)
-    block_b = max(16, int(candidate.batch_tile))
-    block_h = max(16, int(candidate.hidden_tile))
-    while block_h > 16 and block_b * block_h > 4 * 32 * num_warps:
+    num_warps = _warps(candidate)
+    block_b = max(MIN_DOT, int(candidate.batch_tile))
+    block_h = max(MIN_DOT, int(candidate.hidden_tile))
+    while block_h > MIN_DOT and block_b * block_h > GATES * THREADS_PER_WARP * num_warps:
         block_h //= 2
     stages = max(1, int(candidate.stages)) if candidate.mode == "persistent" else 1
-    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=16, num_warps=num_warps, num_stages=stages)
+    return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=MIN_DOT, num_warps=num_warps, num_stages=stages)
 
 
 def _onchip_meta(candidate, hidden: int) -> dict:
@@ -371,14 +400,19 @@ def _onchip_meta(candidate, hidden: int) -> dict:
     (4 * UNITS gate columns: tl.dot needs >= 16), BLOCK_K = the hidden size padded to a power of two (a
     program reads the whole h row). One stage: the time loop must not be software-pipelined, since the
     next h row is written by other programs after the barrier."""
-    return dict(BLOCK_B=max(16, int(candidate.batch_tile)), UNITS=max(4, int(candidate.hidden_tile)),
-                BLOCK_K=_block_k(hidden), K_CHUNK=min(32, _block_k(hidden)), PRECISION=candidate.precision,
-                num_warps=max(1, candidate.tg_size // 32), num_stages=1)
+    return dict(BLOCK_B=max(MIN_DOT, int(candidate.batch_tile)),
+                UNITS=max(MIN_DOT // GATES, int(candidate.hidden_tile)), BLOCK_K=_block_k(hidden),
+                K_CHUNK=_k_chunk(hidden), PRECISION=candidate.precision, num_warps=_warps(candidate), num_stages=1)
 
 
 def _block_k(hidden: int) -> int:
-    """The on-chip kernel's reduction width: the hidden size padded to a power of two (at least 16)."""
-    return max(16, triton.next_power_of_2(hidden))
+    """The on-chip kernel's reduction width: the hidden size padded to a power of two (at least MIN_DOT)."""
+    return max(MIN_DOT, triton.next_power_of_2(hidden))
+
+
+def _k_chunk(hidden: int) -> int:
+    """Rows of the on-chip kernel's W_hh^T pieces (BLOCK_K in pieces of at most K_CHUNK_MAX rows)."""
+    return min(K_CHUNK_MAX, _block_k(hidden))
 
 
 def _bucket(value: int) -> int:
@@ -397,15 +431,15 @@ def _pack_layer(tensors: Sequence[torch.Tensor], has_biases: bool, directions: i
     Gate rows are torch's (gate-major: gate*H + unit), or unit-major (unit*4 + gate) for the on-chip
     recurrence, whose programs own contiguous runs of units; its W_hh rows are zero-padded to the
     kernel's BLOCK_K (D, 4H, BLOCK_K)."""
-    per = 4 if has_biases else 2
+    per = 4 if has_biases else 2   # w_ih, w_hh (, b_ih, b_hh) per direction
     w_ih, w_hh, bias = [], [], []
     for d in range(directions):
         chunk = [t.detach().float() for t in tensors[d * per:(d + 1) * per]]
         hidden = chunk[1].shape[1]
         b = chunk[2] + chunk[3] if has_biases else None
         if unit_major:
-            chunk = [t.reshape(4, hidden, -1).transpose(0, 1).reshape(4 * hidden, -1) for t in chunk[:2]]
-            b = b.reshape(4, hidden).t().reshape(4 * hidden) if b is not None else None
+            chunk = [t.reshape(GATES, hidden, -1).transpose(0, 1).reshape(GATES * hidden, -1) for t in chunk[:2]]
+            b = b.reshape(GATES, hidden).t().reshape(GATES * hidden) if b is not None else None
         w_ih.append(chunk[0])
         w_hh.append(chunk[1])
         bias.append(b)
@@ -636,18 +670,18 @@ def _recurrence_launches(gates, w_hh_stack, h0, c_state, y, hn, *, T, B, hidden,
     the input gates, the previous h and the cell state of its steps, and the h rows it writes."""
     meta = _rec_meta(candidate)
     num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
-    strides = _gate_strides(y, T, B, 4 * hidden * directions, batch_first)
+    strides = _gate_strides(y, T, B, GATES * hidden * directions, batch_first)
     grid = (directions, triton.cdiv(B, meta["BLOCK_B"]))
     state = directions * B * hidden * 4
 
     def launch(step_begin: int, step_end: int) -> Launch:
         steps = step_end - step_begin
-        read = w_hh_stack.numel() * 4 + steps * (B * 4 * hidden * directions * 4 + state) + 2 * state
+        read = w_hh_stack.numel() * 4 + steps * (B * GATES * hidden * directions * 4 + state) + 2 * state
         written = steps * state + 2 * state
         return Launch(_lstm_recurrence_kernel, grid,
                       (gates, w_hh_stack, h0, c_state, y, hn, T, B, hidden, step_begin, step_end, *strides),
                       meta=meta, num_warps=num_warps, num_stages=num_stages, bytes_read=read, bytes_written=written,
-                      flops=steps * (2 * B * directions * 4 * hidden * hidden), unit="fp32_fma")
+                      flops=steps * (2 * B * directions * GATES * hidden * hidden), unit="fp32_fma")
 
     if candidate.mode == "stepwise":
         return [launch(s, s + 1) for s in range(T)]
@@ -669,18 +703,19 @@ def _onchip_launches(gates, w_hh_stack, h0, c_state, y, hn, counters, *, T, B, h
 
     Bytes: W_hh once per launch, the input gates, h0 and the cell state, the h rows the steps write (the
     h rows read back from L2 by the other programs of a group are not memory traffic)."""
-    strides = _gate_strides(y, T, B, 4 * hidden * directions, batch_first)
+    strides = _gate_strides(y, T, B, GATES * hidden * directions, batch_first)
     state = directions * B * hidden * 4
     grid_for = _onchip_grid(hidden, B, directions)
-    flags = dict(BLOCK_K=_block_k(hidden), K_CHUNK=min(32, _block_k(hidden)), SYNC=synchronised)
+    flags = dict(BLOCK_K=_block_k(hidden), K_CHUNK=_k_chunk(hidden), SYNC=synchronised)
 
     def launch(step_begin: int, step_end: int) -> Launch:
         steps = step_end - step_begin
         args = (gates, w_hh_stack, h0, c_state, y, hn, counters, T, B, hidden, step_begin, step_end, *strides,
                 _bucket(B), _bucket(T))
-        counts = dict(bytes_read=w_hh_stack.numel() * 4 + steps * B * 4 * hidden * directions * 4 + 2 * state,
+        counts = dict(bytes_read=w_hh_stack.numel() * 4 + steps * B * GATES * hidden * directions * 4 + 2 * state,
                       bytes_written=steps * state + 2 * state,
-                      flops=steps * (2 * B * directions * 4 * hidden * hidden), unit=_PROJ_UNITS[candidate.precision])
+                      flops=steps * (2 * B * directions * GATES * hidden * hidden),
+                      unit=_PROJ_UNITS[candidate.precision])
         if tuned is not None:
             return Launch.tuned(tuned[0]["recurrence"], candidate, grid_for, args, flags, route=tuned[1], **counts)
         meta = _onchip_meta(candidate, hidden)
@@ -741,7 +776,7 @@ def lstm_plan(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor
         synchronised = recurrence_mode(candidate, hidden=hidden, facts=facts,
                                        step_launches=step_launches) == "synchronised"
         # one arrival counter per (layer, direction, batch tile of the smallest BLOCK_B)
-        counters = torch.zeros(num_layers, directions * _batch_tiles(B, 16), device=device, dtype=torch.int32)
+        counters = torch.zeros(num_layers, directions * _batch_tiles(B, MIN_DOT), device=device, dtype=torch.int32)
     tuned = None
     if onchip and route is not None and route.candidate is not None and route.candidate.tag() == candidate.tag():
         kernels = tuned_kernels()

@@ -27,9 +27,16 @@ from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.segdense import DEFAULT_VARIANT, SegdenseCandidate
 from rlx_triton.router.coverage import Coverage
 
-ACTIVATIONS = ("none", "sigmoid", "log_softmax")
+ACTIVATIONS = ("none", "sigmoid", "log_softmax")   # the kernels' ACTIVATION is the index of the name here
 MAX_CLASSES = 256
 MAX_FEATURES = 4096
+MIN_DOT = 16          # tl.dot's smallest tile side: BLOCK_R, BLOCK_K and BLOCK_C are at least this
+OUTPUT_CHUNK = 32     # output columns per dot of a linear layer (BLOCK_N)
+THREADS_PER_WARP = 32
+
+# the same facts for the kernels, which read only constexpr globals
+ACT_NONE, ACT_SIGMOID, ACT_LOG_SOFTMAX = (tl.constexpr(code) for code in range(len(ACTIVATIONS)))
+LEAKY_SLOPE = tl.constexpr(0.01)   # the slope of pyannote's F.leaky_relu (torch's default)
 
 
 @triton.jit
@@ -49,10 +56,15 @@ def _dense_tile(acc, a_ptr, stride_a, rows64, row_mask, w_ptr, stride_w, cols, c
 
 
 @triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
 def _apply_activation(logits, col_mask, ACTIVATION: tl.constexpr):
-    if ACTIVATION == 1:    # sigmoid
-        logits = 1.0 / (1.0 + tl.exp(-logits))
-    elif ACTIVATION == 2:  # log-softmax over the class axis
+    if ACTIVATION == ACT_SIGMOID:
+        logits = _sigmoid(logits)
+    elif ACTIVATION == ACT_LOG_SOFTMAX:  # over the class axis
         masked = tl.where(col_mask[None, :], logits, float("-inf"))
         row_max = tl.max(masked, axis=1)
         shifted = masked - row_max[:, None]
@@ -83,20 +95,19 @@ def _segdense_kernel(
         n_dim = DIMS[layer]
         w_layer = w_ptr + layer * D_MAX * D_MAX
         out_buf = scratch_ptr + (layer % 2) * scratch_stride
+        if layer == 0:   # the first layer reads x, the others the previous layer's scratch buffer
+            in_buf, in_stride = x_ptr, F_IN
+        else:
+            in_buf, in_stride = scratch_ptr + ((layer - 1) % 2) * scratch_stride, D_MAX
         for n0 in range(0, n_dim, BLOCK_N):
             cols = n0 + offs_n
             col_mask = cols < n_dim
             acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
-            if layer == 0:
-                acc = _dense_tile(acc, x_ptr, F_IN, rows64, row_mask, w_layer, D_MAX, cols, col_mask, k_dim,
-                                  PRECISION, BLOCK_R, BLOCK_K)
-            else:
-                in_buf = scratch_ptr + ((layer - 1) % 2) * scratch_stride
-                acc = _dense_tile(acc, in_buf, D_MAX, rows64, row_mask, w_layer, D_MAX, cols, col_mask, k_dim,
-                                  PRECISION, BLOCK_R, BLOCK_K)
+            acc = _dense_tile(acc, in_buf, in_stride, rows64, row_mask, w_layer, D_MAX, cols, col_mask, k_dim,
+                              PRECISION, BLOCK_R, BLOCK_K)
             bias = tl.load(b_ptr + layer * D_MAX + cols, mask=col_mask, other=0.0)
             acc += bias[None, :]
-            acc = tl.where(acc >= 0, acc, 0.01 * acc)          # leaky ReLU, torch's default slope
+            acc = tl.where(acc >= 0, acc, LEAKY_SLOPE * acc)
             tl.store(out_buf + rows64[:, None] * D_MAX + cols[None, :], acc,
                      mask=row_mask[:, None] & col_mask[None, :])
         # this program's threads see the whole layer output before the next layer reads it
@@ -105,14 +116,13 @@ def _segdense_kernel(
 
     classes = tl.arange(0, BLOCK_C)
     class_mask = classes < C
-    logits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
-    if NUM_LINEAR == 0:
-        logits = _dense_tile(logits, x_ptr, F_IN, rows64, row_mask, wc_ptr, k_dim, classes, class_mask, k_dim,
-                             PRECISION, BLOCK_R, BLOCK_K)
+    if NUM_LINEAR == 0:   # the classifier reads x, or the last layer's scratch buffer
+        last_buf, last_stride = x_ptr, F_IN
     else:
-        last_buf = scratch_ptr + ((NUM_LINEAR - 1) % 2) * scratch_stride
-        logits = _dense_tile(logits, last_buf, D_MAX, rows64, row_mask, wc_ptr, k_dim, classes, class_mask, k_dim,
-                             PRECISION, BLOCK_R, BLOCK_K)
+        last_buf, last_stride = scratch_ptr + ((NUM_LINEAR - 1) % 2) * scratch_stride, D_MAX
+    logits = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    logits = _dense_tile(logits, last_buf, last_stride, rows64, row_mask, wc_ptr, k_dim, classes, class_mask, k_dim,
+                         PRECISION, BLOCK_R, BLOCK_K)
     logits += tl.load(bc_ptr + classes, mask=class_mask, other=0.0)[None, :]
     if FUSED_ACTIVATION:
         logits = _apply_activation(logits, class_mask, ACTIVATION)
@@ -143,13 +153,13 @@ def make_candidate(row_tile=32, tg_size=128, stages=1, precision="ieee", fused_a
                              fused_activation=fused_activation)
 
 
-def _meta(candidate, classes: int = 16) -> dict:
-    # output columns in chunks of 32, reduction in chunks of 16: the default candidate does not spill
-    # on sm_80/sm_90 (audit); row_tile is the candidate's
-    return dict(BLOCK_R=max(16, int(candidate.row_tile)), BLOCK_N=32, BLOCK_K=16,
-                BLOCK_C=max(16, triton.next_power_of_2(classes)), PRECISION=candidate.precision,
+def _meta(candidate, classes: int = MIN_DOT) -> dict:
+    # output columns in chunks of OUTPUT_CHUNK, reduction in chunks of MIN_DOT: the default candidate does
+    # not spill on sm_80/sm_90 (audit); row_tile is the candidate's
+    return dict(BLOCK_R=max(MIN_DOT, int(candidate.row_tile)), BLOCK_N=OUTPUT_CHUNK, BLOCK_K=MIN_DOT,
+                BLOCK_C=max(MIN_DOT, triton.next_power_of_2(classes)), PRECISION=candidate.precision,
                 FUSED_ACTIVATION=bool(candidate.fused_activation),
-                num_warps=max(1, candidate.tg_size // 32), num_stages=max(1, candidate.stages))
+                num_warps=max(1, candidate.tg_size // THREADS_PER_WARP), num_stages=max(1, candidate.stages))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +244,7 @@ def segdense_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequ
                    meta=dict(NUM_LINEAR=num_linear, DIMS=tuple(dims[1:]), ACTIVATION=act, **meta),
                    num_warps=num_warps, num_stages=num_stages, bytes_read=4 * R * f_in + weight_bytes + scratch_bytes,
                    bytes_written=scratch_bytes + 4 * R * C, flops=2 * R * products, unit=_UNITS[candidate.precision])]
-    if not candidate.fused_activation and act != 0:
+    if not candidate.fused_activation and activation != "none":
         plan.append(Launch(_segdense_activation_kernel, grid, (out, R, C),
                            meta=dict(ACTIVATION=act, BLOCK_R=meta["BLOCK_R"], BLOCK_C=meta["BLOCK_C"]),
                            num_warps=num_warps, bytes_read=4 * R * C, bytes_written=4 * R * C, flops=4 * R * C))
@@ -294,7 +304,8 @@ def _audit_kernels() -> list:
                    "NUM_LINEAR": "constexpr", "DIMS": "constexpr", "ACTIVATION": "constexpr", "FUSED_ACTIVATION": "constexpr",
                    "PRECISION": "constexpr", "BLOCK_R": "constexpr", "BLOCK_N": "constexpr",
                    "BLOCK_K": "constexpr", "BLOCK_C": "constexpr"},
-        meta=lambda cand, dt: dict(NUM_LINEAR=2, DIMS=(128, 128), ACTIVATION=2, **_meta(cand, 7)),
+        meta=lambda cand, dt: dict(NUM_LINEAR=2, DIMS=(128, 128), ACTIVATION=ACTIVATIONS.index("log_softmax"),
+                                   **_meta(cand, 7)),
         expects_mma=lambda cand, dt: cand.precision != "ieee",
         candidates=cands, default=default, dtypes=("fp32",))]
 
