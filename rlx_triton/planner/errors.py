@@ -1,8 +1,8 @@
-"""Planner errors: the seed's `PlanError` and `LaunchError` enums as ValueError hierarchies.
+"""Planner errors: `PlanError` and `LaunchError`, each a ValueError with one subclass per kind of error.
 
-Each subclass is named after a seed variant, carries the variant's payload as an attribute and
-renders the seed's Display text as `str(error)`. Errors compare equal when their type and payload
-match, as the seed's derived `PartialEq` does, so tests can write `err == MissingField("seq_kv")`.
+Each subclass carries its payload (the field, the candidate, ...) as attributes and renders a fixed
+message template as `str(error)`. Errors compare equal when their type and payload match, so tests
+can write `err == MissingField("seq_kv")`.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class UnsupportedFamily(PlanError):
     _payload_names = ("family",)
 
     def _message(self) -> str:
-        # the seed prints the family with Rust's Debug format, e.g. `SdpaDecode`
+        # the family in CamelCase (`SdpaDecode`), as KernelFamily.debug_name spells it
         debug = getattr(self.family, "debug_name", None) or repr(self.family)
         return f"unsupported kernel family in plan: {debug}"
 

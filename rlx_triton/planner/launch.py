@@ -83,7 +83,7 @@ class LaunchConfig(_FieldAttributes):
 
 @dataclass(frozen=True)
 class ShapeBucket(_FieldAttributes):
-    """pow2 buckets of a launch's shape fields, hashable. For sdpa_decode the seed's attributes
+    """pow2 buckets of a launch's shape fields, hashable. For sdpa_decode the attributes
     m_bucket, batch_bucket, heads_bucket, head_dim_bucket, seq_q_bucket, seq_kv_bucket; for the
     other families `<field>_bucket` for every launch field but `tokens`."""
 
@@ -111,11 +111,11 @@ class TuneCacheKey:
 
 
 class LaunchBuilder:
-    """The seed's launch builder for every family. Setters return a new builder.
+    """The launch builder of every family. Setters return a new builder.
 
     `field(name, value)` / `fields(**values)` set any launch field of the plan's family (an unknown
     name raises InvalidField at once); `m`, `tokens`, `batch`, `num_heads`, `head_dim`, `seq_q` and
-    `seq_kv` are the seed's sdpa setters.
+    `seq_kv` are named setters for sdpa_decode's fields.
     """
 
     def __init__(self, plan: KernelPlan, values: Optional[Dict[str, Any]] = None, candidate: Any = None) -> None:
@@ -199,7 +199,7 @@ class LaunchBuilder:
 
 def render_kernel_name(plan: KernelPlan, values: Mapping[str, int], candidate: Any) -> str:
     """`<family>_<label><value>..._<candidate tag>_<profile>` over the required launch fields in
-    declared order; for sdpa_decode exactly the seed's
+    declared order; for sdpa_decode
     `sdpa_decode_m{}_tok{}_b{}_h{}_d{}_sq{}_sk{}_skp{}_tg{}_tm{}_tn{}_tk{}_pq{}_pk{}_{kv}_{red}_{profile}`."""
     shape = "_".join(f"{f.label}{values[f.name]}" for f in plan.spec.launch_fields if f.required)
     return f"{plan.family.value}_{shape}_{candidate.tag()}_{plan.precision_profile.short}"

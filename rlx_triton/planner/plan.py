@@ -1,5 +1,5 @@
 """Kernel plans: `KernelPlanBuilder(family)...build_plan()` validates a family's policies, precision
-and candidates the way the seed does and picks the plan's default candidate.
+and candidates (the first failing rule is the error) and picks the plan's default candidate.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def family_spec(family: Any) -> FamilySpec:
 
 
 class KernelPlanBuilder:
-    """The seed's builder, for every family. Methods return a new builder (the seed consumes `self`).
+    """The plan builder of every family. Methods return a new builder; the old one is unchanged.
 
     An unknown family raises UnsupportedFamily here, since its default candidates are looked up first.
     """
@@ -109,7 +109,7 @@ class KernelPlanBuilder:
         return self._with(tune_policy=policy)
 
     def tune_cache(self, load: bool, persist: bool, max_entries: int) -> "KernelPlanBuilder":
-        """Configure persisted winner-table behaviour (max_entries is raised to at least 1, as in the seed)."""
+        """Configure persisted winner-table behaviour (max_entries is raised to at least 1)."""
         policy = dataclasses.replace(
             self._tune_policy, cache_load=bool(load), persist_cache=bool(persist), cache_max_entries=max(int(max_entries), 1)
         )
@@ -175,7 +175,7 @@ class KernelPlanBuilder:
 
 
 def _f32(value: float) -> float:
-    """Rounds to IEEE single precision: the seed's weights and their sum are f32."""
+    """Rounds to IEEE single precision: the objective weights and their sum are checked in f32."""
     return struct.unpack("f", struct.pack("f", value))[0]
 
 
@@ -185,7 +185,7 @@ def validate_objective_weights(weights: ObjectiveWeights) -> None:
         if not all(math.isfinite(v) and v >= 0.0 for v in values):
             raise InvalidObjectiveWeights()
         as_f32 = [_f32(float(v)) for v in values]
-    except (TypeError, OverflowError):  # not a number, or beyond f32 range (the seed's inf)
+    except (TypeError, OverflowError):  # not a number, or beyond f32 range (inf in f32)
         raise InvalidObjectiveWeights() from None
     total = _f32(_f32(as_f32[0] + as_f32[1]) + as_f32[2])
     if abs(total - 1.0) > 1e-3:
@@ -193,7 +193,7 @@ def validate_objective_weights(weights: ObjectiveWeights) -> None:
 
 
 def validate_tune_policy(policy: TunePolicy) -> None:
-    # the seed reports this through InvalidCandidate
+    # a tune policy's bad field is reported as InvalidCandidate, the error of a plan's candidate settings
     if policy.cache_max_entries < 1:
         raise InvalidCandidate("cache_max_entries must be at least 1")
     if not isinstance(policy.cache_eviction, TuneCacheEviction):

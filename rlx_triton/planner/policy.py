@@ -1,7 +1,7 @@
-"""Plan vocabulary ported from the RLX Metal planner: families, scalar types, precision roles and
-profiles, thread/memory/tune policies, token buckets and objective weights.
+"""Plan vocabulary: families, scalar types, precision roles and profiles, thread/memory/tune policies,
+token buckets and objective weights.
 
-Pure data, no torch: every type is a frozen dataclass or an enum, hashable, with the seed's defaults.
+Pure data, no torch: every type is a frozen dataclass or an enum, hashable, with its defaults here.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class KernelFamily(enum.Enum):
 
     @property
     def debug_name(self) -> str:
-        """The seed's Rust `Debug` spelling (`SdpaDecode`), used in `UnsupportedFamily`'s message."""
+        """The family in CamelCase (`SdpaDecode`), used in `UnsupportedFamily`'s message."""
         return "".join(part.capitalize() for part in self.value.split("_"))
 
 
@@ -48,7 +48,7 @@ class ConvertPolicy(enum.Enum):
     DOUBLE_SINGLE_EMU = "double_single_emu"
 
 
-# conversions that the seed calls emulation: refused unless the plan allows emulation
+# conversions that emulate a format the hardware lacks: refused unless the plan allows emulation
 EMULATED_CONVERSIONS = frozenset(
     {ConvertPolicy.STOCHASTIC_ROUND, ConvertPolicy.DOUBLE_SINGLE_EMU, ConvertPolicy.DEQUANT_ON_LOAD}
 )
@@ -105,7 +105,7 @@ class PrecisionProfile(enum.Enum):
 
     @property
     def short(self) -> str:
-        """The seed's kernel-name suffix: ull, bal, hf, det."""
+        """The profile's kernel-name suffix: ull, bal, hf, det."""
         return _PROFILE_SHORT[self]
 
 
@@ -145,7 +145,7 @@ class MemoryKind(enum.Enum):
 
 @dataclass(frozen=True)
 class MemoryPolicy:
-    """Where a kernel may stage data: the seed's `ArenaOnly | SharedIfFits{max_tg_bytes} | ForceShared`.
+    """Where a kernel may stage data: arena only, shared memory if it fits in max_tg_bytes, or always shared.
 
     The default is `shared_if_fits(32 KiB)`, Apple's threadgroup-memory size.
     """
@@ -221,7 +221,7 @@ class ObjectiveWeights:
 
 
 def bucket_pow2(value: int) -> int:
-    """ceil(log2(value)) for value >= 2, else 0: the seed's shape bucket (1 -> 0, 2 -> 1, 3..4 -> 2)."""
+    """ceil(log2(value)) for value >= 2, else 0: the shape bucket (1 -> 0, 2 -> 1, 3..4 -> 2)."""
     if value <= 1:
         return 0
     return (value - 1).bit_length()

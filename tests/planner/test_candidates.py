@@ -78,7 +78,7 @@ def test_from_tag_never_raises(cls, text):
     assert parsed is None or isinstance(parsed, cls)
 
 
-def test_sdpa_tag_is_the_seed_format():
+def test_sdpa_tag_format():
     c = SdpaDecodeVariant.PARTIAL_F16_KV.candidate()
     assert c.tag() == "skp4_tg256_tm1_tn128_tk128_pq1_pk1_f16kv_partial"
     assert SdpaDecodeVariant.BASE_F32.tag() == "skp1_tg128_tm1_tn64_tk64_pq1_pk1_f32kv_full"
@@ -99,7 +99,7 @@ def test_sdpa_legacy_rows_without_tile_and_pad_fields_parse_with_ones():
         "skp1_tm1_tn64_tk64_pq1_pk1_f16kv_full",  # no tg_size
         "skp1_tg128_full",  # no kv precision
         "skp1_tg128_f16kv",  # no reduce mode
-        "skp-1_tg128_f16kv_full",  # Rust's u32 parse refuses a sign '-'
+        "skp-1_tg128_f16kv_full",  # a number part takes no sign '-'
         "skp1_tg128_tgx_f16kv_full",  # a later unparseable value clears the field
         "skp4294967296_tg128_f16kv_full",  # beyond u32
         "skp 1_tg128_f16kv_full",
@@ -109,8 +109,8 @@ def test_sdpa_unparseable_tags_give_none(tag):
     assert SdpaDecodeCandidate.from_tag(tag) is None
 
 
-def test_sdpa_tag_parsing_quirks_of_the_seed():
-    # '+' is accepted by Rust's u32 parse; unknown parts are ignored; later parts overwrite
+def test_sdpa_tag_parsing_rules():
+    # a number may start with '+'; unknown parts are ignored; later parts overwrite
     assert SdpaDecodeCandidate.from_tag("skp+2_tg64_f32kv_full_extra").split_k == 2
     assert SdpaDecodeCandidate.from_tag("skp1_skp8_tg64_f32kv_full").split_k == 8
     assert SdpaDecodeCandidate.from_tag(12) is None
@@ -164,7 +164,7 @@ def test_fp32_variant_is_the_deterministic_choice_and_true_fp32(family):
     assert getattr(fp32, "precision", "ieee") == "ieee" and getattr(fp32, "use_f16_kv", False) is False
 
 
-def test_sdpa_seed_variants_come_first_and_unchanged():
+def test_sdpa_first_four_variants_are_unchanged():
     seed = [
         ("BASE_F32", (1, 128, 1, 64, 64, 1, 1, False, False)),
         ("BASE_F16_KV", (1, 128, 1, 64, 64, 1, 1, True, False)),

@@ -44,7 +44,7 @@ def sdpa(**changes):
     return LaunchBuilder.from_plan(plan_of(KernelFamily.SDPA_DECODE)).fields(**{**SDPA_FIELDS, **changes})
 
 
-def test_sdpa_seed_setters_and_attributes():
+def test_sdpa_named_setters_and_attributes():
     plan = plan_of(KernelFamily.SDPA_DECODE)
     launch = LaunchBuilder.from_plan(plan).m(1).tokens(192).batch(2).num_heads(32).head_dim(128).seq_q(1).seq_kv(192).build()
     assert (launch.m, launch.tokens, launch.batch, launch.num_heads, launch.head_dim, launch.seq_q, launch.seq_kv) == (
@@ -57,7 +57,7 @@ def test_sdpa_seed_setters_and_attributes():
         launch.num_kv_heads
 
 
-def test_sdpa_kernel_name_is_exactly_the_seed_format():
+def test_sdpa_kernel_name_format():
     launch = sdpa(tokens=192, seq_kv=192, m=1).build()
     assert launch.kernel_name == (
         "sdpa_decode_m1_tok192_b2_h32_d128_sq1_sk192_skp1_tg128_tm1_tn64_tk64_pq1_pk1_f16kv_full_bal"
@@ -69,7 +69,7 @@ def test_sdpa_kernel_name_is_exactly_the_seed_format():
         assert name.endswith(f"_{short}")
 
 
-def test_sdpa_optional_fields_stay_out_of_the_seed_name():
+def test_sdpa_optional_fields_stay_out_of_the_kernel_name():
     launch = sdpa(num_kv_heads=8, head_dim_v=64).build()
     assert launch.num_kv_heads == 8 and launch.head_dim_v == 64
     assert launch.kernel_name == sdpa().build().kernel_name
@@ -180,7 +180,7 @@ def test_builders_are_immutable():
     assert base.build().seq_kv == 300
 
 
-# the seed's choose_launch_candidate: tokens <= 8 or seq_kv > 1024 -> first partial-reduce candidate
+# the launch's candidate choice: tokens <= 8 or seq_kv > 1024 -> first partial-reduce candidate
 @pytest.mark.parametrize(
     "tokens,seq_kv,partial",
     [(1, 100, True), (8, 100, True), (9, 100, False), (9, 1024, False), (9, 1025, True), (64, 4096, True)],
@@ -243,7 +243,7 @@ def test_custom_token_buckets():
     assert [TokenBucketStrategy((4, 16)).bucket_of(t) for t in (1, 4, 5, 16, 17)] == [0, 0, 1, 1, 2]
 
 
-def test_sdpa_shape_bucket_has_the_seed_attributes():
+def test_sdpa_shape_bucket_attributes():
     bucket = shape_bucket(sdpa().build())
     assert (bucket.m_bucket, bucket.batch_bucket, bucket.heads_bucket, bucket.head_dim_bucket, bucket.seq_q_bucket,
             bucket.seq_kv_bucket) == (2, 1, 5, 7, 0, 9)

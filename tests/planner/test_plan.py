@@ -73,7 +73,7 @@ def test_unknown_family_is_unsupported(family):
     assert info.value.family == family
 
 
-def test_unsupported_family_message_uses_the_seed_debug_name():
+def test_unsupported_family_message_names_the_family_in_camel_case():
     assert str(UnsupportedFamily(KernelFamily.SDPA_DECODE)) == "unsupported kernel family in plan: SdpaDecode"
 
 
@@ -84,7 +84,7 @@ def test_builder_methods_return_new_builders():
     assert hf.build_plan().precision_profile is PrecisionProfile.HIGH_FIDELITY
 
 
-def test_every_seed_builder_method_applies():
+def test_every_builder_method_applies():
     weights = ObjectiveWeights(latency=0.5, error=0.5, memory=0.0)
     buckets = TokenBucketStrategy((1, 8, 64))
     hybrid = spec(kv_cache=RolePrecision.native(ScalarType.F16, ScalarType.F16))
@@ -110,7 +110,7 @@ def test_every_seed_builder_method_applies():
     assert plan.thread_policy == ThreadPolicy(512, False)
     assert plan.memory_policy == MemoryPolicy.force_shared()
     assert plan.tune_policy.enabled and not plan.tune_policy.cache_load and plan.tune_policy.persist_cache
-    assert plan.tune_policy.cache_max_entries == 1  # the seed's max(1)
+    assert plan.tune_policy.cache_max_entries == 1  # raised to at least 1
     assert plan.tune_policy.cache_eviction is TuneCacheEviction.KEEP_HIGH_BUCKETS
     assert plan.objective_weights == weights and plan.token_buckets == buckets
     assert plan.candidates == (dataclasses.replace(SdpaDecodeVariant.BASE_F32.candidate(), tile_m=16, tile_n=32,
@@ -134,7 +134,7 @@ def test_tile_sizes_and_padding_follow_each_family_tile_fields():
 
 
 def test_tile_sizes_apply_to_current_candidates_only():
-    # as in the seed, a later candidates() call replaces the overridden list
+    # a later candidates() call replaces the overridden list
     plan = KernelPlanBuilder(KernelFamily.SDPA_DECODE).tile_sizes(2, 2, 2).candidates([SdpaDecodeVariant.BASE_F32.candidate()])
     assert plan.build_plan().candidates[0].tile_m == 1
 
@@ -163,7 +163,7 @@ def test_valid_objective_weights(weights):
     KernelPlanBuilder(KernelFamily.CONV).objective_weights(weights).build_plan()
 
 
-def test_tune_policy_max_entries_zero_is_the_seed_invalid_candidate():
+def test_tune_policy_max_entries_zero_is_invalid_candidate():
     policy = dataclasses.replace(TunePolicy.balanced_defaults(), cache_max_entries=0)
     with pytest.raises(InvalidCandidate) as info:
         KernelPlanBuilder(KernelFamily.SDPA_DECODE).autotune(policy).build_plan()
@@ -232,7 +232,7 @@ def test_empty_candidates(family):
     assert str(info.value) == "kernel plan needs at least one candidate"
 
 
-def test_validation_order_is_the_seed_order():
+def test_validation_reports_the_first_failing_rule_in_a_fixed_order():
     # weights before tune policy before precision before candidates
     builder = (
         KernelPlanBuilder(KernelFamily.SDPA_DECODE)
@@ -310,7 +310,7 @@ def test_precision_default_rule_fallbacks():
     choose = FAMILIES[KernelFamily.CONV].choose_default
     tf32 = ConvVariant.TF32_P128_CO64.candidate()
     wide_ieee = ConvVariant.IEEE_P128_CO64.candidate()
-    # only an ieee candidate beyond the thread policy: taken anyway (the seed's fallback)
+    # only an ieee candidate beyond the thread policy: taken anyway (the fallback ignores the thread policy)
     assert choose(PrecisionProfile.DETERMINISTIC, ThreadPolicy(128), [tf32, wide_ieee]) == wide_ieee
     # no accepted precision at all: the first candidate
     assert choose(PrecisionProfile.DETERMINISTIC, ThreadPolicy(), [tf32]) == tf32

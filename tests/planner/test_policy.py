@@ -1,4 +1,4 @@
-"""The seed's policy types: defaults, presets and precision profiles."""
+"""The planner's policy types: defaults, presets and precision profiles."""
 import dataclasses
 
 import pytest
@@ -33,7 +33,7 @@ def test_role_precision_native():
         (PrecisionProfile.DETERMINISTIC, ScalarType.F32, ScalarType.F32, (ScalarType.F32, ScalarType.F32)),
     ],
 )
-def test_profile_default_specs_are_the_seed_specs(profile, storage, compute, kv):
+def test_profile_default_specs(profile, storage, compute, kv):
     spec = profile.default_spec()
     assert spec.activations == spec.weights == RolePrecision.native(storage, compute)
     assert spec.accum == RolePrecision.native(ScalarType.F32, ScalarType.F32)

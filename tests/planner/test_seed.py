@@ -1,4 +1,5 @@
-"""The seed's own six tests (rlx-metal kernel_plan.rs), in Python form."""
+"""The planner's end-to-end behaviour in six tests: a default plan, launch field validation, the kernel
+name, the winner-table key, eviction settings and the sdpa_decode default candidate."""
 from rlx_triton.planner import (
     KernelFamily,
     KernelPlanBuilder,

@@ -27,13 +27,13 @@ from ..policy import (
 
 C = TypeVar("C")
 
-# Rust's `u32::from_str`: optional '+', ASCII digits only (no spaces, no '_', no sign '-')
-_RUST_U32 = re.compile(r"\+?[0-9]+\Z")
+# an unsigned 32-bit number in a tag: optional '+', ASCII digits only (no spaces, no '_', no sign '-')
+_U32_TEXT = re.compile(r"\+?[0-9]+\Z")
 
 
 def parse_u32(text: str) -> Optional[int]:
-    """`text.parse::<u32>().ok()` in Python: None for anything Rust would refuse."""
-    if not _RUST_U32.match(text):
+    """The number `text` spells, or None unless it is an optional '+' and ASCII digits within [0, 2^32)."""
+    if not _U32_TEXT.match(text):
         return None
     value = int(text)
     return value if value <= U32_MAX else None
@@ -71,7 +71,7 @@ class IntField:
     def match(self, part: str) -> Tuple[bool, Optional[int]]:
         if not part.startswith(self.prefix):
             return False, None
-        # like the seed, a matching prefix with an unparseable number clears the field
+        # a matching prefix with an unparseable number clears the field (the tag then needs a later part)
         return True, parse_u32(part[len(self.prefix):])
 
     def type_error(self, value: Any) -> Optional[str]:
@@ -126,7 +126,7 @@ TagField = Any  # IntField | FlagField | ChoiceField
 class TagSpec:
     """The text form of a candidate: its fields joined by '_' in declared order.
 
-    Parsing follows the seed's `from_tag`: parts are split on '_', each part is offered to the fields
+    Parsing: parts are split on '_', each part is offered to the fields
     in declared order and the first that recognises it takes it (a later part overwrites an earlier
     one, an unparseable number clears the field), unknown parts are ignored, and a field still unset
     at the end takes its legacy default or makes the whole tag unparseable (None).
@@ -235,7 +235,7 @@ def candidate_dataclass(cls: Type[C]) -> Type[C]:
 
 
 class CandidateVariant(enum.Enum):
-    """A named candidate of a family (the seed's `define_sdpa_decode_variants!` table)."""
+    """A named candidate of a family (the family's table of variants)."""
 
     def candidate(self) -> Any:
         return self.value
@@ -280,7 +280,7 @@ def check_tg_limit(tg_size: int, thread_policy: ThreadPolicy) -> Optional[str]:
 
 
 def check_tg_size(tg_size: int, thread_policy: ThreadPolicy) -> Optional[str]:
-    """The seed's two thread-group rules, shared by every family."""
+    """The two thread-group rules shared by every family: a size from the allowed set, within the policy's limit."""
     return check_tg_set(tg_size) or check_tg_limit(tg_size, thread_policy)
 
 
@@ -299,7 +299,7 @@ def check_stages(stages: int) -> Optional[str]:
 def check_staging(
     staging_bytes: int, memory_policy: MemoryPolicy, needs_shared: bool, needs_shared_reason: str
 ) -> Optional[str]:
-    """The seed's memory rules: arena-only refuses shared staging, shared-if-fits bounds its size."""
+    """The memory rules: arena-only refuses shared staging, shared-if-fits bounds its size."""
     if memory_policy.kind is MemoryKind.ARENA_ONLY and needs_shared:
         return needs_shared_reason
     if memory_policy.kind is MemoryKind.SHARED_IF_FITS and staging_bytes > memory_policy.max_tg_bytes:
@@ -313,7 +313,7 @@ def tiled_rules(
     needs_shared: Callable[[Any], bool],
     needs_shared_reason: str,
 ) -> Callable[[Any, ThreadPolicy, MemoryPolicy], Optional[str]]:
-    """Candidate rules of a tiled family, in the seed's order: power-of-two tiles within bounds (tl.dot
+    """Candidate rules of a tiled family, in this order: power-of-two tiles within bounds (tl.dot
     needs every tile dim >= 16), thread-group size, pipeline stages, then the memory policy against
     the family's estimate of one stage of fp32 operand staging."""
 
@@ -340,7 +340,7 @@ PIPELINE_NEEDS_SHARED = "software pipelining (stages > 1) requires shared memory
 
 
 def first_error(*checks: Callable[[], Optional[str]]) -> Optional[str]:
-    """Runs rule checks in order and returns the first message (the seed returns on the first error)."""
+    """Runs rule checks in order and returns the first message (a candidate reports one error, the first)."""
     for check in checks:
         message = check()
         if message:
@@ -375,10 +375,10 @@ PRECISION_PREFERENCE: Mapping[PrecisionProfile, Tuple[str, ...]] = {
 def choose_by_precision(profile: PrecisionProfile, thread_policy: ThreadPolicy, candidates: Sequence[Any]) -> Any:
     """Default candidate of the families with a `precision` field (conv, fbank, lstm, segdense).
 
-    The analogue of the seed's rule: among candidates within the thread policy, the first whose dot
+    The rule: among candidates within the thread policy, the first whose dot
     precision is the profile's most preferred one (so BALANCED, HIGH_FIDELITY and DETERMINISTIC pick
     the first true-fp32 `ieee` candidate, ULTRA_LOW_LATENCY the first `tf32` one); else, ignoring the
-    thread policy as the seed's fallback does, the first with an accepted precision; else the first.
+    thread policy, the first with an accepted precision; else the first.
     """
     preference = PRECISION_PREFERENCE[profile]
     fitting = [c for c in candidates if c.tg_size <= thread_policy.max_threads_per_tg]
@@ -443,7 +443,7 @@ def no_cross_field_rule(fields: Mapping[str, int]) -> Optional[str]:
 class FamilySpec:
     """Everything the plan and launch builders need to know about one family.
 
-    - `validate_candidate(c, thread_policy, memory_policy)` -> seed-style message or None.
+    - `validate_candidate(c, thread_policy, memory_policy)` -> the first rule's message or None.
     - `validate_precision(hybrid)` -> family precision rule message or None.
     - `choose_default(profile, thread_policy, candidates)` -> the plan's default candidate.
     - `choose_launch(plan, fields)` -> the candidate a launch uses when none is given.
