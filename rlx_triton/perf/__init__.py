@@ -15,8 +15,12 @@ bench shape. A case whose family's launcher still launches outside the executor 
 "no launch plan yet" (its launches are counted, its time is not estimated). Where the families of a
 case's ops state their torch path's kernels (`library_kernels(request)` in backends/torch_ref/<family>.py),
 the case also gets a "library path estimate": the same roofline applied to those kernels (JSON key
-"library_estimate", only on such cases). Every estimate is uncalibrated; where bench/results/*.json holds
-a run on the same GPU, measured / estimated is shown.
+"library_estimate", only on such cases): each stated kernel takes max(its minimum bytes / peak bandwidth,
+its FLOPs / the peak rate of its unit) with every SM busy, plus one launch latency, and the case's
+estimate is their sum, so it bounds the library path from below (fbank states framing, cuFFT's rfft at
+2.5 N log2 N FLOPs per frame, the power spectrum, the cuBLAS mel SGEMM with TF32 off, the log and the
+CMN steps; backends/torch_ref/fbank.py `library_kernels`). Every estimate is uncalibrated; where
+bench/results/*.json holds a run on the same GPU, measured / estimated is shown.
 
 Exit codes: 0 every case analysed or reported, 1 a case failed to trace or a launch failed to compile,
 2 bad usage (unknown device or bench, a profile that is not a CUDA GPU, triton not installed).
