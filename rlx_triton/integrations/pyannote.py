@@ -49,9 +49,9 @@ def register_recogniser(name: str, matches: Callable[[nn.Module], bool],
     module in its parent (return the module itself for an in-place swap), and the walk does not
     descend into a swapped module."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty str, got {name!r}")
+        raise ValueError(f"register_recogniser: name must be a non-empty str, got {name!r}")
     if not callable(matches) or not callable(swap):
-        raise TypeError("matches and swap must be callables taking an nn.Module")
+        raise TypeError("register_recogniser: matches and swap must be callables taking an nn.Module")
     _RECOGNISERS[name] = Recogniser(name, matches, swap)
 
 
@@ -354,7 +354,7 @@ def optimize(model, *, cuda_graphs: bool = False):
     cuda_graphs: every PyanNet found also replays its segmentation forward from CUDA graphs, one per input
     shape (`SegmentationGraphs`; other shapes and inputs off CUDA run eagerly)."""
     if not isinstance(cuda_graphs, bool):
-        raise TypeError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
+        raise TypeError(f"optimize: cuda_graphs must be True or False, got {cuda_graphs!r}")
     table = recognisers()
     if isinstance(model, nn.Module):
         optimized = [_optimize_module(model, table)]
@@ -387,7 +387,7 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:
     for the model itself), a GraphCapture: whether such a call replays a CUDA graph, is captured, or runs
     eagerly, and why."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        raise TypeError(f"explain: model must be an nn.Module, got {type(model).__name__}")
     routes: Dict[str, Any] = {}
     with torch.no_grad():
         for path, module in model.named_modules():

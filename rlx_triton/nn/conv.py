@@ -113,7 +113,7 @@ class Conv1d(nn.Conv1d):
     def from_torch(cls, module: nn.Conv1d, epilogue: Optional[ConvEpilogue] = None) -> "Conv1d":
         """A Conv1d sharing `module`'s weight and bias Parameters (no copy)."""
         if not isinstance(module, nn.Conv1d):
-            raise TypeError(f"module must be a torch.nn.Conv1d, got {type(module).__name__}")
+            raise TypeError(f"Conv1d.from_torch: module must be a torch.nn.Conv1d, got {type(module).__name__}")
         new = cls(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
                   padding=module.padding, dilation=module.dilation, groups=module.groups,
                   bias=module.bias is not None, padding_mode=module.padding_mode, device="meta")

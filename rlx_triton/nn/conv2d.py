@@ -71,7 +71,7 @@ class FoldedBatchNorm2d(nn.BatchNorm2d):
         if isinstance(bn, cls):
             return bn
         if not isinstance(bn, nn.BatchNorm2d):
-            raise TypeError(f"bn must be a torch.nn.BatchNorm2d, got {type(bn).__name__}")
+            raise TypeError(f"FoldedBatchNorm2d.from_torch: bn must be a torch.nn.BatchNorm2d, got {type(bn).__name__}")
         new = cls(bn.num_features, eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
                   track_running_stats=bn.track_running_stats, device="meta")
         new._parameters.update(bn._parameters)
@@ -103,10 +103,10 @@ class Conv2d(nn.Module):
                  padding: int = 0, relu: bool = False, bn: Optional[nn.BatchNorm2d] = None):
         super().__init__()
         if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
-            raise ValueError(f"weight must be a 4-D tensor (c_out, c_in, kh, kw), got "
+            raise ValueError(f"Conv2d: weight must be a 4-D tensor (c_out, c_in, kh, kw), got "
                              f"{getattr(weight, 'shape', type(weight).__name__)}")
         if bn is not None and not isinstance(bn, (nn.BatchNorm2d)):
-            raise TypeError(f"bn must be a torch.nn.BatchNorm2d or None, got {type(bn).__name__}")
+            raise TypeError(f"Conv2d: bn must be a torch.nn.BatchNorm2d or None, got {type(bn).__name__}")
         for name, value in (("weight", weight), ("bias", bias)):
             if isinstance(value, nn.Parameter) or (value is None and isinstance(weight, nn.Parameter)):
                 self.register_parameter(name, value)
@@ -128,11 +128,11 @@ class Conv2d(nn.Module):
         """From an nn.Conv2d (groups=1, dilation=1, zero padding), sharing its weight and bias, with an
         eval BatchNorm2d folded in."""
         if not isinstance(conv, nn.Conv2d):
-            raise TypeError(f"conv must be a torch.nn.Conv2d, got {type(conv).__name__}")
+            raise TypeError(f"Conv2d.from_torch: conv must be a torch.nn.Conv2d, got {type(conv).__name__}")
         if conv.groups != 1 or tuple(conv.dilation) != (1, 1) or conv.padding_mode != "zeros":
-            raise ValueError(f"conv must have groups=1, dilation=1 and zero padding, got {conv}")
+            raise ValueError(f"Conv2d.from_torch: conv must have groups=1, dilation=1 and zero padding, got {conv}")
         if isinstance(conv.padding, str):
-            raise ValueError(f"conv must have an integer padding, got padding={conv.padding!r}")
+            raise ValueError(f"Conv2d.from_torch: conv must have an integer padding, got padding={conv.padding!r}")
         return cls(conv.weight, conv.bias, stride=conv.stride, padding=conv.padding, relu=relu, bn=bn)
 
     def _apply(self, fn, recurse=True):
@@ -201,7 +201,7 @@ class Projection(nn.Module):
     @classmethod
     def from_torch(cls, linear: nn.Linear) -> "Projection":
         if not isinstance(linear, nn.Linear):
-            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+            raise TypeError(f"Projection.from_torch: linear must be a torch.nn.Linear, got {type(linear).__name__}")
         return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ class LSTM(nn.LSTM):
     def from_torch(cls, lstm: nn.LSTM) -> "LSTM":
         """An rlx LSTM sharing `lstm`'s Parameter objects (no copy; updates show in both)."""
         if not isinstance(lstm, nn.LSTM):
-            raise TypeError(f"lstm must be a torch.nn.LSTM, got {type(lstm).__name__}")
+            raise TypeError(f"LSTM.from_torch: lstm must be a torch.nn.LSTM, got {type(lstm).__name__}")
         new = cls.__new__(cls)
         state = {}
         for key, value in lstm.__dict__.items():

@@ -36,13 +36,13 @@ class SegDense(nn.Module):
                  *, register_linears: bool = True):
         super().__init__()
         if activation not in segdense_op.ACTIVATIONS:
-            raise ValueError(f"activation must be one of {segdense_op.ACTIVATIONS}, got {activation!r}")
+            raise ValueError(f"SegDense: activation must be one of {segdense_op.ACTIVATIONS}, got {activation!r}")
         if not isinstance(classifier, nn.Linear):
-            raise TypeError(f"classifier must be an nn.Linear, got {type(classifier).__name__}")
+            raise TypeError(f"SegDense: classifier must be an nn.Linear, got {type(classifier).__name__}")
         linears = linears if isinstance(linears, nn.ModuleList) else nn.ModuleList(list(linears))
         for i, linear in enumerate(linears):
             if not isinstance(linear, nn.Linear):
-                raise TypeError(f"linears[{i}] must be an nn.Linear, got {type(linear).__name__}")
+                raise TypeError(f"SegDense: linears[{i}] must be an nn.Linear, got {type(linear).__name__}")
         if register_linears:
             self.linear = linears
         else:
@@ -58,11 +58,12 @@ class SegDense(nn.Module):
         """The head of a pyannote PyanNet (attributes `linear` (optional), `classifier`, `activation`)."""
         classifier = getattr(model, "classifier", None)
         if not isinstance(classifier, nn.Linear):
-            raise TypeError("model must have an nn.Linear `classifier` (a built pyannote PyanNet)")
+            raise TypeError("SegDense.from_pyannote: model must have an nn.Linear `classifier` "
+                            "(a built pyannote PyanNet)")
         name = activation_name(getattr(model, "activation", nn.Identity()))
         if name is None:
-            raise ValueError(f"model.activation {type(model.activation).__name__} is not LogSoftmax(dim=-1), "
-                             "Sigmoid or Identity")
+            raise ValueError(f"SegDense.from_pyannote: model.activation {type(model.activation).__name__} is not "
+                             "LogSoftmax(dim=-1), Sigmoid or Identity")
         linears = getattr(model, "linear", None)
         return cls(linears if linears is not None else nn.ModuleList(), classifier, name,
                    register_linears=register_linears)

@@ -42,33 +42,35 @@ def check_dtype(name: str, value: torch.Tensor, dtypes: Sequence[torch.dtype], e
     return value
 
 
-def check_tensor(name: str, value, ndims: Sequence[int], dtypes: Sequence[torch.dtype], layout: str = ""):
+def check_tensor(name: str, value, ndims: Sequence[int], dtypes: Sequence[torch.dtype], layout: str = "", *,
+                 op: str = ""):
     """A tensor with one of `ndims` dimensions and one of `dtypes`. With a layout text ("(batch, c_in, h, w)")
     the messages show it; without, they count dimensions."""
-    check_is_tensor(name, value, layout)
+    check_is_tensor(name, value, layout, op=op)
     if value.dim() not in ndims:
         expected = (f"be {' or '.join(f'{n}-D' for n in ndims)} {layout}" if layout
                     else f"have {' or '.join(map(str, ndims))} dimensions")
-        raise ValueError(f"{name} must {expected}, got shape {tuple(value.shape)}")
-    return check_dtype(name, value, dtypes)
+        raise ValueError(f"{_prefix(op)}{name} must {expected}, got shape {tuple(value.shape)}")
+    return check_dtype(name, value, dtypes, op=op)
 
 
-def check_shape(name: str, value: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+def check_shape(name: str, value: torch.Tensor, shape: Sequence[int], *, op: str = "") -> torch.Tensor:
     if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+        raise ValueError(f"{_prefix(op)}{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
     return value
 
 
-def check_device(name: str, value: torch.Tensor, ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+def check_device(name: str, value: torch.Tensor, ref: torch.Tensor, ref_name: str, *, op: str = "") -> torch.Tensor:
     """ValueError unless value is on ref's device (ref_name names ref in the message)."""
     if value.device != ref.device:
-        raise ValueError(f"{name} is on {value.device} but {ref_name} is on {ref.device}")
+        raise ValueError(f"{_prefix(op)}{name} is on {value.device} but {ref_name} is on {ref.device}")
     return value
 
 
-def check_same_dtype(name: str, value: torch.Tensor, ref: torch.Tensor, ref_name: str) -> torch.Tensor:
+def check_same_dtype(name: str, value: torch.Tensor, ref: torch.Tensor, ref_name: str, *,
+                     op: str = "") -> torch.Tensor:
     if value.dtype != ref.dtype:
-        raise TypeError(f"{name} is {value.dtype} but {ref_name} is {ref.dtype}: they must match")
+        raise TypeError(f"{_prefix(op)}{name} is {value.dtype} but {ref_name} is {ref.dtype}: they must match")
     return value
 
 
@@ -78,6 +80,12 @@ class InputShapeError(RuntimeError, ValueError):
     torch raises RuntimeError for this mistake (F.conv1d: "Given groups=1, weight of size ...,
     expected input[...] to have 3 channels, but got 5 channels instead"), so this is one; it is also a
     ValueError, like every other bad-shape error of rlx_triton."""
+
+
+class InputDtypeError(TypeError, ValueError):
+    """An input whose dtype differs from the weights'. torch raises ValueError for this mistake (nn.LSTM:
+    "RNN input dtype ... does not match weight dtype"), so this is one; it is also a TypeError, like
+    every other wrong-dtype error of rlx_triton."""
 
 
 def check_input_channels(input: torch.Tensor, weight: torch.Tensor, channel_dim: int = 1) -> torch.Tensor:
@@ -90,18 +98,18 @@ def check_input_channels(input: torch.Tensor, weight: torch.Tensor, channel_dim:
     return input
 
 
-def check_int(name: str, value, low: int) -> int:
+def check_int(name: str, value, low: int, *, op: str = "") -> int:
     """An int (not a bool) >= low."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise TypeError(f"{_prefix(op)}{name} must be an int, got {type(value).__name__}")
     if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
+        raise ValueError(f"{_prefix(op)}{name} must be >= {low}, got {value}")
     return value
 
 
-def check_bool(name: str, value) -> bool:
+def check_bool(name: str, value, *, op: str = "") -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        raise TypeError(f"{_prefix(op)}{name} must be a bool, got {type(value).__name__}")
     return value
 
 

@@ -15,65 +15,62 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, check_bool, check_device, check_dtype,
-                                    check_int, check_is_tensor, check_same_dtype, needs_grad)
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputDtypeError, InputShapeError, check_bool, check_device,
+                                    check_dtype, check_int, check_is_tensor, check_same_dtype, needs_grad)
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "lstm"
-
-
-class InputDtypeError(TypeError, ValueError):
-    """An input whose dtype differs from the weights'. torch's nn.LSTM raises ValueError for this mistake
-    ("RNN input dtype ... does not match weight dtype"), so this is one; it is also a TypeError, like
-    every other wrong-dtype error of rlx_triton."""
+OP = "lstm"   # the prefix of every error message
 
 
 def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, num_layers: int = 1,
                   dropout: float = 0.0, training: bool = False, bidirectional: bool = False,
                   batch_first: bool = False, proj_size: int = 0) -> Request:
-    num_layers = check_int("num_layers", num_layers, 1)
-    proj_size = check_int("proj_size", proj_size, 0)
+    num_layers = check_int("num_layers", num_layers, 1, op=OP)
+    proj_size = check_int("proj_size", proj_size, 0, op=OP)
     for name, value in (("has_biases", has_biases), ("training", training), ("bidirectional", bidirectional),
                         ("batch_first", batch_first)):
-        check_bool(name, value)
+        check_bool(name, value, op=OP)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
-        raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
+        raise ValueError(f"{OP}: dropout must be a number in [0, 1], got {dropout!r}")
     packed = isinstance(input, PackedSequence)
     data = input.data if packed else input
     if not isinstance(data, torch.Tensor):
-        raise TypeError(f"input must be a torch.Tensor or PackedSequence, got {type(input).__name__}")
-    check_dtype("input", data, FLOAT_DTYPES, "a floating tensor (float32, float16, bfloat16, float64)")
+        raise TypeError(f"{OP}: input must be a torch.Tensor or PackedSequence, got {type(input).__name__}")
+    check_dtype("input", data, FLOAT_DTYPES, "a floating tensor (float32, float16, bfloat16, float64)", op=OP)
     expected_dims = (2,) if packed else (2, 3)
     if data.dim() not in expected_dims:
         shape = "(seq, input_size) or " + ("(batch, seq, input_size)" if batch_first else "(seq, batch, input_size)")
-        raise ValueError(f"input must be {shape}, got shape {tuple(data.shape)}")
+        raise ValueError(f"{OP}: input must be {shape}, got shape {tuple(data.shape)}")
 
     directions = 2 if bidirectional else 1
     per_direction = (4 if has_biases else 2) + (1 if proj_size > 0 else 0)
     weights = list(flat_weights)
     if len(weights) != num_layers * directions * per_direction:
-        raise ValueError(f"flat_weights must hold {num_layers * directions * per_direction} tensors "
+        raise ValueError(f"{OP}: flat_weights must hold {num_layers * directions * per_direction} tensors "
                          f"(num_layers={num_layers} x directions={directions} x {per_direction}), got {len(weights)}")
     for i, w in enumerate(weights):
-        check_is_tensor(f"flat_weights[{i}]", w)
-        check_device(f"flat_weights[{i}]", w, data, "input")
+        check_is_tensor(f"flat_weights[{i}]", w, op=OP)
+        check_device(f"flat_weights[{i}]", w, data, "input", op=OP)
     if weights[0].dtype != data.dtype:  # the input's mistake (a model's weights share one dtype)
-        raise InputDtypeError(f"input dtype ({data.dtype}) does not match the weights' dtype ({weights[0].dtype}): "
+        raise InputDtypeError(f"{OP}: input dtype ({data.dtype}) does not match the weights' dtype "
+                              f"({weights[0].dtype}): "
                               f"convert the input (input.to({weights[0].dtype})) or the weights")
     for i, w in enumerate(weights[1:], start=1):
-        check_same_dtype(f"flat_weights[{i}]", w, weights[0], "flat_weights[0]")
+        check_same_dtype(f"flat_weights[{i}]", w, weights[0], "flat_weights[0]", op=OP)
     w_ih0, w_hh0 = weights[0], weights[1]
     hidden = w_hh0.shape[0] // 4 if w_hh0.dim() == 2 else 0
     h_size = proj_size if proj_size > 0 else hidden
     if w_hh0.dim() != 2 or hidden < 1 or tuple(w_hh0.shape) != (4 * hidden, h_size):
-        raise ValueError(f"flat_weights[1] (weight_hh_l0) must be (4*hidden, {'proj_size' if proj_size else 'hidden'}), "
+        raise ValueError(f"{OP}: flat_weights[1] (weight_hh_l0) must be "
+                         f"(4*hidden, {'proj_size' if proj_size else 'hidden'}), "
                          f"got {tuple(w_hh0.shape)}")
     if w_ih0.dim() != 2 or w_ih0.shape[0] != 4 * hidden:
-        raise ValueError(f"flat_weights[0] (weight_ih_l0) must be (4*hidden={4 * hidden}, input_size), "
+        raise ValueError(f"{OP}: flat_weights[0] (weight_ih_l0) must be (4*hidden={4 * hidden}, input_size), "
                          f"got {tuple(w_ih0.shape)}")
     input_size = data.shape[-1]
     if input_size != w_ih0.shape[1]:  # worded as nn.LSTM words it
-        raise InputShapeError(f"input.size(-1) must be equal to input_size. Expected {w_ih0.shape[1]}, "
+        raise InputShapeError(f"{OP}: input.size(-1) must be equal to input_size. Expected {w_ih0.shape[1]}, "
                               f"got {input_size} (input of shape {tuple(data.shape)})")
 
     if packed:
@@ -84,15 +81,15 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
         batch, seq = (data.shape[0], data.shape[1]) if batch_first else (data.shape[1], data.shape[0])
     if hx is not None:
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-            raise TypeError("hx must be a tuple (h0, c0) or None")
+            raise TypeError(f"{OP}: hx must be a tuple (h0, c0) or None")
         unbatched = not packed and data.dim() == 2
         for name, t, size in (("hx[0] (h0)", hx[0], h_size), ("hx[1] (c0)", hx[1], hidden)):
             want = (num_layers * directions, size) if unbatched else (num_layers * directions, batch, size)
-            check_is_tensor(name, t)
+            check_is_tensor(name, t, op=OP)
             if tuple(t.shape) != want:  # nn.LSTM raises RuntimeError for a state of the wrong size
-                raise InputShapeError(f"{name} must have shape {want}, got {tuple(t.shape)}")
-            check_device(name, t, data, "input")
-            check_same_dtype(name, t, data, "input")
+                raise InputShapeError(f"{OP}: {name} must have shape {want}, got {tuple(t.shape)}")
+            check_device(name, t, data, "input", op=OP)
+            check_same_dtype(name, t, data, "input", op=OP)
 
     tensors = [data, *weights] + ([] if hx is None else list(hx))
     requires_grad = needs_grad(*tensors)

@@ -18,40 +18,42 @@ from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, check_device,
 from rlx_triton.router import Request, route, routed_op
 
 FAMILY = "segdense"
+OP = "segdense"   # the prefix of every error message
 ACTIVATIONS = ("none", "sigmoid", "log_softmax")
 
 
 def _check_matrix(name: str, w, rows_text: str, in_features: int, x: torch.Tensor) -> None:
-    check_is_tensor(name, w, f"({rows_text}, {in_features})")
+    check_is_tensor(name, w, f"({rows_text}, {in_features})", op=OP)
     if w.dim() != 2 or w.shape[1] != in_features:
-        raise ValueError(f"{name} must be ({rows_text}, {in_features}), got shape {tuple(w.shape)}")
-    check_device(name, w, x, "x")
+        raise ValueError(f"{OP}: {name} must be ({rows_text}, {in_features}), got shape {tuple(w.shape)}")
+    check_device(name, w, x, "x", op=OP)
 
 
 def _check_bias(name: str, b, size: int, x: torch.Tensor) -> None:
     if b is None:
         return
-    check_is_tensor(name, b, f"({size},) or None")
-    check_shape(name, b, (size,))
-    check_device(name, b, x, "x")
+    check_is_tensor(name, b, f"({size},) or None", op=OP)
+    check_shape(name, b, (size,), op=OP)
+    check_device(name, b, x, "x", op=OP)
 
 
 def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[Optional[torch.Tensor]] = (),
                       classifier_weight=None, classifier_bias=None, *, activation: str = "log_softmax") -> Request:
-    check_is_tensor("x", x, "(..., in_features)")
-    check_dtype("x", x, FLOAT_DTYPES, "a floating tensor")
+    check_is_tensor("x", x, "(..., in_features)", op=OP)
+    check_dtype("x", x, FLOAT_DTYPES, "a floating tensor", op=OP)
     if x.dim() < 1:
-        raise ValueError("x must have at least one dimension (..., in_features), got a scalar")
+        raise ValueError(f"{OP}: x must have at least one dimension (..., in_features), got a scalar")
     if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        raise ValueError(f"{OP}: activation must be one of {ACTIVATIONS}, got {activation!r}")
     weights, biases = list(weights), list(biases)
     if len(biases) != len(weights):
-        raise ValueError(f"biases must hold one entry (tensor or None) per weight: {len(weights)}, got {len(biases)}")
+        raise ValueError(f"{OP}: biases must hold one entry (tensor or None) per weight: {len(weights)}, "
+                         f"got {len(biases)}")
     features = x.shape[-1]
     first_name, first = ("weights[0]", weights[0]) if weights else ("classifier_weight", classifier_weight)
     if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] != features:
         # x does not fit the head: blame x, with the RuntimeError torch's linear raises for it
-        raise InputShapeError(f"x.size(-1) must be equal to the in_features of {first_name}. Expected "
+        raise InputShapeError(f"{OP}: x.size(-1) must be equal to the in_features of {first_name}. Expected "
                               f"{first.shape[1]}, got {features} (x of shape {tuple(x.shape)})")
     for i, (w, b) in enumerate(zip(weights, biases)):
         _check_matrix(f"weights[{i}]", w, "out_features", features, x)

@@ -65,28 +65,28 @@ def test_wide_hidden_and_half_dtypes_are_refused():
         assert "dtype" in str(explain(half, torch.randn(1, 1, 2, dtype=torch.bfloat16)).skipped_reasons["triton"])
 
 
-def test_bad_input_errors_name_the_argument(bilstm):
+def test_bad_input_errors_name_the_op_and_the_argument(bilstm):
     x = torch.randn(2, 3, 4)
-    with pytest.raises(TypeError, match="input"):
+    with pytest.raises(TypeError, match=r"^lstm: .*input"):
         lstm("x", None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True)
-    with pytest.raises(ValueError, match="input"):
+    with pytest.raises(ValueError, match=r"^lstm: .*input"):
         lstm(torch.randn(2, 3, 4, 1), None, bilstm._flat_weights, num_layers=2, bidirectional=True)
-    with pytest.raises(ValueError, match="flat_weights"):
+    with pytest.raises(ValueError, match=r"^lstm: .*flat_weights"):
         lstm(x, None, bilstm._flat_weights[:4], num_layers=2, bidirectional=True, batch_first=True)
-    with pytest.raises(ValueError, match=r"input.size\(-1\) must be equal to input_size. Expected 4, got 5"):
+    with pytest.raises(ValueError, match=r"^lstm: .*input.size\(-1\) must be equal to input_size. Expected 4, got 5"):
         lstm(torch.randn(2, 3, 5), None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True)
-    with pytest.raises(ValueError, match="h0"):
+    with pytest.raises(ValueError, match=r"^lstm: .*h0"):
         lstm(x, (torch.zeros(4, 3, 8), torch.zeros(4, 2, 8)), bilstm._flat_weights, num_layers=2,
              bidirectional=True, batch_first=True)
-    with pytest.raises(ValueError, match="dropout"):
+    with pytest.raises(ValueError, match=r"^lstm: .*dropout"):
         lstm(x, None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True, dropout=2.0)
-    with pytest.raises(TypeError, match=r"input dtype \(torch.float64\) does not match the weights' dtype"):
+    with pytest.raises(TypeError, match=r"^lstm: .*input dtype \(torch.float64\) does not match the weights' dtype"):
         lstm(x.double(), None, bilstm._flat_weights, num_layers=2, bidirectional=True, batch_first=True)
     mixed = list(bilstm._flat_weights)
     mixed[3] = mixed[3].double()
-    with pytest.raises(TypeError, match=r"flat_weights\[3\]"):
+    with pytest.raises(TypeError, match=r"^lstm: .*flat_weights\[3\]"):
         lstm(x, None, mixed, num_layers=2, bidirectional=True, batch_first=True)
-    with pytest.raises(TypeError, match="num_layers"):
+    with pytest.raises(TypeError, match=r"^lstm: .*num_layers"):
         lstm(x, None, bilstm._flat_weights, num_layers=2.0, bidirectional=True, batch_first=True)
 
 

@@ -29,21 +29,21 @@ def test_autograd_goes_to_torch():
     assert head[0][0].grad is not None
 
 
-def test_bad_input_errors_name_the_argument():
+def test_bad_input_errors_name_the_op_and_the_argument():
     x, (ws, bs, wc, bc) = torch.randn(3, 12), random_head(12, [8], 3)
-    with pytest.raises(TypeError, match="x"):
+    with pytest.raises(TypeError, match=r"^segdense: .*x"):
         segdense([1.0], ws, bs, wc, bc)
-    with pytest.raises(ValueError, match=r"weights\[0\]"):
+    with pytest.raises(ValueError, match=r"^segdense: .*weights\[0\]"):
         segdense(x, [torch.randn(8, 12, 1)], bs, wc, bc)
-    with pytest.raises(ValueError, match=r"biases\[0\]"):
+    with pytest.raises(ValueError, match=r"^segdense: .*biases\[0\]"):
         segdense(x, ws, [torch.zeros(5)], wc, bc)
-    with pytest.raises(ValueError, match="classifier_weight"):
+    with pytest.raises(ValueError, match=r"^segdense: .*classifier_weight"):
         segdense(x, ws, bs, torch.randn(3, 12), bc)
-    with pytest.raises(ValueError, match="classifier_bias"):
+    with pytest.raises(ValueError, match=r"^segdense: .*classifier_bias"):
         segdense(x, ws, bs, wc, torch.zeros(4))
-    with pytest.raises(ValueError, match="activation"):
+    with pytest.raises(ValueError, match=r"^segdense: .*activation"):
         segdense(x, ws, bs, wc, bc, activation="softmax")
-    with pytest.raises(ValueError, match="biases"):
+    with pytest.raises(ValueError, match=r"^segdense: .*biases"):
         segdense(x, ws, [], wc, bc)
 
 
