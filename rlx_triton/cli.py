@@ -129,18 +129,13 @@ def _profile_keys() -> List[str]:
 
 def find_profile(name: str):
     """The device profile `name` names: its key ("h200", "a100-80gb"), or a unique prefix of a key
-    with or without dashes ("a100", "h100", "rtx4090"); None when it names none."""
-    from rlx_triton.devices import PROFILES
+    with or without dashes ("a100", "h100", "rtx4090"); None when it names none (devices.profile's rule)."""
+    from rlx_triton.devices import profile
 
-    def plain(text: str) -> str:
-        return text.lower().replace("-", "").replace("_", "")
-
-    wanted = plain(name)
-    exact = [p for key, p in PROFILES.items() if plain(key) == wanted]
-    if exact:
-        return exact[0]
-    prefixed = [p for key, p in PROFILES.items() if plain(key).startswith(wanted)]
-    return prefixed[0] if len(prefixed) == 1 and wanted else None
+    try:
+        return profile(name)
+    except ValueError:
+        return None
 
 
 def _explain_device(name: str):

@@ -6,10 +6,13 @@ rt.integrations.pyannote.optimize, with {module path: Route} for every rlx modul
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Dict, Union
+
+if TYPE_CHECKING:
+    from rlx_triton.router.route import Route
 
 
-def explain(target: Any, *args: Any, **kwargs: Any) -> Any:
+def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, Any]]":
     """The route `target(*args, **kwargs)` would take.
 
     Args:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +18,6 @@ from rlx_triton.router import MissingKernel, Request, clear_route_cache, registr
 from rlx_triton.router.coverage import BACKEND_UNAVAILABLE, Coverage
 from rlx_triton.router.device import clear_device_cache
 
-REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
 # each family's launcher functions, and the module whose signatures they match
 LAUNCHERS = {"sdpa_decode": ("torch_ref", ["sdpa_decode", "scaled_dot_product_attention"]), "fbank": ("torch_ref", ["fbank"]),
@@ -117,21 +114,10 @@ def test_shader_sources_are_found_through_importlib_resources(family):
     assert "kernel void" in library.shader_source(family)
 
 
-def test_wheel_ships_the_shaders_and_an_installed_package_finds_them(tmp_path):
-    """pip wheel . (from a copy of the tree), unpack it into a plain folder (what installing a pure
-    wheel does), and read the shaders from there through importlib.resources."""
-    source = tmp_path / "src"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        if (REPO / name).exists():
-            shutil.copy(REPO / name, source / name)
-    shutil.copytree(REPO / "metal", source / "metal")
-    shutil.copytree(REPO / "rlx_triton", source / "rlx_triton", symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(pip + ["wheel", str(source), "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w")],
-                   check=True, capture_output=True, timeout=120)
-    wheel = next((tmp_path / "w").glob("*.whl"))
+def test_wheel_ships_the_shaders_and_an_installed_package_finds_them(built_wheel, tmp_path):
+    """The wheel (built once per run), unpacked into a plain folder (what installing a pure wheel does):
+    the shaders are read from there through importlib.resources."""
+    wheel = built_wheel
     names = zipfile.ZipFile(wheel).namelist()
     for family in FAMILIES:
         assert f"rlx_triton/metal/{family}.metal" in names
