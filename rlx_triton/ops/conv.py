@@ -141,7 +141,32 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
             if len(_FILTER_CACHE) > 64:
                 _FILTER_CACHE.clear()
             _FILTER_CACHE[key] = (weakref.ref(low_hz_), weakref.ref(band_hz_), filters)
+    _remember_sinc_bank(filters)
     return filters
+
+
+# filter banks sinc_filters built: id -> (weak reference, data_ptr, version or None for inference tensors)
+_SINC_BANKS: dict = {}
+
+
+def _remember_sinc_bank(filters: torch.Tensor) -> None:
+    version = None if filters.is_inference() else filters._version
+    with _FILTER_LOCK:
+        if len(_SINC_BANKS) > 256:
+            _SINC_BANKS.clear()
+        _SINC_BANKS[id(filters)] = (weakref.ref(filters), filters.data_ptr(), version)
+
+
+def is_sinc_filter_bank(filters: torch.Tensor) -> bool:
+    """Whether `filters` is a bank sinc_filters built, unchanged since: its first half symmetric about the
+    centre tap and its second half antisymmetric, exactly (cos_bp and sin_bp are built from one flipped
+    half), which kernels may exploit. An in-place edit of a normal tensor shows in its version counter;
+    an inference tensor has none, so an edit of it inside inference mode between sinc_filters and the op
+    is not seen (pass a copy, which is not a registered bank, to use arbitrary filters)."""
+    entry = _SINC_BANKS.get(id(filters))
+    if entry is None or entry[0]() is not filters or entry[1] != filters.data_ptr():
+        return False
+    return entry[2] is None or (not filters.is_inference() and entry[2] == filters._version)
 
 
 # ------------------------------------------------------------------------------------ sincnet
@@ -215,7 +240,7 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
     r = route(request)
     return r.module.sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
                             list(conv_biases), list(norm_weights), list(norm_biases), sinc_stride=stride,
-                            pool=pool, eps=eps, negative_slope=negative_slope, candidate=r.candidate)
+                            pool=pool, eps=eps, negative_slope=negative_slope, candidate=r.candidate, route=r)
 
 
 # ------------------------------------------------------------------------------------ conv1d
@@ -287,5 +312,5 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
     unbatched = input.dim() == 2
     x = input.unsqueeze(0) if unbatched else input
     out = r.module.conv1d(x, weight, bias, fields["stride"], pad, _check_int("dilation", dilation, 1),
-                          epilogue=epilogue, candidate=r.candidate)
+                          epilogue=epilogue, candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out

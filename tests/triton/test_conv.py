@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 
 from rlx_triton.backends.triton import conv as tconv
 from rlx_triton.backends.triton import launches
@@ -16,6 +17,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
 DEFAULT = tconv.default_candidate()
 # big tiles: fewer interpreter programs for the longer SincNet cases
 WIDE = tconv.make_candidate(tile_pos=32, tile_co=64, tile_k=128)
+# the true-fp32 tensor-core candidate H100/H200 and A100 route to (tf32x3: dot_split)
+GPU_RECIPE = {c.tag(): c for c in tconv.all_candidates()}[tconv.RECIPES["sm90"]]
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -142,6 +145,93 @@ def test_sinc_conv_abs_pool_block_with_the_waveform_norm_folded_in():
     assert rel_err(out, ref) <= 2e-5
 
 
+def test_the_symmetric_sinc_kernel_halves_the_taps_and_gives_the_direct_conv():
+    """sinc_filters' banks run _sinc_conv_kernel (pre-added mirrored samples); the direct kernel on the same
+    filters and float64 agree."""
+    module, wav = random_sincnet(), torch.randn(2, 1, 3200)
+    with torch.no_grad():
+        filters = _sincnet_args(module, wav)[1]
+        norm = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        common = dict(stride=10, padding=0, dilation=1, pool=3, abs_=True, out_slope=None, out_dtype=torch.float32,
+                      in_norm=norm, candidate=WIDE)
+        (sym,), out = tconv._conv_block_plan(wav, filters, None, symmetric=True, **common)
+        launches.run([sym])
+        direct = tconv._conv_block(wav, filters, None, **common)
+    assert sym.name == "_sinc_conv_kernel" and tconv.symmetric_bank(filters, 1)
+    ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
+    assert rel_err(out, ref) <= 1e-5 and rel_err(direct, ref) <= 1e-5
+
+
+def test_only_unchanged_sinc_filter_banks_take_the_symmetric_kernel():
+    module = random_sincnet()
+    filters = _sincnet_args(module, torch.zeros(1, 1, 1))[1]
+    assert tconv.symmetric_bank(filters, 1)
+    assert not tconv.symmetric_bank(filters.clone(), 1)            # arbitrary filters: the direct conv
+    assert not tconv.symmetric_bank(filters, 2)                     # one input channel only
+    assert not tconv.symmetric_bank(filters[:72], 1)                # 16 | filters
+    edited = _sincnet_args(module, torch.zeros(1, 1, 1))[1]
+    edited[0, 0, 0] += 1.0                                          # no longer symmetric: the version moved
+    assert not tconv.symmetric_bank(edited, 1)
+
+
+def test_sinc_filters_of_inference_tensors_take_the_symmetric_kernel():
+    with torch.inference_mode():
+        module = random_sincnet()
+        wav = torch.randn(1, 1, 2000)
+        args = _sincnet_args(module, wav)
+        assert args[1].is_inference() and tconv.symmetric_bank(args[1], 1)
+        with launches.recording() as log:
+            out = tconv.sincnet(*args, candidate=WIDE)
+    assert "_sinc_conv_kernel" in log.kernels
+    assert rel_err(out, sincnet_float64(module, wav)) <= 1e-4
+
+
+def test_tf32_split_halves_are_tf32_values_that_sum_to_the_input():
+    x = torch.cat([torch.randn(4096) * 10.0 ** torch.randint(-30, 30, (4096,)), torch.tensor([0.0, -0.0, 1.0])])
+    hi, lo = tconv.split_tf32(x)
+    for half in (hi, lo):
+        assert torch.equal(half.view(torch.int32) & 0x1FFF, torch.zeros_like(half, dtype=torch.int32))
+    assert ((hi.double() + lo.double() - x.double()).abs() <= 2.0 ** -20 * x.double().abs()).all()
+    hi, lo = tconv.split_tf32(torch.tensor([float("inf"), -float("inf"), float("nan")]))
+    assert hi[:2].isinf().all() and torch.equal(lo[:2], torch.zeros(2)) and hi[2].isnan() and lo[2].isnan()
+
+
+@triton.jit
+def _tf32_split_kernel(x_ptr, hi_ptr, lo_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    hi, lo = tconv.tf32_split(tl.load(x_ptr + offs))
+    tl.store(hi_ptr + offs, hi)
+    tl.store(lo_ptr + offs, lo)
+
+
+def test_the_kernels_split_matches_the_host_split():
+    x = torch.randn(64) * 1e3
+    hi, lo = torch.empty(64), torch.empty(64)
+    _tf32_split_kernel[(1,)](x, hi, lo, BLOCK=64)
+    ref_hi, ref_lo = tconv.split_tf32(x)
+    assert torch.equal(hi, ref_hi) and torch.equal(lo, ref_lo)
+
+
+def test_routed_calls_launch_through_the_autotune_bridge():
+    import rlx_triton as rt
+    from rlx_triton.ops import conv as ops
+
+    module, wav = random_sincnet(), torch.randn(1, 1, 2000)
+    args = _sincnet_args(module, wav)
+    with torch.no_grad():
+        route = rt.explain(ops.sincnet, *args)
+    assert route.backend == "triton"
+    with torch.no_grad(), launches.recording() as log:
+        out = tconv.sincnet(*args, candidate=route.candidate, route=route)
+    tuned = [r for r in log.records if r.route is not None]
+    assert [r.name for r in tuned] == ["_sinc_conv_kernel", "_conv1d_kernel", "_conv1d_kernel"]
+    assert tuned[0].kernel is tconv.tuned_kernel("sinc") and tuned[1].kernel is tconv.tuned_kernel("conv1d")
+    assert log.outside == [] and len(log.records) == tconv.launch_count(route.request, route.candidate)
+    assert rel_err(out, sincnet_float64(module, wav)) <= 1e-4
+    key = tconv.tuned_kernel("sinc").autotuner
+    assert any(tconv.tuned_kernel("sinc").winner(k) == route.candidate_tag for k in key.cache)
+
+
 def _normalized(x, norm):
     """x (B, C, L) through a RowNorm: (x - center) * scale + shift, in float64."""
     B, C, _ = x.shape
@@ -225,7 +315,8 @@ def _sincnet_blocks(module, wav, candidate):
         filters = sinc_filters(fb.low_hz_, fb.band_hz_, window_=fb.window_, n_=fb.n_)
         norm = tconv._row_norm(wav, p["wav_norm_weight"], p["wav_norm_bias"], eps=1e-5)
         h = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
-                              out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate)
+                              out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate,
+                              symmetric=tconv.symmetric_bank(filters, wav.shape[1]))
         blocks.append(h)
         for i, (w, b) in enumerate(zip(p["conv_weights"], p["conv_biases"])):
             norm = tconv._row_norm(h, p["norm_weights"][i], p["norm_biases"][i], eps=1e-5)
@@ -235,16 +326,58 @@ def _sincnet_blocks(module, wav, candidate):
     return blocks
 
 
-@pytest.mark.parametrize("value", [0.0, 0.5, -100.0, 1e4], ids=["zeros", "dc0.5", "dc-100", "dc1e4"])
-def test_constant_waveforms_keep_every_block_exactly_constant(value):
+@pytest.mark.parametrize("value, candidate", [
+    (0.0, WIDE), (0.5, WIDE), (-100.0, WIDE), (1e4, WIDE), (1e4, GPU_RECIPE)],
+    ids=["zeros", "dc0.5", "dc-100", "dc1e4", "dc1e4_tf32x3"])
+def test_constant_waveforms_keep_every_block_exactly_constant(value, candidate):
     """The documented rule: an exactly constant row stays exactly constant through every norm and conv
-    (shifted statistics, centred prologue), whatever BLAS kernel the interpreter's dots use, and the
-    output is float64's constant."""
+    (shifted statistics, centred prologue; the symmetric sinc kernel and the split tensor-core dots
+    included), whatever BLAS kernel the interpreter's dots use, and the output is float64's constant."""
     module = random_sincnet()
-    wav = torch.full((2, 1, 2000), value)
-    for h in _sincnet_blocks(module, wav, WIDE):
+    wav = torch.full((1, 1, 2000), value)
+    for h in _sincnet_blocks(module, wav, candidate):
         assert torch.equal(h.amax(-1), h.amin(-1))
-    assert_matches_float64(_run_sincnet(module, wav, WIDE), sincnet_float64(module, wav), 1e-5)
+    assert_matches_float64(_run_sincnet(module, wav, candidate), sincnet_float64(module, wav), 1e-5)
+
+
+@NON_FINITE
+@pytest.mark.parametrize("candidate", [WIDE, GPU_RECIPE], ids=tconv.candidate_tag)
+def test_the_symmetric_sinc_block_gives_nan_for_a_non_finite_chunk_and_leaves_the_others(candidate):
+    """NaN and Inf in one chunk: its waveform norm is NaN, so torch's sinc block output for that chunk is NaN
+    everywhere (the whole stage: tests/ops/test_conv.py); the symmetric kernel gives the same, and the clean
+    chunk float64's values."""
+    module = random_sincnet()
+    wav = torch.randn(2, 1, 2000)
+    wav[0, 0, 700] = float("nan")
+    wav[0, 0, 5] = float("inf")
+    with torch.no_grad():
+        filters = _sincnet_args(module, wav)[1]
+        norm = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        out = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
+                                out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate,
+                                symmetric=True)
+    ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
+    assert ref[0].isnan().all() and out[0].isnan().all()
+    assert rel_err(out[1], ref[1]) <= TOL[torch.float32]
+
+
+@NON_FINITE
+def test_tf32x3_conv1d_propagates_nan_and_keeps_finite_outputs_finite():
+    """The split tensor-core dots: NaN reaches every output torch gives NaN; an Inf input gives non-finite
+    outputs where torch's are non-finite (NaN where the weight it meets is exactly a TF32 value: inf times
+    its zero low half); every other output is finite and within the fp32 bound."""
+    x = torch.randn(2, 3, 40)
+    x[0, 0, 5] = float("nan")
+    x[0, 2, 20] = float("inf")
+    x[1, 1, 33] = -float("inf")
+    w, b = torch.randn(4, 3, 3), torch.randn(4)
+    out = tconv.conv1d(x, w, b, 1, 1, 1, epilogue=ConvEpilogue(abs=True, pool=2, negative_slope=0.01),
+                       candidate=GPU_RECIPE)
+    ref = conv1d_float64(x, w, b, 1, 1, 1, abs_=True, pool=2, negative_slope=0.01)
+    assert ref.isnan().any() and ref.isinf().any()
+    assert torch.equal(torch.isfinite(out), torch.isfinite(ref)) and out[ref.isnan()].isnan().all()
+    finite = torch.isfinite(ref)
+    assert_matches_float64(out[finite], ref[finite], TOL[torch.float32], reduced=9)
 
 
 @pytest.mark.parametrize("value", [0.0, 0.5, -100.0, 1e4], ids=["zeros", "dc0.5", "dc-100", "dc1e4"])
@@ -354,7 +487,21 @@ def _sweep_case(candidate):
     filt = torch.randn(32, 1, 251) / 16
     out = tconv.conv1d(wav, filt, None, 10, 0, 1, epilogue=ConvEpilogue(abs=True, pool=3), candidate=candidate)
     errs.append(rel_err(out, conv1d_float64(wav, filt, None, 10, abs_=True, pool=3)))
+    errs.append(_symmetric_sinc_error(wav, candidate))
     return max(errs)
+
+
+def _symmetric_sinc_error(wav, candidate):
+    """The symmetric sinc conv block (the waveform norm folded in) of a registered bank, against float64."""
+    module = random_sincnet()
+    with torch.no_grad():
+        filters = _sincnet_args(module, wav)[1]
+        norm = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        out = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
+                                out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate,
+                                symmetric=True)
+    ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
+    return rel_err(out, ref)
 
 
 def test_every_conv_candidate_runs_and_every_approval_holds():
@@ -379,7 +526,7 @@ def test_approvals_name_only_true_fp32_candidates():
     assert tconv.APPROVALS, "the fp32 candidate must be approved"
     tags = {tconv.candidate_tag(c): c for c in tconv.all_candidates()}
     for tag in tconv.APPROVALS:
-        assert tags[tag].precision == "ieee"
+        assert tags[tag].precision in ("ieee", "tf32x3")            # never plain tf32
 
 
 def test_routing_data_is_declared():
@@ -430,8 +577,9 @@ def test_sincnet_plan_is_the_hand_count():
     norm = dict(HAS_AFFINE=True, APPLY=False)
     assert [_summary(r) for r in plan] == [
         ("_row_norm_kernel", (2,), dict(norm, BLOCK_R=1, BLOCK_L=1024), 4, 3),
-        ("_conv1d_kernel", (2, 3, 2), dict(TAPS=251, HAS_BIAS=False, IN_AFFINE=True, IN_LEAKY=False, ABS=True,
-                                           OUT_LEAKY=False, **conv), 4, 2),
+        # the symmetric sinc conv: 80 filters as 5 programs of 8 even + 8 odd
+        ("_sinc_conv_kernel", (2, 5, 2), dict(HALF=125, POOL=3, ABS=True, BLOCK_P=64, BLOCK_K=k, DOT_K=k,
+                                              PRECISION="ieee"), 4, 2),
         ("_row_norm_kernel", (10,), dict(norm, BLOCK_R=16, BLOCK_L=128), 4, 3),
         ("_conv1d_kernel", (1, 2, 2), dict(TAPS=5, HAS_BIAS=True, IN_AFFINE=True, IN_LEAKY=True, ABS=False,
                                            OUT_LEAKY=False, **conv), 4, 2),
@@ -441,8 +589,10 @@ def test_sincnet_plan_is_the_hand_count():
         ("_row_norm_kernel", (8,), dict(HAS_AFFINE=True, APPLY=True, BLOCK_R=16, BLOCK_L=16), 4, 3),
     ]
     sinc = plan[1]
-    assert sinc.flops == 2 * (2 * 3 * 2) * 3 * 256 * 64 * 32      # 12 programs x 3 phases x 256 padded taps
-    assert sinc.bytes_read == 4 * (2 * 4000 + 251 * 80 + 3 * 2) and sinc.bytes_written == 4 * 2 * 80 * 125
+    # 20 programs x 3 phases x 128 pre-added tap pairs (126 padded) x 64 positions x 16 filters: 51% of the
+    # direct convolution's 2 x 2 x 375 x 80 x 251 multiply-adds
+    assert sinc.flops == 2 * (2 * 5 * 2) * 3 * 128 * 64 * 16
+    assert sinc.bytes_read == 4 * (2 * 4000 + 126 * 80 + 80 + 3 * 2) and sinc.bytes_written == 4 * 2 * 80 * 125
     assert sinc.unit == "fp32_fma" and out.shape == (2, 60, 12)
 
 
@@ -452,8 +602,9 @@ def test_conv1d_record_counts_bytes_once_and_executed_flops():
     (record,), out = tconv.conv1d_plan(x, w, b, 2, 0, 1, epilogue=ConvEpilogue(abs=True, pool=3), candidate=tf32x3)
     # 39 conv positions -> 13 pooled: one 64-position tile, one 32-channel tile, 2 batch rows
     assert record.grid == (1, 1, 2) and out.shape == (2, 5, 13)
-    assert record.flops == 2 * 2 * 3 * 32 * 64 * 32 and record.unit == "tf32x3"
-    assert record.bytes_read == 4 * (2 * 7 * 80 + 21 * 5 + 5) and record.bytes_written == 4 * 2 * 5 * 13
+    assert record.flops == 2 * 2 * 3 * 32 * 64 * 32 and record.unit == "tf32x4"   # four TF32 products each
+    # the tf32x3 kernel reads the split weight terms: 4 x 21 per output channel
+    assert record.bytes_read == 4 * (2 * 7 * 80 + 4 * 21 * 5 + 5) and record.bytes_written == 4 * 2 * 5 * 13
 
 
 def _routed(op, *args, **kwargs):
@@ -507,7 +658,7 @@ def test_sincnet_plans_on_meta_tensors_at_the_bench_shape():
     assert [r.name for r in log.records] == [
         "_row_partial_stats_kernel", "_row_combine_stats_kernel", "_conv1d_kernel", "_row_norm_kernel",
         "_conv1d_kernel", "_row_norm_kernel", "_conv1d_kernel", "_row_norm_kernel"]
-    assert log.records[2].grid == (triton.cdiv(5325, 64), 3, 32)
+    assert log.records[2].grid == (triton.cdiv(5325, 64), 3, 32)       # arbitrary filters: the direct conv
 
 
 @pytest.mark.gpu
@@ -537,3 +688,16 @@ def test_sincnet_on_gpu_matches_the_module_on_10s_chunks():
         ref = module(wav)
     assert out.shape == (4, 60, 589)
     assert rel_err(out, ref) <= 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("candidate", [c for c in tconv.all_candidates() if c.tag() in tconv.APPROVALS],
+                         ids=tconv.candidate_tag)
+def test_gpu_symmetric_sinc_conv_and_blocks_hold_their_approval(candidate):
+    """Each approved candidate through the symmetric sinc kernel and the Conv1d blocks on a GPU, 10 s chunks."""
+    module = random_sincnet().cuda()
+    wav = torch.randn(2, 1, 160000, device="cuda")
+    with launches.recording() as log:
+        out = _run_sincnet(module, wav, candidate)
+    assert "_sinc_conv_kernel" in log.kernels
+    assert rel_err(out.cpu(), sincnet_float64(module.cpu(), wav.cpu())) <= 1e-4

@@ -199,9 +199,119 @@ def test_routed_calls_go_through_the_autotune_bridge_with_the_routed_candidate()
                                if c.fuse_epilogue and K.candidate_tag(c) in K.APPROVALS}
     y = K.conv2d(x, weight, bias, padding=1, relu=True, candidate=route.candidate, route=route)
     assert_close_ref(y, conv2d64(x, weight, bias, padding=1, relu=True), torch.float32, 45)
-    key = (4, 5, 8, 7, 6, 1, 3, 3, "torch.float32", "torch.float32", "torch.float32", "torch.float32",
-           "torch.float32")
+    key = (4, 5, 8, 7, 6, 1, 3, 3) + ("torch.float32",) * 6       # x, weight, its split terms, bias, residual, out
     assert tuned.winner(key) == route.candidate_tag
+
+
+# ------------------------------------------------------------------------------ tf32x3 (TF32 tensor cores)
+
+TF32X3 = [c for c in K.all_candidates() if c.precision == "tf32x3"]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("cand", TF32X3, ids=K.candidate_tag)
+def test_tf32x3_conv2d_matches_float64(shape, cand):
+    """The split-operand GEMM (pixels x channels, one 4-term TF32 dot per step) holds the fp32 bound on the
+    trunk geometries and odd sizes, with bias, residual and ReLU; the interpreter runs the kernel's own TF32
+    splitting, so this is the error a GPU's tensor cores give (up to summation order)."""
+    batch, c_in, c_out, h, w, k, stride, padding = shape
+    x = torch.randn(batch, c_in, h, w)
+    weight = torch.randn(c_out, c_in, k, k) / (c_in * k * k) ** 0.5
+    bias = torch.randn(c_out)
+    out_h, out_w = (h + 2 * padding - k) // stride + 1, (w + 2 * padding - k) // stride + 1
+    residual = torch.randn(batch, c_out, out_h, out_w)
+    y = K.conv2d(x, weight, bias, stride=stride, padding=padding, residual=residual, relu=True, candidate=cand)
+    ref = conv2d64(x, weight, bias, stride=stride, padding=padding, residual=residual, relu=True)
+    assert_close_ref(y, ref, torch.float32, c_in * k * k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tf32x3_conv2d_half_inputs(dtype):
+    x, weight, bias = torch.randn(2, 20, 7, 9).to(dtype), torch.randn(16, 20, 3, 3) / 13, torch.randn(16)
+    y = K.conv2d(x, weight, bias, padding=1, relu=True, candidate=TF32X3[-1])
+    assert y.dtype == dtype
+    assert_close_ref(y, conv2d64(x, weight, bias, padding=1, relu=True), dtype, 180)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_tf32x3_conv2d_propagates_nan_and_keeps_finite_outputs_finite():
+    """NaN reaches the outputs torch gives NaN; an Inf input gives non-finite outputs where torch's are
+    non-finite (NaN where the weight it meets is exactly a TF32 value: inf * 0 in its low half); every other
+    output is finite and within the bound."""
+    x = torch.randn(2, 20, 6, 5)
+    x[0, 0, 2, 2] = float("nan")
+    x[1, 3, 0, 0] = float("inf")
+    weight, bias = torch.randn(16, 20, 3, 3) / 13, torch.randn(16)
+    y = K.conv2d(x, weight, bias, padding=1, candidate=TF32X3[-1])
+    ref = conv2d64(x, weight, bias, padding=1)
+    assert torch.equal(torch.isfinite(y), torch.isfinite(ref)) and y[ref.isnan()].isnan().all()
+    finite = torch.isfinite(ref)
+    assert_close_ref(y[finite], ref[finite], torch.float32, 180)
+
+
+def test_split_weights_are_packed_tap_major_and_cached():
+    weight = torch.randn(8, 5, 3, 3)
+    terms = K.split_weights(weight)
+    assert terms.shape == (8, 4 * 9 * 5) and K.split_weights(weight) is terms       # once per weight version
+    hi, lo = terms[:, 0::4], terms[:, 1::4]
+    torch.testing.assert_close(hi + lo, weight.permute(0, 2, 3, 1).reshape(8, -1), rtol=2 ** -20, atol=0)
+    assert torch.equal(terms[:, 2::4], hi) and torch.equal(terms[:, 3::4], lo)
+    weight.mul_(2.0)
+    assert not torch.equal(K.split_weights(weight), terms)
+
+
+# ------------------------------------------------------------------------------ recipes
+
+
+def _trunk_layers():
+    from rlx_triton.perf.benches import bench_module
+
+    return [spec for spec in bench_module("embedding").cases(gpu=True) if "c_in" in spec]
+
+
+@pytest.mark.parametrize("device", ["h200", "a100"])
+def test_every_trunk_layer_routes_to_its_fitted_tf32x3_recipe(device):
+    """As on an H200 / A100: each conv geometry of the ResNet34 trunk gets a built-in true-fp32 recipe whose
+    channel tile fits the layer (32 on the 32-channel layers, 64 dividing the wider ones): no first-call tuning."""
+    import rlx_triton as rt
+    from rlx_triton.devices import profile
+    from rlx_triton.ops import conv2d as ops
+    from rlx_triton.perf.trace import as_compiled
+    from rlx_triton.router.device import routing_as
+
+    meta = lambda *shape: torch.empty(*shape, device="meta")   # noqa: E731
+    with as_compiled(), routing_as(profile(device)):
+        for spec in _trunk_layers():
+            k, c_out = spec["kernel"], spec["c_out"]
+            x, weight = meta(32, spec["c_in"], spec["height"], spec["width"]), meta(c_out, spec["c_in"], k, k)
+            route = rt.explain(ops.conv2d, x, weight, meta(c_out), stride=spec["stride"], padding=spec["padding"],
+                               relu=True)
+            assert route.evidence == "Recipe" and route.candidate.precision == "tf32x3", spec["layer"]
+            assert c_out % route.candidate.tile_co == 0 and route.candidate.tile_co == min(c_out, 64), spec["layer"]
+        # seg_1 streams its weights on 8 CTAs: the ieee tile reads them once (the split terms four times)
+        seg_1 = rt.explain(ops.linear, meta(32, 5120), meta(256, 5120), meta(256))
+        assert seg_1.evidence == "Recipe" and seg_1.candidate.precision == "ieee"
+
+
+def test_a_recipe_route_is_not_tuned_even_where_tuning_is_on(monkeypatch):
+    """A built-in recipe is evidence: the bridge injects it and benchmarks nothing (`rlx-triton tune` refines it)."""
+    import dataclasses
+
+    import rlx_triton as rt
+    from rlx_triton.backends.triton import autotune
+    from rlx_triton.config import override_settings
+    from rlx_triton.ops import conv2d as ops
+
+    x, weight = torch.randn(1, 5, 4, 4), torch.randn(8, 5, 3, 3)
+    route = dataclasses.replace(rt.explain(ops.conv2d, x, weight, padding=1), evidence="Recipe")
+    benched = []
+    monkeypatch.setattr(autotune, "interpreter_bench", lambda fn, quantiles=None: benched.append(fn) or 0.0)
+    with override_settings(tune=True):
+        assert autotune.tuning_allowed(dataclasses.replace(route, evidence="DeviceDefault"), x.device)
+        assert not autotune.tuning_allowed(route, x.device)
+        y = K.conv2d(x, weight, padding=1, candidate=route.candidate, route=route)
+    assert benched == []
+    assert_close_ref(y, conv2d64(x, weight, padding=1), torch.float32, 45)
 
 
 # ------------------------------------------------------------------------------ launch plans
@@ -229,7 +339,7 @@ def test_conv2d_record_is_the_hand_count():
     assert record.bytes_written == 4 * res.numel()
     stem = K.make_candidate(tile_pos=64, tile_co=32, tile_k=16, precision="tf32x3")
     (folded,), _ = K.conv2d_plan(torch.randn(1, 1, 8, 8), torch.randn(32, 1, 3, 3), candidate=stem, padding=1)
-    assert folded.meta["FOLD_TAPS"] and folded.flops == 2 * 1 * 16 * 64 * 32 and folded.unit == "tf32x3"
+    assert folded.meta["FOLD_TAPS"] and folded.flops == 2 * 1 * 16 * 64 * 32 and folded.unit == "tf32x4"
 
 
 def test_a_routed_conv2d_is_a_tuned_record_with_the_routes_config():
@@ -291,3 +401,18 @@ def test_gpu_precision_errors_on_a_trunk_layer(precision):
     approval = K.APPROVALS.get(K.candidate_tag(cand))
     bound = approval.max_rel_err if approval is not None else TF32_RTOL
     assert rel_err(y.cpu(), ref) <= bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cand", TF32X3, ids=K.candidate_tag)
+@pytest.mark.parametrize("layer", ["stem", "layer1", "layer2.0", "layer4"])
+def test_gpu_tf32x3_recipes_hold_the_fp32_bound_on_trunk_layers(cand, layer):
+    """The split GEMM on real tensor cores (a GPU's TF32 MMAs and cp.async pipeline) at trunk geometries, 4 chunks."""
+    c_in, c_out, h, w, stride = {"stem": (1, 32, 80, 998, 1), "layer1": (32, 32, 80, 998, 1),
+                                 "layer2.0": (32, 64, 80, 998, 2), "layer4": (256, 256, 10, 125, 1)}[layer]
+    x = torch.randn(4, c_in, h, w, device="cuda")
+    weight = torch.randn(c_out, c_in, 3, 3, device="cuda") / (9 * c_in) ** 0.5
+    bias = torch.randn(c_out, device="cuda")
+    y = K.conv2d(x, weight, bias, stride=stride, padding=1, relu=True, candidate=cand)
+    ref = conv2d64(x.cpu(), weight.cpu(), bias.cpu(), stride=stride, padding=1, relu=True)
+    assert rel_err(y.cpu(), ref) <= K.APPROVALS[K.candidate_tag(cand)].max_rel_err

@@ -104,9 +104,10 @@ def instance_norm_act(x: torch.Tensor, gamma: Optional[torch.Tensor], beta: Opti
     return out
 
 
-def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate):
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate, route=None):
     """F.conv1d (groups=1) on a (B, C_in, L) input, then the optional epilogue
-    (epilogue.abs, epilogue.pool, epilogue.negative_slope: bias -> |x| -> max-pool -> leaky ReLU)."""
+    (epilogue.abs, epilogue.pool, epilogue.negative_slope: bias -> |x| -> max-pool -> leaky ReLU); the
+    route is not used (no autotuning on Metal)."""
     return conv1d_pool(input, weight, bias, stride=int(stride), padding=int(padding), dilation=int(dilation),
                        pool=1 if epilogue is None else int(epilogue.pool),
                        apply_abs=False if epilogue is None else bool(epilogue.abs),
@@ -115,7 +116,7 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogu
 
 def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights: Sequence[torch.Tensor],
             conv_biases, norm_weights, norm_biases, *, sinc_stride=10, pool=3, eps=1e-5, negative_slope=0.01,
-            candidate):
+            candidate, route=None):
     """pyannote SincNet forward (non-streaming) on (B, 1, T) waveforms -> (B, C, frames)."""
     h = waveforms.to(torch.float32)
     h = instance_norm_act(h, wav_norm_weight, wav_norm_bias, eps=eps, candidate=candidate)

@@ -1,6 +1,6 @@
 """Library fallback of the 1-D conv family: pyannote's SincNet stage and Conv1d with epilogues, in torch.
 
-Same function names and signatures as rlx_triton/backends/triton/conv.py (the candidate is ignored).
+Same function names and signatures as rlx_triton/backends/triton/conv.py (candidate and route are ignored).
 It runs the exact module sequence of pyannote (instance_norm, conv1d, abs, max_pool1d, leaky_relu),
 so it is differentiable and matches the pyannote module bit for bit on the same device.
 """
@@ -13,7 +13,8 @@ from rlx_triton.router.coverage import Coverage
 COVERAGE = Coverage.everything()
 
 
-def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate=None):
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate=None,
+           route=None):
     """F.conv1d (groups=1), then epilogue: |x| if epilogue.abs, max-pool(pool, pool), leaky ReLU."""
     y = F.conv1d(input, weight, bias, stride=stride, padding=padding, dilation=dilation)
     if epilogue is None:
@@ -29,7 +30,7 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogu
 
 def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
             norm_weights, norm_biases, *, sinc_stride=10, pool=3, eps=1e-5, negative_slope=0.01,
-            candidate=None):
+            candidate=None, route=None):
     """pyannote SincNet forward (non-streaming) on (B, 1, T) waveforms -> (B, C, frames)."""
     h = F.instance_norm(waveforms, weight=wav_norm_weight, bias=wav_norm_bias, eps=eps)
     h = F.conv1d(h, sinc_filters, stride=sinc_stride).abs()

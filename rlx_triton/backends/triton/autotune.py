@@ -5,9 +5,10 @@
 - The route's candidate (winner table > recipe > plan default, accuracy-approved) is injected into
   the autotuner's cache before the launch, so nothing is benchmarked on a routed call.
 - A cold bucket is benchmarked only when tuning is on for this call: the tune policy allows it, the
-  profile is not DETERMINISTIC, no CUDA graph is being captured, and the route's candidate did not
-  come from the winner table. The winner is recorded in the winner table (if the policy persists)
-  and the route cache is cleared so the next call routes to it. A per-kernel lock guards cold tuning
+  profile is not DETERMINISTIC, no CUDA graph is being captured, and the route's candidate came from
+  neither the winner table nor a built-in recipe (both are evidence; `rlx-triton tune` refines them).
+  The winner is recorded in the winner table (if the policy persists) and the route cache is cleared
+  so the next call routes to it. A per-kernel lock guards cold tuning
   (triton's Autotuner keeps per-call state on the object and is not safe to tune concurrently).
 - On a GPU candidates are timed with `triton.testing.do_bench` (median); under the interpreter the
   benchmark is deterministic: every candidate runs once (a correctness sweep) and the first
@@ -61,7 +62,7 @@ def tuning_allowed(route, device: torch.device) -> bool:
     from rlx_triton.router import plans
     from rlx_triton.planner import PrecisionProfile
 
-    if route is None or route.evidence == "TuneFile":
+    if route is None or route.evidence in ("TuneFile", "Recipe"):
         return False
     plan = plans.plan_for(route.family)
     if plan.precision_profile == PrecisionProfile.DETERMINISTIC:

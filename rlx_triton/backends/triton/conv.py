@@ -11,6 +11,23 @@ dot it fuses what SincNet needs:
 The max-pool is done by running the K loop once per pool phase j (conv position q*POOL + j) and
 keeping the running max, so the un-pooled conv output (15975 x 80 per 10 s chunk) is never stored.
 
+SincNet's sinc conv has its own kernel (`_sinc_conv_kernel`) for the banks sinc_filters builds: their
+first half is symmetric about the centre tap and their second half antisymmetric, exactly (cos_bp and
+sin_bp are one flipped half), so with L_t, R_t the samples t taps left and right of a conv position the
+mirrored samples are pre-added, S_t = L_t + R_t for the even filters and D_t = L_t - R_t for the odd
+ones, and each output takes 126 multiply-adds instead of 251 (20.55 -> 10.6 GFLOP executed at the
+pyannote bench shape). A program owns BLOCK_P pooled positions and 8 even + 8 odd filters (80 = 5 x 16:
+no padded channels). Other filter banks (a copy, an in-place edit: ops.conv.is_sinc_filter_bank) take
+`_conv1d_kernel`.
+
+tf32x3 candidates (true fp32 on TF32 tensor cores) run `dot_split` in both kernels: the input tile is
+split into TF32 halves in registers (tf32_split), the weights once per weight version (split_terms),
+and each step is one TF32 dot over the four products of the halves, so the MMA group stays in flight
+while the next tiles load (three separate products would be three dependent, waited-for dots). The
+interpreter runs the same splitting, so its error against float64 is what tensor cores give, up to
+summation order, and the approvals are measured there. An infinite input can give NaN where torch
+gives +-inf (inf times a weight's zero low half); NaN propagates as in torch.
+
 Instance norm needs statistics over the whole pooled row, which one conv tile does not see; a
 per-(batch, channel) program (`_row_norm_kernel`) computes them (two passes over the row: mean, then
 centred variance, deterministic, no atomics; rows longer than 16384, i.e. the waveform, are split into
@@ -59,10 +76,12 @@ weight version: they are 80 x 251 numbers computed once per parameter update, so
 nothing, and running asteroid's exact op sequence keeps float32 filters bit-identical to pyannote's.
 
 Candidate mapping (ConvCandidate): tile_pos -> BLOCK_P output positions per program (pooled
-positions when a pool is fused), tile_co -> BLOCK_CO, tile_k -> BLOCK_K (reduction per loop iteration,
-issued as 16-wide tl.dots on GPUs: DOT_K), tg_size // 32 -> num_warps,
-stages -> num_stages, precision -> tl.dot input_precision, fuse_epilogue -> abs/pool/leaky in the conv
-kernel (True) or in a separate `_epilogue_kernel` pass over the stored conv output (False).
+positions when a pool is fused), tile_co -> BLOCK_CO (not the sinc kernel's: 8 + 8 filters), tile_k ->
+BLOCK_K (reduction per loop iteration, issued as 16-wide tl.dots on GPUs: DOT_K), tg_size // 32 ->
+num_warps, stages -> num_stages, precision -> tl.dot input_precision ("ieee", "tf32") or dot_split
+("tf32x3"), fuse_epilogue -> abs/pool/leaky in the conv kernel (True) or in a separate `_epilogue_kernel`
+pass over the stored conv output (False). A routed fused conv goes through the autotune bridge (keys:
+batch and length buckets, channels, stride, taps, pool).
 """
 from __future__ import annotations
 
@@ -84,6 +103,32 @@ from rlx_triton.router.coverage import Coverage
 # ----------------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def tf32_split(x):
+    """(hi, lo) with x = hi + lo + r, |r| <= 2^-20 |x|, both exactly representable in TF32 (the low 13
+    mantissa bits cleared), so TF32 tensor cores multiply them exactly: the three products hi*hi',
+    hi*lo', lo*hi' of a "tf32x3" dot carry fp32's accuracy. An infinite x splits into (x, 0), not
+    (inf, inf - inf); a NaN stays NaN in both. The same arithmetic runs in the interpreter, so its dots
+    see the operands a GPU's do (split_tf32 is the host-side twin for weights)."""
+    hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    rest = tl.where(hi == x, 0.0, x - hi)
+    lo = (rest.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    return hi, lo
+
+
+@triton.jit
+def dot_split(x_tile, w_terms, acc, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + x_tile @ W in true fp32 on TF32 tensor cores: x_tile (BLOCK_M, BLOCK_K) is split in registers
+    (tf32_split) and interleaved per k as [x_hi, x_hi, x_lo, x_lo]; w_terms (4 * BLOCK_K, N) holds the
+    split weights interleaved the same way, [w_hi, w_lo, w_hi, w_lo] (split_terms, once per weight
+    version). So each call is ONE TF32 dot of 4 * BLOCK_K terms, every pair of halves multiplied (the
+    tf32x4 unit): one MMA group that stays in flight while the next tiles load, where three separate
+    products would be three dependent dots, each waited for."""
+    x_hi, x_lo = tf32_split(x_tile)
+    x_terms = tl.reshape(tl.join(tl.join(x_hi, x_lo), tl.join(x_hi, x_lo)), (BLOCK_M, 4 * BLOCK_K))
+    return tl.dot(x_terms, w_terms, acc, input_precision="tf32")
 
 
 @triton.jit
@@ -114,12 +159,13 @@ def _output_offset(w_ptr, bias_ptr, in_shift_ptr, offs_co, co_mask, pid_b, C_in,
 
 @triton.jit
 def _conv1d_kernel(
-    x_ptr, w_ptr, bias_ptr, in_center_ptr, in_scale_ptr, in_shift_ptr, out_ptr,
+    x_ptr, w_ptr, w_split_ptr, bias_ptr, in_center_ptr, in_scale_ptr, in_shift_ptr, out_ptr,
     C_in, L_in, C_out, L_out,
     stride_xb, stride_xc, stride_xl,
     stride_ob, stride_oc, stride_ol,
     conv_stride, padding, dilation,
     in_slope, out_slope,
+    batch_bucket, length_bucket,  # powers of two of batch and L_in: the autotune key, unused by the body
     TAPS: tl.constexpr,
     POOL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -190,12 +236,18 @@ def _conv1d_kernel(
                     x_tile = tl.where(at_center, 0.0, x_tile - base[None, :])
                     x_tile = tl.where(x_mask, x_tile, -base[None, :])
 
-                # weight tile W[r, co] from the (C_in * TAPS, C_out) packed weight: rows of co are contiguous
-                w_ptrs = w_ptr + offs_r[:, None] * C_out + offs_co[None, :]
-                w_mask = r_mask[:, None] & co_mask[None, :]
-                w_tile = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
-
-                acc += tl.dot(x_tile, w_tile, input_precision=PRECISION)
+                if PRECISION == "tf32x3":
+                    # the split weight terms (C_out, 4 * R), K-major as TF32 MMAs read them
+                    terms = 4 * (r0 + kk) + tl.arange(0, 4 * DOT_K)
+                    w_ptrs = w_split_ptr + offs_co.to(tl.int64)[None, :] * (4 * R) + terms[:, None]
+                    w_tile = tl.load(w_ptrs, mask=(terms < 4 * R)[:, None] & co_mask[None, :], other=0.0)
+                    acc = dot_split(x_tile, w_tile, acc, BLOCK_P, DOT_K)
+                else:
+                    # weight tile W[r, co] from the (C_in * TAPS, C_out) packed weight: rows of co are contiguous
+                    w_ptrs = w_ptr + offs_r[:, None] * C_out + offs_co[None, :]
+                    w_mask = r_mask[:, None] & co_mask[None, :]
+                    w_tile = tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32)
+                    acc += tl.dot(x_tile, w_tile, input_precision=PRECISION)
 
         if ABS:
             acc = tl.abs(acc + offset[None, :])
@@ -213,6 +265,100 @@ def _conv1d_kernel(
                 + offs_p.to(tl.int64)[:, None] * stride_ol)
     out_mask = p_mask[:, None] & co_mask[None, :]
     tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _sinc_conv_kernel(
+    x_ptr, w_ptr, w_split_ptr, tap_sum_ptr, in_center_ptr, in_scale_ptr, in_shift_ptr, out_ptr,
+    L_in, C_out, L_out,
+    stride_xb, stride_xl,
+    stride_ob, stride_oc, stride_ol,
+    conv_stride,
+    batch_bucket, length_bucket,  # powers of two of batch and L_in: the autotune key, unused by the body
+    HALF: tl.constexpr,
+    POOL: tl.constexpr,
+    ABS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_K: tl.constexpr,
+):
+    # SincNet's sinc conv of a normalized mono waveform, with the filters' symmetry: the first C_out / 2
+    # filters are symmetric about their centre tap HALF, the others antisymmetric (sinc_filters builds
+    # them so), so with L_t = x[c + HALF - t] and R_t = x[c + HALF + t] around conv position c
+    #   even filter: sum_t w[HALF - t] (L_t + R_t),   odd filter: sum_t w[HALF - t] (L_t - R_t),
+    # t = 0..HALF (the centre once: R_0 := 0): HALF + 1 multiply-adds per output instead of 2 HALF + 1.
+    # A program owns BLOCK_P pooled positions and 8 even + 8 odd filters (program 1 = g: filters g*8..+8
+    # and C_out/2 + g*8..+8; 80 = 5 x 16). The weights come packed (HALF + 1, C_out), w[c, HALF - t] at
+    # row t, and for tf32x3 as split terms (C_out, 4 (HALF + 1)); tap_sum[c] = sum over all taps.
+    # The waveform norm is applied to each loaded sample as (x - center) * scale, exactly 0 where
+    # x == center, and its shift enters once as shift * tap_sum (the design of _conv1d_kernel).
+    pid_p = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    pid_b = tl.program_id(2)
+    HALF_C = C_out // 2
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_mask = offs_p < L_out
+    chan = tl.arange(0, 8)
+    even = pid_g * 8 + chan                               # symmetric filters
+    odd = HALF_C + even                                   # antisymmetric filters
+    x_base = x_ptr + pid_b.to(tl.int64) * stride_xb
+    center = tl.load(in_center_ptr + pid_b)
+    scale = tl.load(in_scale_ptr + pid_b)
+    shift = tl.load(in_shift_ptr + pid_b)
+    offset_even = shift * tl.load(tap_sum_ptr + even)
+    offset_odd = shift * tl.load(tap_sum_ptr + odd)
+    K = HALF + 1
+
+    result_even = tl.full((BLOCK_P, 8), float("-inf"), dtype=tl.float32)
+    result_odd = tl.full((BLOCK_P, 8), float("-inf"), dtype=tl.float32)
+    for j in tl.static_range(POOL):
+        mid = (offs_p * POOL + j) * conv_stride + HALF    # centre sample of each conv position
+        acc_even = tl.zeros((BLOCK_P, 8), dtype=tl.float32)
+        acc_odd = tl.zeros((BLOCK_P, 8), dtype=tl.float32)
+        for t0 in range(0, K, BLOCK_K):
+            for kk in tl.static_range(0, BLOCK_K, DOT_K):
+                t = t0 + kk + tl.arange(0, DOT_K)
+                t_mask = t < K
+                mask = p_mask[:, None] & t_mask[None, :]
+                # the mirrored samples pre-added: S = n(L) + n(R), D = n(L) - n(R), n(x) = (x - center) * scale
+                left = tl.load(x_base + (mid[:, None] - t[None, :]).to(tl.int64) * stride_xl, mask=mask,
+                               other=0.0).to(tl.float32)
+                right = tl.load(x_base + (mid[:, None] + t[None, :]).to(tl.int64) * stride_xl,
+                                mask=mask & (t > 0)[None, :], other=0.0).to(tl.float32)
+                left = tl.where(mask & (left != center), (left - center) * scale, 0.0)
+                right = tl.where(mask & (t > 0)[None, :] & (right != center), (right - center) * scale, 0.0)
+                sums = left + right
+                diffs = left - right
+                if PRECISION == "tf32x3":
+                    terms = 4 * (t0 + kk) + tl.arange(0, 4 * DOT_K)
+                    term_mask = (terms < 4 * K)[:, None]
+                    w_even = tl.load(w_split_ptr + even.to(tl.int64)[None, :] * (4 * K) + terms[:, None],
+                                     mask=term_mask, other=0.0)
+                    w_odd = tl.load(w_split_ptr + odd.to(tl.int64)[None, :] * (4 * K) + terms[:, None],
+                                    mask=term_mask, other=0.0)
+                    acc_even = dot_split(sums, w_even, acc_even, BLOCK_P, DOT_K)
+                    acc_odd = dot_split(diffs, w_odd, acc_odd, BLOCK_P, DOT_K)
+                else:
+                    w_rows = w_ptr + t[:, None] * C_out
+                    w_even = tl.load(w_rows + even[None, :], mask=t_mask[:, None], other=0.0).to(tl.float32)
+                    w_odd = tl.load(w_rows + odd[None, :], mask=t_mask[:, None], other=0.0).to(tl.float32)
+                    acc_even += tl.dot(sums, w_even, input_precision=PRECISION)
+                    acc_odd += tl.dot(diffs, w_odd, input_precision=PRECISION)
+        acc_even += offset_even[None, :]
+        acc_odd += offset_odd[None, :]
+        if ABS:
+            acc_even = tl.abs(acc_even)
+            acc_odd = tl.abs(acc_odd)
+        result_even = tl.maximum(result_even, acc_even, propagate_nan=tl.PropagateNan.ALL)
+        result_odd = tl.maximum(result_odd, acc_odd, propagate_nan=tl.PropagateNan.ALL)
+
+    out_rows = out_ptr + pid_b.to(tl.int64) * stride_ob + offs_p.to(tl.int64)[:, None] * stride_ol
+    out_mask = p_mask[:, None]
+    tl.store(out_rows + even.to(tl.int64)[None, :] * stride_oc, result_even.to(out_ptr.dtype.element_ty),
+             mask=out_mask)
+    tl.store(out_rows + odd.to(tl.int64)[None, :] * stride_oc, result_odd.to(out_ptr.dtype.element_ty),
+             mask=out_mask)
 
 
 @triton.jit
@@ -421,8 +567,9 @@ _APPLY_FLOPS = 4
 # epilogue pass per pooled input element: bias, |x|, max
 _EPILOGUE_FLOPS = 3
 
-# what executes a dot of each precision (rlx_triton.devices.UNITS); the kernels cast every operand to fp32
-UNIT_OF_PRECISION = {"ieee": "fp32_fma", "tf32": "tf32", "tf32x3": "tf32x3"}
+# what executes a dot of each precision (rlx_triton.devices.UNITS); the kernels cast every operand to fp32.
+# tf32x3 candidates (true fp32 on TF32 tensor cores) run dot_split: four TF32 products per fp32 product
+UNIT_OF_PRECISION = {"ieee": "fp32_fma", "tf32": "tf32", "tf32x3": "tf32x4"}
 
 
 def _dot_k(block_k: int, interpret: bool) -> int:
@@ -445,6 +592,13 @@ def _meta(candidate, interpret: bool = False) -> dict:
     )
 
 
+def _sinc_meta(candidate, interpret: bool = False) -> dict:
+    """ConvCandidate -> meta-parameters of `_sinc_conv_kernel` (its channel tile is fixed: 8 + 8 filters)."""
+    meta = _meta(candidate, interpret)
+    meta.pop("BLOCK_CO")
+    return meta
+
+
 def _conv_out_len(length: int, taps: int, stride: int, padding: int, dilation: int) -> int:
     return (length + 2 * padding - dilation * (taps - 1) - 1) // stride + 1
 
@@ -457,24 +611,47 @@ _PACKED: dict = {}
 
 
 def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
-    """(C_out, C_in, taps) -> (C_in * taps, C_out) contiguous, so weight tiles load along C_out.
+    """(C_out, C_in, taps) -> (C_in * taps, C_out) contiguous, so weight tiles load along C_out; cached per
+    weight version (cached_weight)."""
+    return cached_weight(weight, lambda w: w.reshape(w.shape[0], -1).t().contiguous(), _PACKED)
 
-    Cached per weight version (data_ptr + `_version`, tied to the tensor by a weak reference), so an
-    inference loop packs each weight once and an in-place update (optimizer step, load_state_dict)
-    repacks. Inference tensors have no version counter and can still be changed in place inside
-    torch.inference_mode(), so they are packed on every call (one copy of the weight)."""
+
+def split_tf32(tensor: torch.Tensor):
+    """(hi, lo) float32 tensors with tensor = hi + lo to 2^-20, each exactly representable in TF32: the
+    host-side twin of the kernels' tf32_split, for weights split once per weight version."""
+    x = tensor.detach().float()
+    hi = (x.view(torch.int32) & -8192).view(torch.float32)
+    rest = torch.where(hi == x, 0.0, x - hi)
+    lo = (rest.view(torch.int32) & -8192).view(torch.float32)
+    return hi, lo
+
+
+def split_terms(matrix: torch.Tensor) -> torch.Tensor:
+    """(rows, K) -> (rows, 4 * K) float32: the four terms [hi, lo, hi, lo] of each k (split_tf32) contiguous,
+    the weight operand of dot_split."""
+    hi, lo = split_tf32(matrix)
+    return torch.stack((hi, lo, hi, lo), dim=-1).reshape(matrix.shape[0], -1).contiguous()
+
+
+def cached_weight(weight: torch.Tensor, make, cache: dict):
+    """make(weight) cached per weight version (data_ptr + `_version`, tied to the tensor by a weak
+    reference): an inference loop prepares each weight once and an in-place update (optimizer step,
+    load_state_dict) prepares it again. Inference tensors have no version counter and can still be
+    changed in place inside torch.inference_mode(), so they are prepared on every call."""
     if weight.is_inference():
-        return weight.reshape(weight.shape[0], -1).t().contiguous()
+        return make(weight)
     key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(weight.stride()), weight.dtype,
            weight.device)
-    hit = _PACKED.get(key)
+    hit = cache.get(key)
     if hit is not None and hit[0]() is weight:
         return hit[1]
-    packed = weight.detach().reshape(weight.shape[0], -1).t().contiguous()
-    if len(_PACKED) > 256:
-        _PACKED.clear()
-    _PACKED[key] = (weakref.ref(weight), packed)
-    return packed
+    # built as normal tensors even inside inference mode: the cache outlives the call
+    with torch.inference_mode(False):
+        value = make(weight.detach())
+    if len(cache) > 256:
+        cache.clear()
+    cache[key] = (weakref.ref(weight), value)
+    return value
 
 
 class RowNorm(NamedTuple):
@@ -496,31 +673,123 @@ def conv_flops(grid, meta: dict, reduction: int, pool: int) -> int:
     return 2 * programs * pool * steps * meta["BLOCK_P"] * meta["BLOCK_CO"]
 
 
-def _conv_record(x, w2d, bias, out, *, taps, stride, padding, dilation, pool, abs_, out_slope, in_norm,
-                 in_slope, candidate) -> Launch:
+def _buckets(x) -> tuple:
+    """(batch, length) of a (B, C, L) input as the autotune key's powers of two."""
+    return triton.next_power_of_2(max(1, x.shape[0])), triton.next_power_of_2(max(1, x.shape[2]))
+
+
+def _config(candidate) -> triton.Config:
+    meta = _meta(candidate, interpret=settings().interpret)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+    return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
+
+
+def _sinc_config(candidate) -> triton.Config:
+    meta = _sinc_meta(candidate, interpret=settings().interpret)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+    return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
+
+
+# Autotune keys: shape buckets and the constexprs that shape the loops (never raw lengths, never tensors).
+_TUNE_KEY = ["batch_bucket", "length_bucket", "C_in", "C_out", "conv_stride", "TAPS", "POOL"]
+_SINC_TUNE_KEY = ["batch_bucket", "length_bucket", "C_out", "conv_stride", "HALF", "POOL"]
+_tuned: dict = {}
+
+
+def tuned_kernel(name: str = "conv1d"):
+    """`_conv1d_kernel` ("conv1d") or `_sinc_conv_kernel` ("sinc") under the autotune bridge, with a config
+    per approved fused-epilogue candidate."""
+    if name not in _tuned:
+        from rlx_triton.backends.triton.autotune import TunedKernel
+
+        candidates = [c for c in all_candidates() if c.fuse_epilogue and c.tag() in APPROVALS]
+        kernel, to_config, key = ((_conv1d_kernel, _config, _TUNE_KEY) if name == "conv1d"
+                                  else (_sinc_conv_kernel, _sinc_config, _SINC_TUNE_KEY))
+        _tuned[name] = TunedKernel(kernel, candidates, to_config, key=key)
+    return _tuned[name]
+
+
+def _tuned_or_none(name: str, candidate, route):
+    """The tuned kernel a routed call launches through (None: launch the candidate directly)."""
+    if route is None or not candidate.fuse_epilogue:
+        return None
+    tuned = tuned_kernel(name)
+    return tuned if candidate.tag() in tuned.tags else None
+
+
+def _record(kernel, tuned, candidate, route, grid_for, args, flags, counts, flops_of) -> Launch:
+    """A plain launch of `kernel` with the candidate's meta, or a tuned one through the bridge."""
+    if tuned is not None:
+        config = tuned.config_of(candidate)
+        return Launch.tuned(tuned, candidate, grid_for, args, flags, route=route,
+                            flops=flops_of(grid_for(config.kwargs), config.kwargs), **counts)
+    config = (_sinc_config if kernel is _sinc_conv_kernel else _config)(candidate)
+    meta = config.kwargs
+    return Launch(kernel, grid_for(meta), args, meta={**flags, **meta}, num_warps=config.num_warps,
+                  num_stages=config.num_stages, flops=flops_of(grid_for(meta), meta), **counts)
+
+
+def _conv_record(x, w2d, w_split, bias, out, *, taps, stride, padding, dilation, pool, abs_, out_slope, in_norm,
+                 in_slope, candidate, route=None) -> Launch:
     """out[b, co, q] = leaky(max_j |conv(prologue(x))[b, co, q*pool + j] + bias|); x is (B, C_in, L).
 
     prologue(x) = leaky((x - center) * scale + shift, in_slope) per input row (in_norm, a RowNorm)."""
     B, C_in, L_in = x.shape
     C_out, L_out = out.shape[1], out.shape[2]
-    meta = _meta(candidate, interpret=settings().interpret)
-    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
-    grid = (triton.cdiv(L_out, meta["BLOCK_P"]), triton.cdiv(C_out, meta["BLOCK_CO"]), B)
     norm_bytes = 3 * B * C_in * 4 if in_norm is not None else 0
-    return Launch(
-        _conv1d_kernel, grid,
-        (x, w2d, bias if bias is not None else w2d, *(in_norm if in_norm is not None else (w2d, w2d, w2d)), out,
-         C_in, L_in, C_out, L_out,
-         x.stride(0), x.stride(1), x.stride(2),
-         out.stride(0), out.stride(1), out.stride(2),
-         stride, padding, dilation,
-         0.0 if in_slope is None else float(in_slope),
-         0.0 if out_slope is None else float(out_slope)),
-        meta=dict(TAPS=taps, POOL=pool, HAS_BIAS=bias is not None, IN_AFFINE=in_norm is not None,
-                  IN_LEAKY=in_slope is not None, ABS=bool(abs_), OUT_LEAKY=out_slope is not None, **meta),
-        num_warps=num_warps, num_stages=num_stages,
-        bytes_read=_nbytes(x) + _nbytes(w2d) + _nbytes(bias) + norm_bytes, bytes_written=_nbytes(out),
-        flops=conv_flops(grid, meta, C_in * taps, pool), unit=UNIT_OF_PRECISION[candidate.precision])
+    weight_bytes = _nbytes(w_split) if candidate.precision == "tf32x3" else _nbytes(w2d)
+    args = (x, w2d, w_split, bias if bias is not None else w2d, *(in_norm if in_norm is not None else (w2d, w2d, w2d)),
+            out,
+            C_in, L_in, C_out, L_out,
+            x.stride(0), x.stride(1), x.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            stride, padding, dilation,
+            0.0 if in_slope is None else float(in_slope),
+            0.0 if out_slope is None else float(out_slope),
+            *_buckets(x))
+    flags = dict(TAPS=taps, POOL=pool, HAS_BIAS=bias is not None, IN_AFFINE=in_norm is not None,
+                 IN_LEAKY=in_slope is not None, ABS=bool(abs_), OUT_LEAKY=out_slope is not None)
+    counts = dict(bytes_read=_nbytes(x) + weight_bytes + _nbytes(bias) + norm_bytes, bytes_written=_nbytes(out),
+                  unit=UNIT_OF_PRECISION[candidate.precision])
+
+    def grid_for(meta):
+        return (triton.cdiv(L_out, meta["BLOCK_P"]), triton.cdiv(C_out, meta["BLOCK_CO"]), B)
+
+    return _record(_conv1d_kernel, _tuned_or_none("conv1d", candidate, route), candidate, route, grid_for, args,
+                   flags, counts, lambda grid, meta: conv_flops(grid, meta, C_in * taps, pool))
+
+
+def sinc_flops(grid, meta, half: int, pool: int) -> int:
+    """FLOPs the dots of a `_sinc_conv_kernel` launch execute: POOL phases of HALF + 1 pre-added taps in
+    BLOCK_K steps on BLOCK_P positions x 16 filters per program."""
+    programs = 1
+    for g in grid:
+        programs *= g
+    steps = triton.cdiv(half + 1, meta["BLOCK_K"]) * meta["BLOCK_K"]
+    return 2 * programs * pool * steps * meta["BLOCK_P"] * 16
+
+
+def _sinc_record(x, bank, out, *, stride, pool, abs_, in_norm, candidate, route=None) -> Launch:
+    """out[b, c, q] = max_j |sinc conv(n(x))[b, c, q*pool + j]| with the filters' symmetry (_sinc_conv_kernel)."""
+    w_half, w_split, tap_sum = bank
+    B, _, L_in = x.shape
+    C_out, L_out = out.shape[1], out.shape[2]
+    half = w_half.shape[0] - 1
+    weight_bytes = _nbytes(w_split) if candidate.precision == "tf32x3" else _nbytes(w_half)
+    args = (x, w_half, w_split, tap_sum, *in_norm, out,
+            L_in, C_out, L_out,
+            x.stride(0), x.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            stride, *_buckets(x))
+    counts = dict(bytes_read=_nbytes(x) + weight_bytes + _nbytes(tap_sum) + 3 * B * 4, bytes_written=_nbytes(out),
+                  unit=UNIT_OF_PRECISION[candidate.precision])
+
+    def grid_for(meta):
+        return (triton.cdiv(L_out, meta["BLOCK_P"]), C_out // 16, B)
+
+    return _record(_sinc_conv_kernel, _tuned_or_none("sinc", candidate, route), candidate, route, grid_for, args,
+                   dict(HALF=half, POOL=pool, ABS=bool(abs_)), counts,
+                   lambda grid, meta: sinc_flops(grid, meta, half, pool))
 
 
 def _epilogue_record(y, bias, out, *, pool, abs_, out_slope) -> Launch:
@@ -541,10 +810,35 @@ def _epilogue_record(y, bias, out, *, pool, abs_, out_slope) -> Launch:
         flops=_EPILOGUE_FLOPS * pooled)
 
 
+_SINC: dict = {}
+
+
+def _sinc_bank(filters: torch.Tensor):
+    """(w_half, w_split, tap_sum) of a symmetric sinc filter bank (C, 1, taps): w_half (HALF + 1, C) with
+    w[c, HALF - t] at row t, its split terms (C, 4 (HALF + 1)) for tf32x3, and each filter's sum over all
+    taps (float64, rounded once); cached per filter version."""
+    def make(w):
+        half = w.shape[2] // 2
+        w_half = w[:, 0, :half + 1].flip(-1).t().float().contiguous()
+        return w_half, split_terms(w_half.t()), w[:, 0].double().sum(-1).float()
+
+    return cached_weight(filters, make, _SINC)
+
+
+def symmetric_bank(filters: torch.Tensor, c_in: int) -> bool:
+    """Whether `_sinc_conv_kernel` computes this conv: a filter bank sinc_filters built (its first half
+    symmetric, its second half antisymmetric, exactly), 16 | C filters of odd length, one input channel."""
+    from rlx_triton.ops.conv import is_sinc_filter_bank
+
+    return (c_in == 1 and filters.shape[0] % 16 == 0 and filters.shape[2] % 2 == 1
+            and is_sinc_filter_bank(filters))
+
+
 def _conv_block_plan(x, weight, bias, *, stride, padding, dilation, pool, abs_, out_slope, out_dtype,
-                     in_norm=None, in_slope=None, candidate):
+                     in_norm=None, in_slope=None, candidate, route=None, symmetric=False):
     """(records, out) of one conv with its epilogue, fused in the conv kernel or as a second pass
-    (fuse_epilogue); no records for an empty output."""
+    (fuse_epilogue); no records for an empty output. symmetric: the conv is SincNet's sinc conv of a
+    symmetric bank (symmetric_bank) with the waveform norm and no bias, run by `_sinc_conv_kernel`."""
     B, _, L_in = x.shape
     taps = weight.shape[2]
     L_conv = _conv_out_len(L_in, taps, stride, padding, dilation)
@@ -552,16 +846,33 @@ def _conv_block_plan(x, weight, bias, *, stride, padding, dilation, pool, abs_, 
     out = torch.empty((B, weight.shape[0], L_out), device=x.device, dtype=out_dtype)
     if out.numel() == 0:
         return [], out
-    w2d = _packed_weight(weight)
-    bias = bias.contiguous() if bias is not None else None
-    conv = dict(taps=taps, stride=stride, padding=padding, dilation=dilation, in_norm=in_norm, in_slope=in_slope,
-                candidate=candidate)
     plain = pool == 1 and not abs_ and out_slope is None
-    if candidate.fuse_epilogue or plain:
-        return [_conv_record(x, w2d, bias, out, pool=pool, abs_=abs_, out_slope=out_slope, **conv)], out
-    y = torch.empty((B, weight.shape[0], L_conv), device=x.device, dtype=torch.float32)
-    return [_conv_record(x, w2d, None, y, pool=1, abs_=False, out_slope=None, **conv),
-            _epilogue_record(y, bias, out, pool=pool, abs_=abs_, out_slope=out_slope)], out
+    fused = candidate.fuse_epilogue or plain
+    target = out if fused else torch.empty((B, weight.shape[0], L_conv), device=x.device, dtype=torch.float32)
+    if symmetric:
+        conv = _sinc_record(x, _sinc_bank(weight), target, stride=stride, pool=pool if fused else 1,
+                            abs_=abs_ and fused, in_norm=in_norm, candidate=candidate, route=route)
+    else:
+        w2d = _packed_weight(weight)
+        # the split weights, for a tf32x3 launch or a tuned one (whose configs include tf32x3 candidates)
+        split = candidate.precision == "tf32x3" or _tuned_or_none("conv1d", candidate, route) is not None
+        w_split = _split_weight(weight) if split else w2d
+        conv = _conv_record(x, w2d, w_split, bias.contiguous() if bias is not None and fused else None, target,
+                            taps=taps, stride=stride, padding=padding, dilation=dilation, pool=pool if fused else 1,
+                            abs_=abs_ and fused, out_slope=out_slope if fused else None, in_norm=in_norm,
+                            in_slope=in_slope, candidate=candidate, route=route)
+    if fused:
+        return [conv], out
+    bias = bias.contiguous() if bias is not None else None
+    return [conv, _epilogue_record(target, bias, out, pool=pool, abs_=abs_, out_slope=out_slope)], out
+
+
+_SPLIT: dict = {}
+
+
+def _split_weight(weight: torch.Tensor) -> torch.Tensor:
+    """(C_out, C_in, taps) -> split_terms of (C_out, C_in * taps): the tf32x3 operand; cached per weight version."""
+    return cached_weight(weight, lambda w: split_terms(w.reshape(w.shape[0], -1)), _SPLIT)
 
 
 def _split_rows(length: int) -> bool:
@@ -633,19 +944,24 @@ def _row_norm(x, weight, bias, *, eps, slope=None, out=None) -> RowNorm:
     return norm
 
 
-def conv1d_plan(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate):
+def conv1d_plan(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate,
+                route=None):
     """(records, out) of `conv1d`."""
     pool = 1 if epilogue is None else int(epilogue.pool)
     abs_ = False if epilogue is None else bool(epilogue.abs)
     slope = None if epilogue is None else epilogue.negative_slope
     return _conv_block_plan(input, weight, bias, stride=stride, padding=padding, dilation=dilation, pool=pool,
-                            abs_=abs_, out_slope=slope, out_dtype=input.dtype, candidate=candidate)
+                            abs_=abs_, out_slope=slope, out_dtype=input.dtype, candidate=candidate, route=route)
 
 
-def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate):
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *, epilogue=None, candidate, route=None):
     """F.conv1d (groups=1) on a (B, C_in, L) input, then the optional epilogue
-    (epilogue.abs, epilogue.pool, epilogue.negative_slope: bias -> |x| -> max-pool -> leaky ReLU)."""
-    plan, out = conv1d_plan(input, weight, bias, stride, padding, dilation, epilogue=epilogue, candidate=candidate)
+    (epilogue.abs, epilogue.pool, epilogue.negative_slope: bias -> |x| -> max-pool -> leaky ReLU).
+
+    With the router's `route` a fused launch goes through the autotune bridge (the routed candidate is
+    injected; a cold bucket may be tuned among the approved candidates where tuning is on)."""
+    plan, out = conv1d_plan(input, weight, bias, stride, padding, dilation, epilogue=epilogue, candidate=candidate,
+                            route=route)
     launches.run(plan)
     return out
 
@@ -657,11 +973,12 @@ def _sinc_length(samples: int, taps: int, stride: int, pool: int) -> int:
 
 def sincnet_plan(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
                  norm_weights, norm_biases, *, sinc_stride=10, pool=3, eps=1e-5, negative_slope=0.01,
-                 candidate):
+                 candidate, route=None):
     """(records, out) of `sincnet`.
 
-    The block statistics are chunked for every block when the sinc output is longer than
-    _SPLIT_ROW_MIN (so the launch count follows from the request: launch_count)."""
+    The sinc conv runs `_sinc_conv_kernel` (the filters' symmetry) for a bank sinc_filters built
+    (symmetric_bank), else `_conv1d_kernel`. The block statistics are chunked for every block when the
+    sinc output is longer than _SPLIT_ROW_MIN (so the launch count follows from the request: launch_count)."""
     x = waveforms
     records = []
     # 1. waveform instance norm, folded into the sinc conv's input prologue
@@ -669,7 +986,7 @@ def sincnet_plan(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_w
     records += step
     step, h = _conv_block_plan(x, sinc_filters, None, stride=sinc_stride, padding=0, dilation=1, pool=pool,
                                abs_=True, out_slope=None, out_dtype=torch.float32, in_norm=norm, in_slope=None,
-                               candidate=candidate)
+                               candidate=candidate, route=route, symmetric=symmetric_bank(sinc_filters, x.shape[1]))
     records += step
     split = _split_rows(h.shape[2])
     # 2. each Conv1d block reads the previous block's norm + leaky in its prologue
@@ -678,7 +995,7 @@ def sincnet_plan(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_w
         records += step
         step, h = _conv_block_plan(h, w, b, stride=1, padding=0, dilation=1, pool=pool, abs_=False,
                                    out_slope=None, out_dtype=torch.float32, in_norm=norm, in_slope=negative_slope,
-                                   candidate=candidate)
+                                   candidate=candidate, route=route)
         records += step
     # 3. the last block's norm + leaky, written once
     out = torch.empty(h.shape, device=h.device, dtype=waveforms.dtype)
@@ -689,14 +1006,15 @@ def sincnet_plan(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_w
 
 def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
             norm_weights, norm_biases, *, sinc_stride=10, pool=3, eps=1e-5, negative_slope=0.01,
-            candidate):
+            candidate, route=None):
     """pyannote SincNet forward (non-streaming) on (B, 1, T) waveforms -> (B, C, frames).
 
     waveform instance norm -> sinc conv |.| pool -> norm+leaky -> [conv pool -> norm+leaky] per
-    entry of conv_weights. norm_weights/norm_biases hold one (affine) instance norm per block."""
+    entry of conv_weights. norm_weights/norm_biases hold one (affine) instance norm per block. With the
+    router's `route` the fused convolutions go through the autotune bridge."""
     plan, out = sincnet_plan(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
                              norm_weights, norm_biases, sinc_stride=sinc_stride, pool=pool, eps=eps,
-                             negative_slope=negative_slope, candidate=candidate)
+                             negative_slope=negative_slope, candidate=candidate, route=route)
     launches.run(plan)
     return out
 
@@ -767,32 +1085,48 @@ COVERAGE = Coverage(
 )
 
 # Approvals are the max relative error the tests re-measure against float64
-# (tests/triton/test_conv.py::test_every_approved_candidate_holds_its_bound). The interpreter computes
-# fp32 dots exactly whatever input_precision says, so it cannot measure TF32 rounding: only "ieee"
-# candidates are approved here; tf32x3/tf32 wait for a GPU measurement (tests marked gpu).
+# (tests/triton/test_conv.py::test_every_conv_candidate_runs_and_every_approval_holds). tf32x3 candidates
+# run dot_split, whose TF32 halves are exact TF32 values built by the kernel's own arithmetic, so the
+# interpreter's float32 dots compute what the tensor cores compute (up to summation order): their error is
+# measured there too. Plain tf32 rounds inside the MMA, which the interpreter does not: unapproved
+# (diarization stays true fp32).
 CONV1D_MAX_REL_ERR = 1e-5
 _WHERE = "interpreter, tests/triton/test_conv.py (conv1d + SincNet blocks vs float64)"
-APPROVALS = approvals_by_precision("conv", {"ieee": CONV1D_MAX_REL_ERR}, _WHERE)
-# Device class -> candidate tag. GPU classes have none until bench/sincnet.py measures them. In the
-# interpreter the cost is per program, so the widest ieee tile wins (measured on SincNet, 2 x 2000
-# samples, on a loaded 2-core machine: 64x32 tiles 5.8-10 s, 128x64 tiles 3.3-5 s per forward).
-RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag()}
+APPROVALS = approvals_by_precision("conv", {"ieee": CONV1D_MAX_REL_ERR, "tf32x3": CONV1D_MAX_REL_ERR}, _WHERE)
+# Device class -> candidate tag. sm_90 / sm_80: true fp32 on TF32 tensor cores with 64 x 32 tiles (the sinc
+# conv's channel tile is its own 8 + 8 filters), chosen on rlx-triton perf's estimates until
+# bench/sincnet.py measures a GPU: at the bench shape the 60-channel blocks hold 192 (sm_90) / 168 (sm_80)
+# registers with 64 x 32 and 250 / 255 with 48 B of spills (sm_80) with 64 x 64; SincNet est. 229 vs 235 us
+# (H200), 638 vs 658 us (A100). In the interpreter the cost is per program, so the widest ieee tile wins
+# (measured on SincNet, 2 x 2000 samples, on a loaded 2-core machine: 64x32 tiles 5.8-10 s, 128x64 tiles
+# 3.3-5 s per forward).
+RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag(), "sm90": ConvVariant.TF32X3_P64_CO32.tag(),
+           "sm80": ConvVariant.TF32X3_P64_CO32.tag()}
 SPEED_EVIDENCE: dict = {}
 
 
 def _audit_kernels() -> list:
     candidates = tuple(all_candidates())
     conv_signature = {
-        "x_ptr": "*{dt}", "w_ptr": "*{dt}", "bias_ptr": "*{dt}", "in_center_ptr": "*fp32",
+        "x_ptr": "*{dt}", "w_ptr": "*{dt}", "w_split_ptr": "*fp32", "bias_ptr": "*{dt}", "in_center_ptr": "*fp32",
         "in_scale_ptr": "*fp32", "in_shift_ptr": "*fp32", "out_ptr": "*{dt}",
         "C_in": "i32", "L_in": "i32", "C_out": "i32", "L_out": "i32",
         "stride_xb": "i64", "stride_xc": "i32", "stride_xl": "i32",
         "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32",
         "conv_stride": "i32", "padding": "i32", "dilation": "i32",
-        "in_slope": "fp32", "out_slope": "fp32",
+        "in_slope": "fp32", "out_slope": "fp32", "batch_bucket": "i32", "length_bucket": "i32",
         "TAPS": "constexpr", "POOL": "constexpr", "HAS_BIAS": "constexpr", "IN_AFFINE": "constexpr",
         "IN_LEAKY": "constexpr", "ABS": "constexpr", "OUT_LEAKY": "constexpr", "PRECISION": "constexpr",
         "BLOCK_P": "constexpr", "BLOCK_CO": "constexpr", "BLOCK_K": "constexpr", "DOT_K": "constexpr",
+    }
+    sinc_signature = {
+        "x_ptr": "*{dt}", "w_ptr": "*fp32", "w_split_ptr": "*fp32", "tap_sum_ptr": "*fp32",
+        "in_center_ptr": "*fp32", "in_scale_ptr": "*fp32", "in_shift_ptr": "*fp32", "out_ptr": "*fp32",
+        "L_in": "i32", "C_out": "i32", "L_out": "i32", "stride_xb": "i64", "stride_xl": "i32",
+        "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32", "conv_stride": "i32",
+        "batch_bucket": "i32", "length_bucket": "i32",
+        "HALF": "constexpr", "POOL": "constexpr", "ABS": "constexpr", "PRECISION": "constexpr",
+        "BLOCK_P": "constexpr", "BLOCK_K": "constexpr", "DOT_K": "constexpr",
     }
     norm_signature = {
         "x_ptr": "*fp32", "gamma_ptr": "*fp32", "beta_ptr": "*fp32", "center_ptr": "*fp32",
@@ -821,6 +1155,11 @@ def _audit_kernels() -> list:
             meta=lambda c, dt: dict(TAPS=251, POOL=3, HAS_BIAS=False, IN_AFFINE=True, IN_LEAKY=False,
                                     ABS=True, OUT_LEAKY=False, **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32",),
+            expects_mma=lambda c, dt: c.precision != "ieee"),
+        AuditSpec(
+            name="conv1d_sinc_symmetric", family="conv", kernel=_sinc_conv_kernel, signature=sinc_signature,
+            meta=lambda c, dt: dict(HALF=125, POOL=3, ABS=True, **_sinc_meta(c)),
+            candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
             expects_mma=lambda c, dt: c.precision != "ieee"),
         AuditSpec(
             name="conv1d_norm_leaky_pool", family="conv", kernel=_conv1d_kernel, signature=conv_signature,

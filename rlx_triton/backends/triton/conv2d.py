@@ -8,6 +8,14 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   BatchNorm (eval) is folded into the weights and bias before launch (ops.conv2d.fold_batchnorm); the
   epilogue adds the bias and the residual and applies ReLU in the same kernel
   (`fuse_epilogue=True`) or in `_bias_act_kernel`, a separate elementwise pass.
+  tf32x3 candidates (true fp32 on TF32 tensor cores) run `_igemm_tf32x3` instead: pixels x channels
+  (the pixels on the MMA's M side, the channel tile on N, fitted to the layer: 32 or 64), the input
+  patch split into TF32 halves in registers and the weights split once per weight version
+  (split_weights), one 4-term TF32 dot per step (conv.dot_split), so each step's MMA group stays in
+  flight while the next tiles load through cp.async. sm_90, at the trunk's shapes: 64 x 64 x 16 tiles
+  with 170 registers (2 CTAs/SM) keep one wgmma group in flight (wait 1); on the 32-channel layers
+  ptxas serializes the 64 x 32 tile's wgmmas (C7515: a non-wgmma instruction defines accumulator
+  registers inside the pipeline stage), and 4 resident CTAs (104 registers) interleave instead.
 - `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
   time, optionally weighted by per-frame weights exactly as pyannote's `StatsPool` computes them.
 - The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`
@@ -22,8 +30,10 @@ the number of launches.
 Candidate mapping (the planner's `ConvCandidate`): tile_pos -> BLOCK_P output pixels per program,
 tile_co -> BLOCK_CO output channels, tile_k -> BLOCK_K input channels per step of the reduction,
 which walks the kh x kw taps and, per tap, c_in in BLOCK_K chunks,
-tg_size // 32 -> num_warps, stages -> num_stages, precision -> `tl.dot(input_precision=...)`,
-fuse_epilogue -> epilogue in the GEMM kernel vs `_bias_act_kernel`.
+tg_size // 32 -> num_warps, stages -> num_stages, precision -> `tl.dot(input_precision=...)` ("ieee",
+"tf32") or the split GEMM ("tf32x3"), fuse_epilogue -> epilogue in the GEMM kernel vs `_bias_act_kernel`.
+A routed fused call goes through the autotune bridge; built-in recipes per layer geometry (RECIPES,
+recipe_key) give a first forward its tiles without tuning.
 """
 from __future__ import annotations
 
@@ -38,7 +48,8 @@ from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
 # the conv family's candidate helpers, shared with the 1-D module (tests and bench use them from here too)
 from rlx_triton.backends.triton.conv import (UNIT_OF_PRECISION, all_candidates, candidate_tag,  # noqa: F401
-                                             default_candidate, make_candidate)
+                                             cached_weight, default_candidate, dot_split, make_candidate,
+                                             split_terms)
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.conv import ConvVariant
 from rlx_triton.router.coverage import Coverage
@@ -49,8 +60,57 @@ from rlx_triton.router.coverage import Coverage
 
 
 @triton.jit
+def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, mask_co,
+                  c_in, height, width,
+                  KH: tl.constexpr, KW: tl.constexpr, FOLD_TAPS: tl.constexpr,
+                  BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc[p, co] = sum_k X[p, k] W[k, co] in true fp32 on TF32 tensor cores.
+
+    Each step is one dot_split: the input patch split in registers, the weights split once per weight
+    version (split_weights: (c_out, 4 * KH*KW*c_in), the four terms of k = tap * c_in + ci contiguous,
+    K-major as TF32 MMAs read them from shared memory)."""
+    k_total = c_in * KH * KW
+    plane = height * width
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_term = tl.arange(0, 4 * BLOCK_K)
+    w_rows = w_split_ptr + offs_co.to(tl.int64)[None, :] * (4 * k_total)
+    acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.float32)
+    if FOLD_TAPS:
+        for k0 in range(0, k_total, BLOCK_K):
+            k = k0 + offs_k
+            mask_k = k < k_total
+            tap = k // c_in
+            ci = k % c_in
+            ih = ih_base[:, None] + (tap // KW)[None, :]
+            iw = iw_base[:, None] + (tap % KW)[None, :]
+            inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
+            x_ptrs = x_pixel_base[:, None] + ((ci * plane)[None, :] + ih * width + iw)
+            x_tile = tl.load(x_ptrs, mask=mask_p[:, None] & mask_k[None, :] & inside, other=0.0).to(tl.float32)
+            w_terms = 4 * k0 + offs_term
+            w_tile = tl.load(w_rows + w_terms[:, None], mask=(w_terms < 4 * k_total)[:, None] & mask_co[None, :],
+                             other=0.0)
+            acc = dot_split(x_tile, w_tile, acc, BLOCK_P, BLOCK_K)
+    else:
+        n_chunks = tl.cdiv(c_in, BLOCK_K)
+        for it in range(0, KH * KW * n_chunks):
+            tap = it // n_chunks
+            ci0 = (it % n_chunks) * BLOCK_K
+            ci = ci0 + offs_k
+            ih = ih_base + tap // KW
+            iw = iw_base + tap % KW
+            mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
+            x_ptrs = (x_pixel_base + (ih * width + iw))[:, None] + (ci * plane)[None, :]
+            x_tile = tl.load(x_ptrs, mask=mask_pix[:, None] & (ci < c_in)[None, :], other=0.0).to(tl.float32)
+            w_terms = 4 * ci0 + offs_term
+            w_tile = tl.load(w_rows + (4 * tap * c_in + w_terms)[:, None],
+                             mask=(w_terms < 4 * c_in)[:, None] & mask_co[None, :], other=0.0)
+            acc = dot_split(x_tile, w_tile, acc, BLOCK_P, BLOCK_K)
+    return acc
+
+
+@triton.jit
 def _conv2d_kernel(
-    x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+    x_ptr, w_ptr, w_split_ptr, bias_ptr, res_ptr, out_ptr,
     batch, c_in, height, width,
     c_out, out_h, out_w,
     stride, padding,
@@ -61,7 +121,10 @@ def _conv2d_kernel(
     PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """out[b, co, oh, ow] = act(sum_{ci,kh,kw} x[b, ci, oh*s-p+kh, ow*s-p+kw] * w[co, ci, kh, kw] + bias[co] + res)."""
+    """out[b, co, oh, ow] = act(sum_{ci,kh,kw} x[b, ci, oh*s-p+kh, ow*s-p+kw] * w[co, ci, kh, kw] + bias[co] + res).
+
+    PRECISION "tf32x3" reads the split weights (w_split_ptr, see split_weights) and runs `_igemm_tf32x3`;
+    "ieee" and "tf32" read w_ptr through its strides."""
     pid_p = tl.program_id(0)
     pid_co = tl.program_id(1)
 
@@ -84,55 +147,60 @@ def _conv2d_kernel(
     iw_base = ow * stride - padding
     w_co = w_ptr + offs_co.to(tl.int64) * stride_wo
 
-    # The GEMM is computed transposed, acc[co, p] = W[co, k] @ X[k, p], so that output pixels are the
-    # fastest axis of every tile: input loads, residual loads and output stores then walk contiguous
-    # NCHW memory (a warp covers consecutive pixels of one channel).
-    acc = tl.zeros((BLOCK_CO, BLOCK_P), dtype=tl.float32)
-    if FOLD_TAPS:
-        # Few input channels (the stem has one): the reduction index k = ci * KH * KW + kh * KW + kw runs
-        # over channels and taps together, so a BLOCK_K chunk is not mostly padding.
-        k_total = c_in * KH * KW
-        for k0 in range(0, k_total, BLOCK_K):
-            k = k0 + offs_k
-            mask_k = k < k_total
-            ci = k // (KH * KW)
-            kh = (k % (KH * KW)) // KW
-            kw = k % KW
-            ih = ih_base[None, :] + kh[:, None]
-            iw = iw_base[None, :] + kw[:, None]
-            inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
-            # Input patch [BLOCK_K, BLOCK_P].
-            x_ptrs = x_pixel_base[None, :] + ((ci * plane)[:, None] + ih * width + iw)
-            mask_x = mask_k[:, None] & mask_p[None, :] & inside
-            x_tile = tl.load(x_ptrs, mask=mask_x, other=0.0).to(tl.float32)
-            # Weight tile [BLOCK_CO, BLOCK_K].
-            w_ptrs = w_co[:, None] + (ci * stride_wi + kh * stride_wh + kw * stride_ww)[None, :]
-            mask_w = mask_co[:, None] & mask_k[None, :]
-            w_tile = tl.load(w_ptrs, mask=mask_w, other=0.0).to(tl.float32)
-            acc = tl.dot(w_tile, x_tile, acc, input_precision=PRECISION)
+    if PRECISION == "tf32x3":
+        # pixels x channels on the tensor cores, transposed once for the epilogue below
+        acc = tl.trans(_igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, mask_co,
+                                     c_in, height, width, KH, KW, FOLD_TAPS, BLOCK_P, BLOCK_CO, BLOCK_K))
     else:
-        # One flat loop over (tap, channel chunk): per tap the input row of each output pixel is one
-        # address, so the patch gather is a [BLOCK_P] address plus [BLOCK_K] channel offsets. Offsets
-        # inside one batch item (c_in * height * width) stay int32; the batch offset is int64 above.
-        n_chunks = tl.cdiv(c_in, BLOCK_K)
-        for it in range(0, KH * KW * n_chunks):
-            tap = it // n_chunks
-            ci = (it % n_chunks) * BLOCK_K + offs_k
-            kh = tap // KW
-            kw = tap % KW
-            ih = ih_base + kh
-            iw = iw_base + kw
-            mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
-            mask_ci = ci < c_in
-            # Input patch [BLOCK_K, BLOCK_P].
-            x_ptrs = (ci * plane)[:, None] + (x_pixel_base + (ih * width + iw))[None, :]
-            mask_x = mask_ci[:, None] & mask_pix[None, :]
-            x_tile = tl.load(x_ptrs, mask=mask_x, other=0.0).to(tl.float32)
-            # Weight tile [BLOCK_CO, BLOCK_K].
-            w_ptrs = (w_co + (kh * stride_wh + kw * stride_ww))[:, None] + (ci * stride_wi)[None, :]
-            mask_w = mask_co[:, None] & mask_ci[None, :]
-            w_tile = tl.load(w_ptrs, mask=mask_w, other=0.0).to(tl.float32)
-            acc = tl.dot(w_tile, x_tile, acc, input_precision=PRECISION)
+        # The GEMM is computed transposed, acc[co, p] = W[co, k] @ X[k, p], so that output pixels are the
+        # fastest axis of every tile: input loads, residual loads and output stores then walk contiguous
+        # NCHW memory (a warp covers consecutive pixels of one channel).
+        acc = tl.zeros((BLOCK_CO, BLOCK_P), dtype=tl.float32)
+        if FOLD_TAPS:
+            # Few input channels (the stem has one): the reduction index k = ci * KH * KW + kh * KW + kw runs
+            # over channels and taps together, so a BLOCK_K chunk is not mostly padding.
+            k_total = c_in * KH * KW
+            for k0 in range(0, k_total, BLOCK_K):
+                k = k0 + offs_k
+                mask_k = k < k_total
+                ci = k // (KH * KW)
+                kh = (k % (KH * KW)) // KW
+                kw = k % KW
+                ih = ih_base[None, :] + kh[:, None]
+                iw = iw_base[None, :] + kw[:, None]
+                inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
+                # Input patch [BLOCK_K, BLOCK_P].
+                x_ptrs = x_pixel_base[None, :] + ((ci * plane)[:, None] + ih * width + iw)
+                mask_x = mask_k[:, None] & mask_p[None, :] & inside
+                x_tile = tl.load(x_ptrs, mask=mask_x, other=0.0).to(tl.float32)
+                # Weight tile [BLOCK_CO, BLOCK_K].
+                w_ptrs = w_co[:, None] + (ci * stride_wi + kh * stride_wh + kw * stride_ww)[None, :]
+                mask_w = mask_co[:, None] & mask_k[None, :]
+                w_tile = tl.load(w_ptrs, mask=mask_w, other=0.0).to(tl.float32)
+                acc = tl.dot(w_tile, x_tile, acc, input_precision=PRECISION)
+        else:
+            # One flat loop over (tap, channel chunk): per tap the input row of each output pixel is one
+            # address, so the patch gather is a [BLOCK_P] address plus [BLOCK_K] channel offsets. Offsets
+            # inside one batch item (c_in * height * width) stay int32; the batch offset is int64 above.
+            n_chunks = tl.cdiv(c_in, BLOCK_K)
+            for it in range(0, KH * KW * n_chunks):
+                tap = it // n_chunks
+                ci = (it % n_chunks) * BLOCK_K + offs_k
+                kh = tap // KW
+                kw = tap % KW
+                ih = ih_base + kh
+                iw = iw_base + kw
+                mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
+                mask_ci = ci < c_in
+                # Input patch [BLOCK_K, BLOCK_P].
+                x_ptrs = (ci * plane)[:, None] + (x_pixel_base + (ih * width + iw))[None, :]
+                mask_x = mask_ci[:, None] & mask_pix[None, :]
+                x_tile = tl.load(x_ptrs, mask=mask_x, other=0.0).to(tl.float32)
+                # Weight tile [BLOCK_CO, BLOCK_K].
+                w_ptrs = (w_co + (kh * stride_wh + kw * stride_ww))[:, None] + (ci * stride_wi)[None, :]
+                mask_w = mask_co[:, None] & mask_ci[None, :]
+                w_tile = tl.load(w_ptrs, mask=mask_w, other=0.0).to(tl.float32)
+                acc = tl.dot(w_tile, x_tile, acc, input_precision=PRECISION)
 
     # Epilogue: bias (folded BatchNorm shift), residual, ReLU.
     if HAS_BIAS:
@@ -302,6 +370,15 @@ def tuned_kernel():
     return _tuned_kernel
 
 
+_SPLIT: dict = {}
+
+
+def split_weights(weight: torch.Tensor) -> torch.Tensor:
+    """The (c_out, c_in, kh, kw) weight for the tf32x3 GEMM: split_terms of its (c_out, kh * kw * c_in) form,
+    k = tap * c_in + ci; cached per weight version."""
+    return cached_weight(weight, lambda w: split_terms(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), _SPLIT)
+
+
 def _nbytes(tensor) -> int:
     return tensor.numel() * tensor.element_size() if tensor is not None else 0
 
@@ -334,7 +411,12 @@ def conv2d_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     fused = bool(candidate.fuse_epilogue)
     gemm_out = out if fused else torch.empty(out.shape, device=x.device, dtype=torch.float32)
     n_pixels = batch * out_h * out_w
-    args = (x, weight,
+    tuned = tuned_kernel() if (route is not None and fused) else None
+    tuned = tuned if tuned is not None and candidate.tag() in tuned.tags else None
+    # the split weights, for a tf32x3 launch or a tuned one (whose configs include tf32x3 candidates)
+    split = tuned is not None or candidate.precision == "tf32x3"
+    w_split = split_weights(weight) if split else weight
+    args = (x, weight, w_split,
             bias if (fused and bias is not None) else weight,
             residual if (fused and residual is not None) else gemm_out,
             gemm_out,
@@ -344,14 +426,14 @@ def conv2d_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     fold_taps = c_in < FOLD_TAPS_BELOW
     flags = dict(KH=kh, KW=kw, FOLD_TAPS=fold_taps, HAS_BIAS=fused and bias is not None,
                  HAS_RESIDUAL=fused and residual is not None, APPLY_RELU=fused and relu)
-    counts = dict(bytes_read=_nbytes(x) + _nbytes(weight) + (_nbytes(bias) + _nbytes(residual) if fused else 0),
+    weight_bytes = _nbytes(w_split) if candidate.precision == "tf32x3" else _nbytes(weight)
+    counts = dict(bytes_read=_nbytes(x) + weight_bytes + (_nbytes(bias) + _nbytes(residual) if fused else 0),
                   bytes_written=_nbytes(gemm_out), unit=UNIT_OF_PRECISION[candidate.precision])
 
     def grid_for(meta):
         return (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))
 
-    tuned = tuned_kernel() if (route is not None and fused) else None
-    if tuned is not None and candidate.tag() in tuned.tags:
+    if tuned is not None:
         config = tuned.config_of(candidate).kwargs
         gemm = Launch.tuned(tuned, candidate, grid_for, args, flags, route=route,
                             flops=igemm_flops(grid_for(config), config, c_in, kh, kw, fold_taps), **counts)
@@ -484,17 +566,49 @@ CONV2D_MAX_REL_ERR = 1e-5
 APPROVALS = approvals_by_precision("conv", {"ieee": CONV2D_MAX_REL_ERR, "tf32x3": CONV2D_MAX_REL_ERR}, _WHERE)
 
 
-# Device class -> candidate tag. GPU classes have none until bench/embedding.py measures them. In the
-# interpreter the cost is per program, so the widest ieee tile wins (measured on a 2x4x16x48 3x3 conv:
-# 128x64 tiles 0.17 s, 64x32 tiles 0.34 s).
-RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag()}
+def _bucket(value: int) -> int:
+    """The power of two at or above value: what the route cache buckets a field to."""
+    return 1 << max(0, (int(value) - 1).bit_length())
+
+
+def recipe_key(request) -> str:
+    """The layer geometry a recipe is chosen for: "KHxKW/stride c_in->c_out", channels in the route
+    cache's power-of-two buckets (requests that share a route share a recipe)."""
+    fields = request.field_map
+    kh, kw = request.feature_map.get("kernel", (1, 1))
+    return f"{kh}x{kw}/{fields['stride']} {_bucket(fields['c_in'])}->{_bucket(fields['c_out'])}"
+
+
+def _trunk_recipes() -> dict:
+    """The tf32x3 tile of each conv geometry of a WeSpeaker ResNet (m_channels 32: ResNet34 and its kin):
+    the 32-wide channel tile on the 32-channel stem and layer1, the 64-wide one elsewhere, so no tile
+    computes channels the layer lacks; both keep >= 2 CTAs per SM on sm_80 and sm_90 (rlx-triton perf
+    --device h200 / a100 embedding). The seg_1 projection (5120 -> 256 as a 1x1 conv over 32 rows) is
+    a weight stream on 8 CTAs: the ieee tile reads the weights once, the split terms would read them
+    four times (est. 45 vs 79 us on an H200)."""
+    narrow, wide = ConvVariant.TF32X3_P64_CO32.tag(), ConvVariant.TF32X3_P64_CO64.tag()
+    table = {"3x3/1 1->32": narrow, "3x3/1 32->32": narrow, "1x1/1 8192->256": ConvVariant.IEEE_P64_CO32.tag(),
+             "*": wide}
+    for c_in in (32, 64, 128):
+        table.update({f"3x3/2 {c_in}->{2 * c_in}": wide, f"1x1/2 {c_in}->{2 * c_in}": wide,
+                      f"3x3/1 {2 * c_in}->{2 * c_in}": wide})
+    return table
+
+
+# Device class -> candidate tag, or layer geometry (recipe_key) -> tag. sm_90 and sm_80: the trunk tiles
+# above (true fp32, tf32x3; estimates of rlx-triton perf until bench/embedding.py measures a GPU;
+# `rlx-triton tune wespeaker` records measured winners, which take precedence). In the interpreter the
+# cost is per program, so the widest ieee tile wins (measured on a 2x4x16x48 3x3 conv: 128x64 tiles
+# 0.17 s, 64x32 tiles 0.34 s).
+RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag(), "sm90": _trunk_recipes(), "sm80": _trunk_recipes()}
 SPEED_EVIDENCE: dict = {}
 
 
 def _audit_kernels() -> list:
     candidates = tuple(all_candidates())
     conv_signature = {
-        "x_ptr": "*{dt}", "w_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*{dt}", "out_ptr": "*{dt}",
+        "x_ptr": "*{dt}", "w_ptr": "*fp32", "w_split_ptr": "*fp32", "bias_ptr": "*fp32",
+        "res_ptr": "*{dt}", "out_ptr": "*{dt}",
         "batch": "i32", "c_in": "i32", "height": "i32", "width": "i32",
         "c_out": "i32", "out_h": "i32", "out_w": "i32", "stride": "i32", "padding": "i32",
         "stride_wo": "i32", "stride_wi": "i32", "stride_wh": "i32", "stride_ww": "i32", "batch_bucket": "i32",

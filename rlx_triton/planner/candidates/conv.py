@@ -45,7 +45,10 @@ ConvVariant = base.define_variants(
     (
         ("IEEE_P64_CO32", ConvCandidate(64, 32, 32, 128, 2, "ieee", True)),
         ("IEEE_P128_CO64", ConvCandidate(128, 64, 32, 256, 3, "ieee", True)),
-        ("TF32X3_P128_CO64", ConvCandidate(128, 64, 32, 256, 3, "tf32x3", True)),
+        # true fp32 on TF32 tensor cores, channel tiles fitted to the ResNet trunk's layers: 32 channels
+        # (stem, layer1), and 64 for the 64/128/256-channel layers and the 60-channel Conv1d blocks
+        ("TF32X3_P64_CO32", ConvCandidate(64, 32, 16, 128, 3, "tf32x3", True)),
+        ("TF32X3_P64_CO64", ConvCandidate(64, 64, 16, 128, 3, "tf32x3", True)),
         ("TF32_P128_CO64", ConvCandidate(128, 64, 32, 256, 3, "tf32", True)),
         # few output channels (SincNet's first layers): small tiles, epilogue as its own pass
         ("IEEE_P64_CO16_UNFUSED", ConvCandidate(64, 16, 16, 128, 2, "ieee", False)),
