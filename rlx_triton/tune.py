@@ -66,10 +66,57 @@ def _segdense_case(rows: int, features: int, hidden: int, classes: int) -> Case:
     return f"segdense r{rows} {features}->{hidden}->{classes}", build
 
 
+def _conv2d_case(batch: int, c_in: int, c_out: int, height: int, width: int, kernel: int, stride: int,
+                 residual: bool) -> Case:
+    def build(device):
+        from rlx_triton.ops.conv2d import conv2d
+
+        padding = kernel // 2
+        x = torch.randn(batch, c_in, height, width, device=device)
+        weight = torch.randn(c_out, c_in, kernel, kernel, device=device) / (c_in * kernel * kernel) ** 0.5
+        bias = torch.randn(c_out, device=device)
+        out_shape = (batch, c_out, (height + 2 * padding - kernel) // stride + 1,
+                     (width + 2 * padding - kernel) // stride + 1)
+        res = torch.randn(out_shape, device=device) if residual else None
+        return lambda: conv2d(x, weight, bias, stride=stride, padding=padding, residual=res, relu=True)
+
+    return f"conv2d b{batch} {c_in}->{c_out} {height}x{width} k{kernel} s{stride}", build
+
+
+def _wespeaker_trunk(batch: int = 32, frames: int = 998, m: int = 32) -> List[Case]:
+    """Each distinct conv geometry of the WeSpeaker ResNet34 trunk on (batch, 1, 80, frames) features."""
+    cases = [_conv2d_case(batch, 1, m, 80, frames, 3, 1, False), _conv2d_case(batch, m, m, 80, frames, 3, 1, True)]
+    h, w, c = 80, frames, m
+    for _ in range(3):
+        cases += [_conv2d_case(batch, c, 2 * c, h, w, 3, 2, False), _conv2d_case(batch, c, 2 * c, h, w, 1, 2, False)]
+        h, w, c = (h - 1) // 2 + 1, (w - 1) // 2 + 1, 2 * c
+        cases.append(_conv2d_case(batch, c, c, h, w, 3, 1, True))
+    return cases
+
+
+def _sincnet_case(batch: int, samples: int) -> Case:
+    """pyannote's SincNet (80 sinc filters, 80 -> 60 -> 60 Conv1d blocks of 5 taps) on random weights."""
+    def build(device):
+        from rlx_triton.ops.conv import sinc_filters, sincnet
+
+        filters = sinc_filters(torch.linspace(30.0, 7000.0, 40, device=device).view(-1, 1),
+                               torch.full((40, 1), 100.0, device=device))
+        convs = [torch.randn(60, 80, 5, device=device) / 20, torch.randn(60, 60, 5, device=device) / 17]
+        biases = [torch.zeros(60, device=device), torch.zeros(60, device=device)]
+        gammas = [torch.ones(n, device=device) for n in (80, 60, 60)]
+        betas = [torch.zeros(n, device=device) for n in (80, 60, 60)]
+        one, zero = torch.ones(1, device=device), torch.zeros(1, device=device)
+        wave = torch.randn(batch, 1, samples, device=device)
+        return lambda: sincnet(wave, filters, one, zero, convs, biases, gammas, betas)
+
+    return f"sincnet b{batch} {samples} samples", build
+
+
 MODEL_SHAPES: Dict[str, List[Case]] = {
     "llama3-8b": [_decode_case(b, 32, 8, 128, s) for b in (1, 4, 16, 64) for s in (512, 4096, 16384)],
-    "pyannote-segmentation": [_lstm_case(32, 589, 60, 128, 4), _segdense_case(32 * 589, 256, 128, 7)],
-    "wespeaker": [_fbank_case(32, 10.0, 80)],
+    "pyannote-segmentation": [_sincnet_case(32, 160000), _lstm_case(32, 589, 60, 128, 4),
+                              _segdense_case(32 * 589, 256, 128, 7)],
+    "wespeaker": [_fbank_case(32, 10.0, 80)] + _wespeaker_trunk(),
 }
 
 
