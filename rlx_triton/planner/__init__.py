@@ -1,4 +1,4 @@
-"""The rlx_triton planner: a Python port of RLX's Metal kernel planner, for every kernel family.
+"""The rlx_triton planner: typed kernel plans and candidates for every kernel family.
 
 Typed plans (`KernelPlanBuilder`), candidates per family (`planner.candidates.<family>`), launch
 configurations (`LaunchBuilder`), shape buckets and tune-cache keys, and the persisted winner table

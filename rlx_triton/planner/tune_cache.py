@@ -1,7 +1,7 @@
 """The persisted winner table: tune-cache key -> winning candidate tag, with a last-used tick.
 
-A text file like RLX's `rlx-metal-sdpa-tune-v1.tsv`, one header line then one tab-separated row per
-key; rows written before the tick column existed (legacy rows) load with tick 0. The table is read
+A text file, one header line then one tab-separated row per key; rows written before the tick
+column existed (legacy rows) load with tick 0. The table is read
 once, lazily, on first use; it is trimmed to `max_entries` by the eviction policy on load and after
 every record. This module is the only planner module that touches files; it never reads the
 environment (settings arrive as a `rlx_triton.config.Settings` or as arguments).
@@ -214,7 +214,7 @@ class TuneCache:
 
     @classmethod
     def from_settings(cls, settings: Any, policy: TunePolicy) -> "TuneCache":
-        """The table a plan uses under `rlx_triton.config.Settings`, as RLX combines them: load and
+        """The table a plan uses under `rlx_triton.config.Settings`, combined with the plan's policy: load and
         persist only when both the settings and the plan allow it, at most min(settings max, plan
         max) entries. Eviction: a plan that chose a policy keeps it; a plan on the default
         (keep-low) takes the settings' RLX_TRITON_TUNE_CACHE_EVICTION."""
@@ -256,7 +256,7 @@ class TuneCache:
             unchanged = key in self._entries and self._entries[key].tag == tag
             self._tick += 1
             self._entries[key] = TuneCacheEntry(key, tag, self._tick)
-            # as in RLX, re-recording the same winner only counts as a use: no file write
+            # re-recording the same winner only counts as a use: no file write
             if self.persist and not unchanged:
                 self._persist(key)
             self._entries = trim(self._entries, self.max_entries, self.eviction)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Mapping, Optional, Tuple
 
-# Refusal kinds (the speakrs router's typed refusals, plus the router's own reasons).
+# Refusal kinds: why a backend does not take a request, each a fixed string explain and MissingKernel show.
 BACKEND_UNAVAILABLE = "backend-unavailable"  # e.g. no triton installed, no GPU, Metal smoke test failed
 DEVICE_UNSUPPORTED = "device-unsupported"  # the kernel does not run on this device kind
 SHAPE_UNIMPLEMENTED = "shape-unimplemented"  # op, dtype, range or feature outside the kernel's coverage
