@@ -6,9 +6,10 @@ two sides are alternated call by call and the median wall time of each is report
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from typing import Callable, Tuple
+from typing import Callable, Iterator, Tuple
 
 import torch
 
@@ -85,6 +86,18 @@ def fp32_setup() -> Tuple[torch.device, str]:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     return device, "torch" if device.type == "cpu" and settings().interpret else "auto"
+
+
+@contextlib.contextmanager
+def cudnn_autotuned() -> Iterator[None]:
+    """cuDNN at its best for fp32 (TF32 stays as fp32_setup left it): cudnn.benchmark picks the fastest
+    algorithm per shape (Winograd, FFT, implicit GEMM), the baseline a torch user can have; restored after."""
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

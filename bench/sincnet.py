@@ -3,8 +3,10 @@
 Shape: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> (32, 60, 589), float32, TF32 off (pyannote's
 inference setting). Two baselines, side by side in one run:
 - "pyannote SincNet module": the module's own forward (rebuilds the sinc filters on every call);
-- "torch module sequence, cached filters": instance_norm, conv1d, abs, max_pool1d, instance_norm,
-  leaky_relu, ... with the filters built once, i.e. the cuDNN work alone.
+- "cuDNN sequence, cached filters (TF32 off, cudnn.benchmark)": instance_norm, conv1d, abs, max_pool1d,
+  instance_norm, leaky_relu, ... with the filters built once and cuDNN free to pick its fastest fp32
+  algorithm per shape: the cuDNN work alone, the best alternative a torch user has.
+On a GPU one more row per approved candidate pins it (the evidence a RECIPES entry needs).
 On CPU: 1 chunk, the rlx op routed to its torch fallback (the interpreter is not a speed
 path), so the numbers are context for the dispatch cost, not a kernel claim.
 The pyannote module is pyannote.audio's when installed, else the structural copy in tests/reference/conv.py.
@@ -56,7 +58,7 @@ def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
 
 def run(quick: bool = False) -> list:
     import rlx_triton as rt
-    from bench.common import case, fp32_setup, relative_error, side_by_side
+    from bench.common import case, cudnn_autotuned, fp32_setup, relative_error, side_by_side
     from rlx_triton.nn.conv import SincNet
 
     device, backend = fp32_setup()
@@ -79,13 +81,38 @@ def run(quick: bool = False) -> list:
         shape = f"({batch}, 1, {samples}) -> ({batch}, {out.shape[1]}, {frames}) {device.type}"
         rows = []
         sequence = _cached_sequence(module)
-        for name, baseline in (("pyannote SincNet module", lambda: module(wav)),
-                               ("torch module sequence, cached filters", lambda: sequence(wav))):
-            rlx_us, base_us = side_by_side(lambda: rlx(wav), baseline, device, quick=quick)
-            rows.append(case("sincnet", shape, wav.dtype, rlx_us, name, base_us, bytes_moved=moved,
-                              backend=route.backend, candidate=route.candidate_tag,
-                              max_rel_err=float(f"{rel_err:.3g}")))
+        rlx_us, base_us = side_by_side(lambda: rlx(wav), lambda: module(wav), device, quick=quick)
+        rows.append(case("sincnet", shape, wav.dtype, rlx_us, "pyannote SincNet module", base_us, bytes_moved=moved,
+                         backend=route.backend, candidate=route.candidate_tag, max_rel_err=float(f"{rel_err:.3g}")))
+        runs = [(route.candidate_tag, lambda: rlx(wav))]
+        if device.type == "cuda":
+            runs += _pinned_runs(rlx, wav, route.candidate_tag)
+        sequence_name = ("cuDNN sequence, cached filters (TF32 off, cudnn.benchmark)" if device.type == "cuda"
+                         else "torch CPU sequence, cached filters")
+        with cudnn_autotuned():
+            for tag, fn in runs:
+                rel = relative_error(fn(), ref)
+                rlx_us, base_us = side_by_side(fn, lambda: sequence(wav), device, quick=quick)
+                rows.append(case("sincnet", shape, wav.dtype, rlx_us, sequence_name, base_us,
+                                 bytes_moved=moved, backend=route.backend if tag == route.candidate_tag else "triton",
+                                 candidate=tag, max_rel_err=float(f"{rel:.3g}")))
     return rows
+
+
+def _pinned_runs(rlx, wav, routed_tag) -> list:
+    """(tag, call) of every other approved candidate, pinned with use_candidate."""
+    from rlx_triton.backends.triton import conv as kernels
+    from rlx_triton.router import use_candidate
+
+    runs = []
+    for candidate in kernels.all_candidates():
+        tag = kernels.candidate_tag(candidate)
+        if tag in kernels.APPROVALS and tag != routed_tag:
+            def pinned(tag=tag):
+                with use_candidate(tag):
+                    return rlx(wav)
+            runs.append((tag, pinned))
+    return runs
 
 
 if __name__ == "__main__":
