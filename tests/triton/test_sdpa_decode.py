@@ -298,6 +298,27 @@ def test_rule_picks_the_fullest_last_wave_whatever_the_programs_per_sm():
     assert tk.last_wave_fill(264, 132) == 1.0
 
 
+def test_rule_counts_the_programs_resident_per_sm_in_a_wave():
+    # 512 row blocks, 3 resident per SM: a wave holds 396; one split leaves a 116-program tail (0.88),
+    # two leave 232, more than the 132 SMs (every SM busy)
+    assert tk.last_wave_fill(512, 132, 3) == pytest.approx(116 / 132)
+    assert tk.last_wave_fill(1024, 132, 3) == 1.0
+    assert tk.kv_splits(132, 512, 512, 64, 16, programs_per_sm=3) == 2
+    assert tk.kv_splits(132, 128, 65536, 64, 16, programs_per_sm=3) == 2   # 256 programs in one wave
+
+
+def test_programs_per_sm_follow_the_devices_occupancy_rules():
+    from rlx_triton import devices
+    from rlx_triton.router.device import routing_as
+
+    tile = dict(block_m=16, block_n=64, block_d=128, block_dv=128, element_bytes=2, num_warps=4, lowp=True)
+    with routing_as(devices.profile("h200")):   # 2 x 64 x 256 x 2 B of K/V stages + the 16 x 128 fp32 tile
+        assert tk.programs_per_sm(torch.device("meta"), **tile) == 3
+    with routing_as(devices.profile("a100")):
+        assert tk.programs_per_sm(torch.device("meta"), **tile) == 2
+    assert tk.programs_per_sm(torch.device("cpu"), **tile) == 1
+
+
 def test_a_cpu_never_splits():
     assert tk.kv_splits(1, 3, 65536, 64, 16) == 1
     q, k, v = make_qkv(1, 2, 1, 1, 300, 16)

@@ -74,11 +74,11 @@ def kv_bucket(seq_kv: int) -> int:
     return 1 << max(0, int(seq_kv) - 1).bit_length()
 
 
-def last_wave_fill(programs: int, sm_count: int) -> float:
-    """Share of the SMs busy in the last wave of `programs` equal programs, whatever the resident programs
-    per SM: a whole number of waves of `sm_count` keeps every SM busy, a remainder r keeps r of them."""
-    remainder = programs % sm_count
-    return 1.0 if remainder == 0 else remainder / sm_count
+def last_wave_fill(programs: int, sm_count: int, programs_per_sm: int = 1) -> float:
+    """Share of the SMs busy in the last wave of `programs` equal programs, `programs_per_sm` resident per SM:
+    a whole number of waves keeps every SM busy, a last wave of r programs keeps min(r, SMs) of them."""
+    remainder = programs % (sm_count * max(1, programs_per_sm))
+    return 1.0 if remainder == 0 else min(remainder, sm_count) / sm_count
 
 
 def block_n_for_short_kv(sm_count: int, row_blocks: int, seq_kv: int, block_n: int) -> int:
@@ -90,23 +90,53 @@ def block_n_for_short_kv(sm_count: int, row_blocks: int, seq_kv: int, block_n: i
     return block_n
 
 
-def kv_splits(sm_count: int, row_blocks: int, seq_kv: int, block_n: int, max_splits: int) -> int:
+def kv_splits(sm_count: int, row_blocks: int, seq_kv: int, block_n: int, max_splits: int,
+              programs_per_sm: int = 1) -> int:
     """Grid splits (grid dim 1) for `row_blocks` (batch x KV heads x query-row blocks) over `seq_kv` keys.
 
     The rule: the split count s in [1, cap] whose launch of row_blocks x s programs leaves the fewest SMs
-    idle in its last wave (`last_wave_fill`; the smallest such s), where cap = min(max_splits, the
-    candidate's split_k; the number of BLOCK_N tiles in the KV length's bucket), so every split of a full
-    bucket has at least one tile. One split (no partials, no merge) wherever it fills the GPU as well as
-    any. Where nothing reaches MIN_FILL (too few row blocks times `max_splits`, as MQA at batch 1) the
-    fullest launch there is is taken. A CPU (sm_count 1) never splits.
+    idle in its last wave (`last_wave_fill` with `programs_per_sm` resident per SM; the smallest such s),
+    where cap = min(max_splits, the candidate's split_k; the number of BLOCK_N tiles in the KV length's
+    bucket), so every split of a full bucket has at least one tile. One split (no partials, no merge)
+    wherever it fills the GPU as well as any. Where nothing reaches MIN_FILL (too few row blocks times
+    `max_splits`, as MQA at batch 1) the fullest launch there is is taken. A CPU (sm_count 1) never splits.
     """
     cap = max(1, min(int(max_splits), triton.cdiv(kv_bucket(seq_kv), block_n)))
     best, best_fill = 1, -1.0
     for splits in range(1, cap + 1):
-        fill = last_wave_fill(row_blocks * splits, sm_count)
+        fill = last_wave_fill(row_blocks * splits, sm_count, programs_per_sm)
         if fill > best_fill + 1e-9:
             best, best_fill = splits, fill
     return best
+
+
+def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d: int, block_dv: int,
+                    element_bytes: int, num_warps: int, lowp: bool) -> int:
+    """Programs of one config resident per SM on the device the router reads facts from (1 where it has no
+    CUDA profile), by the occupancy calculator's rules on the config's estimated resources: shared memory =
+    the pipeline's K/V stages plus the fp32 output tile the epilogue stages; registers = the per-thread
+    budget `_meta` keeps the config within (128 with tensor-core dots, all 255 with fp32 operands)."""
+    from rlx_triton import devices
+    from rlx_triton.perf.roofline import occupancy
+    from rlx_triton.router.device import device_facts
+
+    facts = device_facts(device)
+    key = (facts.fingerprint, block_m, block_n, block_d, block_dv, element_bytes, num_warps, lowp)
+    resident = _resident.get(key)
+    if resident is None:
+        profile = None
+        if facts.kind == "cuda" and facts.capability is not None:
+            profile = devices.profile_for_name(facts.name) or next(
+                (p for p in devices.cuda_profiles() if p.capability == tuple(facts.capability)), None)
+        resident = 1
+        if profile is not None:
+            shared = (NUM_STAGES - 1) * block_n * (block_d + block_dv) * element_bytes + block_m * block_dv * 4
+            resident = max(1, occupancy(profile, 128 if lowp else 255, shared, num_warps).ctas_per_sm)
+        _resident[key] = resident
+    return resident
+
+
+_resident: Dict[tuple, int] = {}
 
 
 @triton.jit
@@ -497,7 +527,11 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     def grid_for(config: dict) -> Tuple[int, int]:
         row_blocks = heads_blocks * triton.cdiv(rows, config["BLOCK_M"])
-        return row_blocks, kv_splits(sms, row_blocks, seq_kv, config["BLOCK_N"], config["MAX_SPLITS"])
+        resident = programs_per_sm(device, block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
+                                   block_d=meta["BLOCK_D"], block_dv=meta["BLOCK_DV"],
+                                   element_bytes=query.element_size(), num_warps=meta["num_warps"],
+                                   lowp=config["DOT_LOWP"]) if sms > 1 else 1
+        return row_blocks, kv_splits(sms, row_blocks, seq_kv, config["BLOCK_N"], config["MAX_SPLITS"], resident)
 
     row_blocks, splits = grid_for(meta)
     tuned = None
