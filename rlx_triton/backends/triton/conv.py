@@ -1105,6 +1105,13 @@ RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag(), "sm90": ConvVariant.
 SPEED_EVIDENCE: dict = {}
 
 
+def aligned_pointers(signature: dict) -> tuple:
+    """The pointer arguments of an audit signature: what the launchers pass is torch's allocations and the
+    packed / split weights, 16-byte aligned, so the JIT compiles them with the divisibility hint (vector
+    loads, cp.async) and the audit does the same."""
+    return tuple(name for name, kind in signature.items() if kind.startswith("*"))
+
+
 def _audit_kernels() -> list:
     candidates = tuple(all_candidates())
     conv_signature = {
@@ -1149,24 +1156,24 @@ def _audit_kernels() -> list:
             name="conv1d_igemm", family="conv", kernel=_conv1d_kernel, signature=conv_signature,
             meta=lambda c, dt: dict(TAPS=5, POOL=1, **flags_off, **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
-            expects_mma=lambda c, dt: c.precision != "ieee"),
+            expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(conv_signature)),
         AuditSpec(
             name="conv1d_sinc_abs_pool", family="conv", kernel=_conv1d_kernel, signature=conv_signature,
             meta=lambda c, dt: dict(TAPS=251, POOL=3, HAS_BIAS=False, IN_AFFINE=True, IN_LEAKY=False,
                                     ABS=True, OUT_LEAKY=False, **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32",),
-            expects_mma=lambda c, dt: c.precision != "ieee"),
+            expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(conv_signature)),
         AuditSpec(
             name="conv1d_sinc_symmetric", family="conv", kernel=_sinc_conv_kernel, signature=sinc_signature,
             meta=lambda c, dt: dict(HALF=125, POOL=3, ABS=True, **_sinc_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
-            expects_mma=lambda c, dt: c.precision != "ieee"),
+            expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(sinc_signature)),
         AuditSpec(
             name="conv1d_norm_leaky_pool", family="conv", kernel=_conv1d_kernel, signature=conv_signature,
             meta=lambda c, dt: dict(TAPS=5, POOL=3, HAS_BIAS=True, IN_AFFINE=True, IN_LEAKY=True,
                                     ABS=False, OUT_LEAKY=False, **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32",),
-            expects_mma=lambda c, dt: c.precision != "ieee"),
+            expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(conv_signature)),
         AuditSpec(
             name="conv1d_row_norm", family="conv", kernel=_row_norm_kernel, signature=norm_signature,
             meta=lambda c, dt: dict(HAS_AFFINE=True, APPLY=True, BLOCK_R=4, BLOCK_L=1024, num_warps=4,

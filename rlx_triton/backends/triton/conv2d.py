@@ -12,10 +12,9 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   (the pixels on the MMA's M side, the channel tile on N, fitted to the layer: 32 or 64), the input
   patch split into TF32 halves in registers and the weights split once per weight version
   (split_weights), one 4-term TF32 dot per step (conv.dot_split), so each step's MMA group stays in
-  flight while the next tiles load through cp.async. sm_90, at the trunk's shapes: 64 x 64 x 16 tiles
-  with 170 registers (2 CTAs/SM) keep one wgmma group in flight (wait 1); on the 32-channel layers
-  ptxas serializes the 64 x 32 tile's wgmmas (C7515: a non-wgmma instruction defines accumulator
-  registers inside the pipeline stage), and 4 resident CTAs (104 registers) interleave instead.
+  flight while the next tiles load through cp.async. sm_90: both tiles keep one wgmma group in flight
+  in the loop (WARPGROUP.DEPBAR.LE gsb0, 0x1 in the SASS); at the trunk's shapes the 64 x 64 x 16 tile
+  holds 170-192 registers (2 CTAs/SM) and the 64 x 32 x 16 tile of the 32-channel layers 104 (4 CTAs/SM).
 - `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
   time, optionally weighted by per-frame weights exactly as pyannote's `StatsPool` computes them.
 - The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`
@@ -47,9 +46,9 @@ from rlx_triton.backends.candidates import approvals_by_precision
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
 # the conv family's candidate helpers, shared with the 1-D module (tests and bench use them from here too)
-from rlx_triton.backends.triton.conv import (UNIT_OF_PRECISION, all_candidates, candidate_tag,  # noqa: F401
-                                             cached_weight, default_candidate, dot_split, make_candidate,
-                                             split_terms)
+from rlx_triton.backends.triton.conv import (UNIT_OF_PRECISION, aligned_pointers, all_candidates,  # noqa: F401
+                                             cached_weight, candidate_tag, default_candidate, dot_split,
+                                             make_candidate, split_terms)
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.conv import ConvVariant
 from rlx_triton.router.coverage import Coverage
@@ -628,19 +627,19 @@ def _audit_kernels() -> list:
             meta=lambda c, dt: dict(KH=3, KW=3, FOLD_TAPS=False, HAS_BIAS=True, HAS_RESIDUAL=True, APPLY_RELU=True,
                                     **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
-            expects_mma=lambda c, dt: c.precision != "ieee"),
+            expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(conv_signature)),
         AuditSpec(
             name="conv2d_igemm_1x1", family="conv", kernel=_conv2d_kernel, signature=conv_signature,
             meta=lambda c, dt: dict(KH=1, KW=1, FOLD_TAPS=False, HAS_BIAS=True, HAS_RESIDUAL=False, APPLY_RELU=False,
                                     **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32",),
-            expects_mma=lambda c, dt: c.precision != "ieee"),
+            expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(conv_signature)),
         AuditSpec(  # the stem: one input channel, taps folded into the reduction
             name="conv2d_igemm_stem", family="conv", kernel=_conv2d_kernel, signature=conv_signature,
             meta=lambda c, dt: dict(KH=3, KW=3, FOLD_TAPS=True, HAS_BIAS=True, HAS_RESIDUAL=False, APPLY_RELU=True,
                                     **_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32",),
-            expects_mma=lambda c, dt: c.precision != "ieee"),
+            expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(conv_signature)),
         AuditSpec(
             name="conv2d_stats_pool", family="conv", kernel=_stats_pool_kernel, signature=pool_signature,
             meta=lambda c, dt: dict(HAS_WEIGHTS=True, BLOCK_D=_POOL_BLOCK_D, BLOCK_T=64, num_warps=4, num_stages=1),
