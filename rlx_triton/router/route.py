@@ -108,8 +108,12 @@ def clear_route_cache() -> None:
 
 
 def exact_route(signature: tuple) -> Optional[Route]:
-    """The route remembered for an op call with exactly this signature under the current choice, if any."""
-    return _exact.get((signature, current_choice()))
+    """The route remembered for an op call with exactly this signature under the current choice, if any.
+    A route found here is the call's route (the op does not route again), so `recording_routes` records it."""
+    decided = _exact.get((signature, current_choice()))
+    if decided is not None:
+        _record(decided)
+    return decided
 
 
 def remember_exact_route(signature: tuple, decided: Route) -> None:
@@ -136,7 +140,8 @@ _recording: contextvars.ContextVar[Optional[List[Route]]] = contextvars.ContextV
 
 @contextlib.contextmanager
 def recording_routes() -> Iterator[List[Route]]:
-    """Collects, in call order, every route decided or looked up inside the with-block."""
+    """Collects, in call order, the route of every op call inside the with-block, one per call (decided, or
+    remembered for the call's exact signature), and the route of every explain."""
     sink: List[Route] = []
     token = _recording.set(sink)
     try:
@@ -148,10 +153,14 @@ def recording_routes() -> Iterator[List[Route]]:
 def route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
     """The route for a request under the current backend choice (recorded by `recording_routes`)."""
     decided = _route(request, choice)
+    _record(decided)
+    return decided
+
+
+def _record(decided: Route) -> None:
     sink = _recording.get()
     if sink is not None:
         sink.append(decided)
-    return decided
 
 
 def _route(request: Request, choice: Optional[BackendChoice] = None) -> Route:

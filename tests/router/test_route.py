@@ -317,3 +317,32 @@ def test_recording_routes_collects_each_route_in_call_order(fake_backends, fake_
         second = route(fbank_request(bins=256))
     route(fbank_request())
     assert seen == [first, second]
+
+
+def _public_calls():
+    """(name, call) for one small call of every public op; each call is made three times."""
+    from rlx_triton.ops import conv, conv2d, lstm, segdense
+
+    q, kv = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
+    stock_lstm = torch.nn.LSTM(3, 4, batch_first=True)
+    return [
+        ("scaled_dot_product_attention", lambda: rt.scaled_dot_product_attention(q, kv, kv)),
+        ("sdpa_decode", lambda: rt.sdpa_decode(q, kv, kv)),
+        ("fbank", lambda: rt.fbank(torch.randn(2, 1, 800), num_mel_bins=7)),
+        ("lstm", lambda: lstm.lstm(torch.randn(1, 5, 3), None, stock_lstm._flat_weights, batch_first=True)),
+        ("segdense", lambda: segdense.segdense(torch.randn(2, 4), [torch.randn(5, 4)], [None], torch.randn(3, 5))),
+        ("conv1d", lambda: conv.conv1d(torch.randn(1, 2, 9), torch.randn(3, 2, 3))),
+        ("conv2d", lambda: conv2d.conv2d(torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3))),
+        ("stats_pool", lambda: conv2d.stats_pool(torch.randn(1, 4, 6))),
+    ]
+
+
+@pytest.mark.parametrize("op, call", _public_calls(), ids=[name for name, _call in _public_calls()])
+def test_recording_routes_records_one_route_per_call_of_every_public_op(op, call):
+    """Repeated calls take the remembered route of their exact signature; each still records it once."""
+    from rlx_triton.router import recording_routes
+
+    with torch.no_grad(), use_backend("torch"), recording_routes() as seen:
+        for _ in range(3):
+            call()
+    assert [route.op for route in seen] == [op] * 3
