@@ -621,8 +621,12 @@ def test_an_eager_kernel_call_is_routed_once():
     assert_like_torch(out, q, k, v, enable_gqa=True)
 
 
-def test_a_new_kv_length_in_the_same_bucket_reuses_the_decision():
+def test_a_new_kv_length_in_the_same_bucket_reuses_the_decision(monkeypatch):
+    from rlx_triton.ops import sdpa_decode as ops_module
     from rlx_triton.router import clear_route_cache
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a known bucket was validated or routed again")
 
     clear_route_cache()
     q = torch.randn(1, 4, 1, 16)
@@ -630,14 +634,17 @@ def test_a_new_kv_length_in_the_same_bucket_reuses_the_decision():
     with rt.use_backend("triton", strict=True):
         first, _ = _routes_of(lambda: rt.scaled_dot_product_attention(q, cache[:, :, :33], cache[:, :, :33],
                                                                       enable_gqa=True))
-        for length in (40, 64):   # the bucket of 33..64: no validation, no routing
-            k = v = cache[:, :, :length]
-            again, out = _routes_of(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-            assert again == []
-            assert_like_torch(out, q, k, v, enable_gqa=True)
+        with monkeypatch.context() as patched:
+            patched.setattr(ops_module, "_validate_sdpa", must_not_run)
+            patched.setattr(ops_module, "route", must_not_run)
+            for length in (40, 64):   # the bucket of 33..64: the first call's decision, nothing re-checked
+                k = v = cache[:, :, :length]
+                again, out = _routes_of(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+                assert len(again) == 1 and again[0] is first[0]
+                assert_like_torch(out, q, k, v, enable_gqa=True)
         other, _ = _routes_of(lambda: rt.scaled_dot_product_attention(q, cache[:, :, :20], cache[:, :, :20],
                                                                       enable_gqa=True))
-    assert len(first) == 1 and len(other) == 1
+    assert len(first) == 1 and len(other) == 1 and other[0] is not first[0]
 
 
 def test_the_kv_length_is_still_checked_when_its_bucket_is_known():
