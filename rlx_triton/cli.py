@@ -229,14 +229,12 @@ def cmd_audit(args) -> int:
     from rlx_triton.backends.triton import audit
     from rlx_triton.progress import Progress
 
-    modules = audit.triton_family_modules()
-    total = len(audit._list_variants(modules, tuple(archs)))
-    with Progress(total, "audit", unit="variant", enabled=not args.quiet) as progress:
+    with Progress(0, "audit", unit="variant", enabled=not args.quiet) as progress:
         def advance(record) -> None:
             progress.set_label(f"{record.kernel} {record.candidate} {record.dtype} {record.arch}")
             progress.update()
 
-        records = audit.run_audit(archs, modules=modules, workers=args.workers, progress=advance)
+        records = audit.run_audit(archs, workers=args.workers, progress=advance, on_total=progress.set_total)
     bad = audit.failures(records)
     if not write_json(args.json, [r.as_dict() for r in records]):
         if not args.quiet:

@@ -36,6 +36,13 @@ class Progress:
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True, leave=True)
 
+    def set_total(self, total: int) -> None:
+        """The number of units, where it is known only once the work has started (the audit's variants)."""
+        self.total = total
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
     def set_label(self, label: str) -> None:
         """What is being worked on now (shown after the counts)."""
         self.label = label

@@ -38,6 +38,15 @@ def test_a_terminal_gets_a_tqdm_bar():
     assert "\r" in terminal.getvalue() and "2/2" in terminal.getvalue() and "100%" in terminal.getvalue()
 
 
+def test_a_total_known_only_later_is_shown_from_then_on():
+    log = io.StringIO()
+    with Progress(0, "audit", unit="variant", stream=log, interval=0) as progress:
+        progress.set_total(2)
+        progress.update()
+        progress.update()
+    assert [line.split(" [")[0] for line in log.getvalue().splitlines()] == ["audit: 1/2 variant", "audit: 2/2 variant"]
+
+
 def test_disabled_progress_writes_nothing():
     log = io.StringIO()
     with Progress(2, "tune", stream=log, enabled=False) as progress:

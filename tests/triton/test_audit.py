@@ -5,8 +5,21 @@ from rlx_triton.backends.triton.audit import AuditRecord, failures, format_table
 
 
 @pytest.fixture(scope="module")
-def fixture_records():
-    return run_audit(archs=(80, 90), modules=["tests.triton.audit_fixture"], workers=2)
+def audit_run():
+    """The fixture module's records, and the totals run_audit reported before compiling."""
+    totals = []
+    records = run_audit(archs=(80, 90), modules=["tests.triton.audit_fixture"], workers=2, on_total=totals.append)
+    return records, totals
+
+
+@pytest.fixture(scope="module")
+def fixture_records(audit_run):
+    return audit_run[0]
+
+
+def test_run_audit_reports_the_number_of_variants_before_compiling_them(audit_run):
+    records, totals = audit_run
+    assert totals == [len(records)] == [4]
 
 
 def by(records, kernel, arch):

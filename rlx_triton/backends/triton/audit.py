@@ -169,9 +169,10 @@ def _worker_init() -> None:
 
 
 def run_audit(archs: Sequence[int] = (80, 90), modules: Optional[Sequence[str]] = None,
-              workers: Optional[int] = None, progress: Optional[Callable[[AuditRecord], None]] = None
-              ) -> List[AuditRecord]:
-    """Compiles every variant of every listed module (default: the whole triton backend)."""
+              workers: Optional[int] = None, progress: Optional[Callable[[AuditRecord], None]] = None,
+              on_total: Optional[Callable[[int], None]] = None) -> List[AuditRecord]:
+    """Compiles every variant of every listed module (default: the whole triton backend). `on_total` is told
+    the number of variants once they are listed, `progress` gets each record as its compile ends."""
     modules = list(modules or triton_family_modules())
     saved = os.environ.pop("TRITON_INTERPRET", None)
     try:
@@ -179,7 +180,10 @@ def run_audit(archs: Sequence[int] = (80, 90), modules: Optional[Sequence[str]] 
         context = multiprocessing.get_context("spawn")
         workers = workers or max(1, os.cpu_count() or 1)
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
-            jobs = [pool.submit(audit_variant, *variant) for variant in _collect(modules, archs, pool)]
+            variants = _collect(modules, archs, pool)
+            if on_total is not None:
+                on_total(len(variants))
+            jobs = [pool.submit(audit_variant, *variant) for variant in variants]
             records = []
             for job in concurrent.futures.as_completed(jobs):
                 record = job.result()
