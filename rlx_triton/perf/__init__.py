@@ -191,12 +191,17 @@ def analyse_plan(records: Sequence[Any], profile, *, workers: Optional[int] = No
 
 def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cache_dir: Optional[str] = None,
             results_dir: Optional[Path] = None, progress=None) -> dict:
-    """The full analysis: {"report": JSON-ready dict, "cases": [CaseReport], "models": [...], "errors": [...]}."""
+    """The full analysis: {"report": JSON-ready dict, "cases": [CaseReport], "models": [...], "errors": [...]}.
+
+    progress: a callable taking a message; with it, the cases are counted off on stderr one by one
+    (rlx_triton.progress.Progress) and each phase after them says what it did."""
     from rlx_triton.perf.benches import REPO_ROOT, perf_cases
     from rlx_triton.perf.compiled import CompileJob, compile_all
     from rlx_triton.perf.roofline import ASSUMPTIONS, case_totals, estimate
     from rlx_triton.perf.trace import trace
     from rlx_triton.router.device import profile_facts, routing_as
+
+    from rlx_triton.progress import Progress
 
     say = progress or (lambda message: None)
     facts = profile_facts(profile)
@@ -204,15 +209,16 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     traced = []
     model_traces: Dict[str, Any] = {}
     wanted = list(names)
-    for name in wanted:
-        started = time.perf_counter()
-        cases = perf_cases(name, facts)
-        for case in cases:
-            result = trace(case.call, facts, host_syncs=case.model is not None)
-            traced.append((case, result))
-            if case.model is not None:
-                model_traces[case.model] = result
-        say(f"traced {name}: {len(cases)} cases in {time.perf_counter() - started:.1f} s")
+    cases_of = {name: perf_cases(name, facts) for name in wanted}
+    with Progress(sum(map(len, cases_of.values())), "perf", unit="case", enabled=progress is not None) as shown:
+        for name, cases in cases_of.items():
+            for case in cases:
+                shown.set_label(f"{name} {case.case}")
+                result = trace(case.call, facts, host_syncs=case.model is not None)
+                traced.append((case, result))
+                if case.model is not None:
+                    model_traces[case.model] = result
+                shown.update()
     for name in ("pyannote_segmentation", "embedding"):   # the models are reported whatever benches ran
         if name in wanted:
             continue
@@ -401,14 +407,11 @@ def run(args: argparse.Namespace) -> int:
     results_dir = Path(args.results) if args.results else None
     analysis = analyse(profile, args.benches or list(BENCHES), workers=args.workers, cache_dir=cache_dir,
                        results_dir=results_dir, progress=lambda message: print(message, file=sys.stderr, flush=True))
-    # --json -: the JSON alone on stdout (the table goes to stderr), as the rlx-triton command's --json does
+    from rlx_triton.cli import write_json
+
+    # --json -: the JSON alone on stdout (the table goes to stderr), as every rlx-triton command's --json does
     print(format_report(profile, analysis), file=sys.stderr if args.json == "-" else sys.stdout)
-    if args.json == "-":
-        print(json.dumps(analysis["report"], indent=1))
-    elif args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(analysis["report"], indent=1))
+    write_json(args.json, analysis["report"])
     if args.markdown:
         path = Path(args.markdown)
         path.parent.mkdir(parents=True, exist_ok=True)
