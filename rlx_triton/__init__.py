@@ -15,6 +15,7 @@ _EXPORTS = {
     "scaled_dot_product_attention": ("rlx_triton.ops.sdpa_decode", "scaled_dot_product_attention"),
     "sdpa_decode": ("rlx_triton.ops.sdpa_decode", "sdpa_decode"),
     "patch_sdpa": ("rlx_triton.ops.sdpa_decode", "patch_sdpa"),
+    "flash_attn_with_kvcache": ("rlx_triton.ops.flash_attn", "flash_attn_with_kvcache"),
     "fbank": ("rlx_triton.ops.fbank", "fbank"),
     "explain": ("rlx_triton.explaining", "explain"),
     "use_backend": ("rlx_triton.router.settings", "use_backend"),

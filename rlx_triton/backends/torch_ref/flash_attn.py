@@ -1,0 +1,209 @@
+"""FlashAttention 2's `flash_attn_with_kvcache` in plain torch: the library path of rt.flash_attn_with_kvcache.
+
+One implementation of the semantics, in three steps the kernel path shares (`rotate_and_append`,
+`rotated_query`) or replaces (`attend`):
+- new keys and values are written into the cache in place at each sequence's `cache_seqlens`, through
+  the block table when the cache is paged, after rotary embedding of the new keys;
+- the query gets rotary embedding at the positions FA2 gives it: one position per token under causal or
+  local attention, every token at `cache_seqlens` otherwise;
+- attention of the query against keys [cache_leftpad, cache_seqlens + new) of each sequence, with FA2's
+  bottom-right causal and local-window masks, tanh softcap, ALiBi and its LSE (+inf for a row that sees
+  no key, whose output is 0).
+Scores are computed in float32 (float64 inputs stay float64), so float64 inputs give the float64 reference
+the tests compare every path with.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class Masking:
+    """FA2's masking after it normalizes the arguments: window sides (-1 = unbounded) and its two modes."""
+
+    left: int
+    right: int
+    is_causal: bool   # window (-1, 0): ALiBi then adds slope * key index, the same bias for every row
+    is_local: bool    # any other bounded window: ALiBi adds -slope * |distance to the diagonal|
+
+
+def masking(causal: bool, window_size: Tuple[int, int], seqlen_q: int, cache_capacity: int,
+            has_alibi: bool) -> Masking:
+    """FA2's rules: causal means right = 0 (a no-op for one query token without ALiBi), and a side at least
+    as long as the cache capacity is unbounded."""
+    left, right = window_size
+    if seqlen_q == 1 and not has_alibi:
+        causal = False
+    if causal:
+        right = 0
+    if left >= cache_capacity:
+        left = -1
+    if right >= cache_capacity:
+        right = -1
+    is_causal = left < 0 and right == 0
+    return Masking(left, right, is_causal, (left >= 0 or right >= 0) and not is_causal)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of x (B, S, H, D) with cos/sin (B, S, rotary_dim / 2): the first rotary_dim channels
+    rotate in pairs (2i, 2i+1) when interleaved, (i, i + rotary_dim / 2) otherwise; the rest pass through."""
+    half = cos.shape[-1]
+    rotary_dim = 2 * half
+    cos, sin = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
+    rotated = x[..., :rotary_dim]
+    if interleaved:
+        even, odd = rotated[..., 0::2], rotated[..., 1::2]
+        rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    else:
+        first, second = rotated[..., :half], rotated[..., half:]
+        rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def _rotary_at(x: torch.Tensor, positions: torch.Tensor, rotary_cos, rotary_sin, interleaved: bool) -> torch.Tensor:
+    """x (B, S, H, D) rotated at positions (B, S), computed in float32 (float64 stays) and rounded to x's dtype."""
+    compute = _compute_dtype(x.dtype)
+    cos, sin = rotary_cos[positions].to(compute), rotary_sin[positions].to(compute)
+    return apply_rotary(x.to(compute), cos, sin, interleaved).to(x.dtype)
+
+
+def _rotary_start(cache_seqlens: torch.Tensor, cache_leftpad: Optional[torch.Tensor]) -> torch.Tensor:
+    """The rotary position of each sequence's first new token: its length counted from its left padding."""
+    start = cache_seqlens.to(torch.int64)
+    return start if cache_leftpad is None else start - cache_leftpad.to(torch.int64)
+
+
+def rotated_query(q: torch.Tensor, rotary_cos, rotary_sin, cache_seqlens: torch.Tensor,
+                  cache_leftpad: Optional[torch.Tensor], interleaved: bool, mask: Masking) -> torch.Tensor:
+    """q (B, Sq, H, D) with FA2's rotary: token t at position start + t under causal or local masking, every
+    token at the start position otherwise. q itself when no rotary is given."""
+    if rotary_cos is None:
+        return q
+    start = _rotary_start(cache_seqlens, cache_leftpad)
+    steps = torch.arange(q.shape[1], device=q.device) if (mask.is_causal or mask.is_local) \
+        else torch.zeros(q.shape[1], dtype=torch.int64, device=q.device)
+    return _rotary_at(q, start[:, None] + steps[None, :], rotary_cos, rotary_sin, interleaved)
+
+
+def _cache_slots(cache_seqlens: torch.Tensor, seqlen_new: int, cache_batch_idx: Optional[torch.Tensor],
+                 block_table: Optional[torch.Tensor], page_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(row, slot) indices (B, seqlen_new) of the cache entries the new tokens are written to."""
+    device = cache_seqlens.device
+    positions = cache_seqlens.to(torch.int64)[:, None] + torch.arange(seqlen_new, device=device)[None, :]
+    if block_table is not None:
+        pages = torch.gather(block_table.to(torch.int64), 1, positions // page_size)
+        return pages, positions % page_size
+    batch = cache_seqlens.shape[0]
+    rows = torch.arange(batch, device=device) if cache_batch_idx is None else cache_batch_idx.to(torch.int64)
+    return rows[:, None].expand(batch, seqlen_new), positions
+
+
+def rotate_and_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
+                      v: Optional[torch.Tensor], rotary_cos, rotary_sin, cache_seqlens: torch.Tensor,
+                      cache_batch_idx: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
+                      block_table: Optional[torch.Tensor], interleaved: bool) -> None:
+    """Writes k (rotated when rotary is given) and v into the caches in place at cache_seqlens."""
+    if k is None:
+        return
+    seqlen_new = k.shape[1]
+    if rotary_cos is not None:
+        start = _rotary_start(cache_seqlens, cache_leftpad)
+        positions = start[:, None] + torch.arange(seqlen_new, device=k.device)[None, :]
+        k = _rotary_at(k, positions, rotary_cos, rotary_sin, interleaved)
+    rows, slots = _cache_slots(cache_seqlens, seqlen_new, cache_batch_idx, block_table, k_cache.shape[1])
+    k_cache[rows, slots] = k.to(k_cache.dtype)
+    v_cache[rows, slots] = v.to(v_cache.dtype)
+
+
+def sequence_view(cache: torch.Tensor, lengths: torch.Tensor, cache_batch_idx: Optional[torch.Tensor],
+                  block_table: Optional[torch.Tensor]) -> torch.Tensor:
+    """Each sequence's cache as (B, S_cap, Hkv, D): the rows it uses, or its pages gathered in order (pages
+    past a sequence's length may hold any index: page 0 is read in their place and masked)."""
+    if block_table is not None:
+        page_size = cache.shape[1]
+        needed = (lengths.to(torch.int64) + page_size - 1) // page_size
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < needed[:, None]
+        pages = torch.where(used, block_table.to(torch.int64), 0)
+        gathered = cache[pages]  # (B, pages, page_size, Hkv, D)
+        return gathered.reshape(pages.shape[0], -1, *cache.shape[2:])
+    if cache_batch_idx is not None:
+        return cache[cache_batch_idx.to(torch.int64)]
+    return cache
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
+           cache_leftpad: Optional[torch.Tensor], scale: float, mask: Masking, softcap: float,
+           alibi_slopes: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, Sq, H, Dv) in q's dtype, lse (B, H, Sq) float32) of q (B, Sq, H, D) against keys/values
+    (B, S, Hkv, D/Dv), sequence b reading positions [cache_leftpad[b], lengths[b])."""
+    batch, seqlen_q, num_heads, _ = q.shape
+    seq_kv, num_kv_heads = keys.shape[1], keys.shape[2]
+    out_dtype = q.dtype
+    group = num_heads // num_kv_heads
+    compute = _compute_dtype(q.dtype)
+    device = q.device
+
+    start = (torch.zeros(batch, dtype=torch.int64, device=device) if cache_leftpad is None
+             else cache_leftpad.to(device=device, dtype=torch.int64))
+    lengths = lengths.to(device=device, dtype=torch.int64)
+    key_pos = torch.arange(seq_kv, device=device)[None, None, :] - start[:, None, None]      # (B, 1, S), from leftpad
+    in_sequence = (key_pos >= 0) & (key_pos < (lengths - start)[:, None, None])               # (B, 1, S)
+    diagonal = (torch.arange(seqlen_q, device=device)[None, :, None]
+                + (lengths - start)[:, None, None] - seqlen_q)                                # (B, Sq, 1)
+    visible = in_sequence
+    if mask.left >= 0:
+        visible = visible & (key_pos >= diagonal - mask.left)
+    if mask.right >= 0:
+        visible = visible & (key_pos <= diagonal + mask.right)
+
+    # keys outside a sequence take no part (an unused cache tail may hold anything): zeroed values
+    values = values.to(compute).masked_fill(~in_sequence[:, 0, :, None, None], 0.0)
+    keys = keys.to(compute)
+    q = q.to(compute).reshape(batch, seqlen_q, num_kv_heads, group, q.shape[-1])
+    scores = torch.einsum("bqkgd,bskd->bkgqs", q, keys).reshape(batch, num_heads, seqlen_q, seq_kv) * scale
+    if softcap > 0.0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(device=device, dtype=compute)
+        slopes = slopes.expand(batch, num_heads) if slopes.dim() == 1 else slopes
+        distance = key_pos if mask.is_causal else -(diagonal - key_pos).abs()                 # (B, Sq|1, S)
+        scores = scores + slopes[:, :, None, None] * distance[:, None].to(compute)
+    scores = scores.masked_fill(~visible[:, None], -math.inf)
+
+    row_max = scores.amax(dim=-1)
+    row_max = torch.where(row_max == -math.inf, 0.0, row_max)
+    probs = torch.exp(scores - row_max[..., None])
+    total = probs.sum(dim=-1)
+    no_keys = total == 0
+    probs = probs.reshape(batch, num_kv_heads, group, seqlen_q, seq_kv)
+    out = torch.einsum("bkgqs,bskd->bqkgd", probs, values).reshape(batch, seqlen_q, num_heads, -1)
+    out = out / torch.where(no_keys, 1.0, total).transpose(1, 2)[..., None]
+    lse = torch.where(no_keys, math.inf, row_max + torch.log(total))
+    return out.to(out_dtype), lse.to(torch.float32)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                            rotary_interleaved, alibi_slopes) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The whole op on validated arguments (cache_seqlens a (B,) tensor or None): appends, then attends."""
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    mask = masking(causal, window_size, seqlen_q, capacity, alibi_slopes is not None)
+    if cache_seqlens is None:
+        cache_seqlens = torch.full((batch,), capacity, dtype=torch.int64, device=q.device)
+    rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                      cache_leftpad, block_table, rotary_interleaved)
+    q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, cache_leftpad, rotary_interleaved, mask)
+    lengths = cache_seqlens.to(torch.int64) + (0 if k is None else k.shape[1])
+    keys = sequence_view(k_cache, lengths, cache_batch_idx, block_table)
+    values = sequence_view(v_cache, lengths, cache_batch_idx, block_table)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    return attend(q, keys, values, lengths, cache_leftpad, scale, mask, softcap, alibi_slopes)
