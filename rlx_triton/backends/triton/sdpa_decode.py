@@ -435,6 +435,8 @@ _tickets_lock = threading.Lock()
 
 
 def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
+    if device.type == "meta":  # a plan built from shapes only: nothing launches on these, nothing to keep
+        return torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
     key = (device, stream)
     counters = _tickets.get(key)
