@@ -135,11 +135,9 @@ def _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, e
                      dropout_p, is_causal, type(scale), enable_gqa, lower_right,
                      None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
                                                      attn_mask.requires_grad))
-        hash(signature)
-    except (AttributeError, TypeError, RuntimeError):
-        # not tensors, an unhashable value (validation will say what is wrong), or a strided nested tensor
+    except (AttributeError, RuntimeError):  # not tensors (validation will say so), or a strided nested tensor
         return None
-    return signature
+    return signature  # hashed by the route cache's lookup: an unhashable value is caught there
 
 
 def _kv_bucket_signature(signature: tuple) -> Optional[tuple]:
@@ -371,7 +369,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if not compiling:
         # a signature seen before is neither validated nor routed again (nested tensors are never remembered)
         signature = _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right)
-        decided = exact_route(signature) if signature is not None else None
+        try:
+            decided = exact_route(signature) if signature is not None else None
+        except TypeError:  # an unhashable value: validation will say what is wrong
+            signature = None
     if decided is None and _is_nested(query, key, value, attn_mask):
         _validate_nested(query, key, value, attn_mask, dropout_p, scale)
         route(_nested_request(query, key, value, attn_mask, dropout_p))  # torch, or strict mode's refusal
@@ -388,6 +389,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                                 lower_right))
     scale = None if scale is None else float(scale)
     if decided is not None and decided.backend == "torch":
+        if not lower_right:  # the common case without the extra frame: this is the repeated call's cost
+            return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                                             dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                                             enable_gqa=enable_gqa)
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right)
     return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa), lower_right,
                     None if decided is None else _decision_key(decided))
