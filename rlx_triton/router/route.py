@@ -1,6 +1,6 @@
 """route(request) -> Route: which backend runs one op call, with which candidate, and why.
 
-The rules follow the speakrs CUDA router:
+The rules:
 - backends are walked in precedence order (triton, metal); one is taken only if it runs on the
   device and its declared coverage covers the whole request;
 - the candidate comes from the winner table, else a built-in recipe for the device class (one for the

@@ -1,4 +1,4 @@
-"""SDPA decode candidates: the seed's `SdpaDecodeCandidate`, its named variants and its rules.
+"""SDPA decode candidates: `SdpaDecodeCandidate`, its named variants and the rules a candidate must pass.
 
 Field -> Triton meta-parameter (CUDA):
 - `split_k`: SPLIT_K, the maximum number of KV splits, a fixed grid dimension (grid =
@@ -69,7 +69,7 @@ def _sdpa(split_k, tg_size, tile_m, tile_n, tile_k, use_f16_kv, partial_reduce) 
     return SdpaDecodeCandidate(split_k, tg_size, tile_m, tile_n, tile_k, 1, 1, use_f16_kv, partial_reduce)
 
 
-# The seed's four variants first and unchanged; then two for grouped-query heads and long caches:
+# The four original variants first, unchanged (their tags are names in winner tables); then two for grouped-query heads and long caches:
 # 16 packed query rows per program make the dots tensor-core sized, and 16 splits fill an H100's
 # 132 SMs when batch * kv_heads is small.
 SdpaDecodeVariant = define_variants(
@@ -87,9 +87,9 @@ SdpaDecodeVariant = define_variants(
 )
 
 FP32_VARIANT = SdpaDecodeVariant.FP32
-DEFAULT_VARIANT = SdpaDecodeVariant.DEFAULT  # the seed's rule under the default (BALANCED) plan
+DEFAULT_VARIANT = SdpaDecodeVariant.DEFAULT  # what choose_default picks under the default (BALANCED) plan
 
-# Approximate threadgroup staging of the decode paths (the seed's constants).
+# Approximate threadgroup staging of the decode paths, in bytes (only the memory policy reads them).
 PARTIAL_STAGING_BYTES = 16 * 1024
 FULL_STAGING_BYTES = 4 * 1024
 
@@ -115,7 +115,7 @@ def validate_candidate(c: SdpaDecodeCandidate, thread_policy: ThreadPolicy, memo
         staging = PARTIAL_STAGING_BYTES if c.partial_reduce else FULL_STAGING_BYTES
         return check_staging(staging, memory_policy, c.partial_reduce, "partial_reduce requires shared memory staging")
 
-    # the seed checks the tg_size set before the tiles and the thread policy after them
+    # checked in this order: the tg_size set, the tiles, the thread policy (the first failure is the error)
     return first_error(
         split_k, lambda: check_tg_set(c.tg_size), tiles, lambda: check_tg_limit(c.tg_size, thread_policy), memory
     )
@@ -131,7 +131,7 @@ def validate_precision(hybrid: HybridPrecisionSpec) -> Optional[str]:
 
 
 def choose_default(profile: PrecisionProfile, thread_policy: ThreadPolicy, candidates: Sequence[SdpaDecodeCandidate]):
-    """The seed's rule: f16 KV for ULTRA_LOW_LATENCY/BALANCED, partial reduce for ULTRA_LOW_LATENCY;
+    """The precision rule: f16 KV for ULTRA_LOW_LATENCY/BALANCED, partial reduce for ULTRA_LOW_LATENCY;
     first candidate within the thread policy matching both, else the first matching the KV precision
     (thread policy ignored), else the first candidate."""
     preferred_f16 = profile in (PrecisionProfile.ULTRA_LOW_LATENCY, PrecisionProfile.BALANCED)
@@ -149,7 +149,7 @@ def choose_default(profile: PrecisionProfile, thread_policy: ThreadPolicy, candi
 
 
 def choose_launch(plan: Any, fields: Mapping[str, int]) -> SdpaDecodeCandidate:
-    """The seed's conservative heuristic: few tokens or a long cache prefer the first partial-reduce
+    """A conservative heuristic: few tokens or a long cache prefer the first partial-reduce
     candidate of the plan; otherwise the plan default."""
     if fields["tokens"] <= 8 or fields["seq_kv"] > 1024:
         for c in plan.candidates:
@@ -176,7 +176,7 @@ SPEC = FamilySpec(
         LaunchField("head_dim", "d", high=512, bucket="head_dim_bucket"),
         LaunchField("seq_q", "sq", bucket="seq_q_bucket", error_name="seq_q/seq_kv"),
         LaunchField("seq_kv", "sk", bucket="seq_kv_bucket", error_name="seq_q/seq_kv"),
-        # optional, outside the seed's kernel name and shape bucket
+        # optional: not part of the kernel name or the shape bucket
         LaunchField("num_kv_heads", required=False),
         LaunchField("head_dim_v", high=512, required=False),
     ),
