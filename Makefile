@@ -32,8 +32,9 @@ demo: $(STAMP)
 
 # The interpreter runs kernels on one core: tests spread over every core (pytest-xdist), a test
 # module's tests stay on one worker so its module-scoped fixtures (compiled plans, wheels) build once.
+# The slowest tests are listed at the end, so a growing suite shows where its time goes.
 PYTEST_WORKERS ?= auto
-PYTEST := TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope
+PYTEST := TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
 test: $(STAMP)
 	$(PYTEST) tests
