@@ -136,7 +136,37 @@ def fbank(waveform: torch.Tensor, blackman_coeff: float = 0.42, channel: int = -
           snip_edges: bool = True, subtract_mean: bool = False, use_energy: bool = False,
           use_log_fbank: bool = True, use_power: bool = True, vtln_high: float = -500.0, vtln_low: float = 100.0,
           vtln_warp: float = 1.0, window_type: str = "povey", *, input_scale: float = 1.0) -> torch.Tensor:
-    """Kaldi fbank features of `waveform`; see the module docstring for shapes and dtypes."""
+    """Kaldi log-mel filterbank features, as torchaudio.compliance.kaldi.fbank computes them.
+
+    Every keyword of torchaudio's kaldi.fbank is accepted with the same default and in the same
+    positional order; `input_scale` (keyword only) multiplies the waveform first (pyannote's WeSpeaker
+    front end passes 32768 for waveforms in [-1, 1]).
+
+    Args:
+        waveform: float32, float64, float16 or bfloat16 tensor, on any device:
+            (T,) -> (frames, bins); (1, T), or (C, T) with channel=c -> (frames, bins) of one channel, as
+            torchaudio; (B, T) with B > 1 and channel=-1 -> (B, frames, bins), each row a mono waveform;
+            (B, C, T) -> (B, frames, bins), torch.vmap(kaldi.fbank) over B as pyannote calls it.
+        num_mel_bins, frame_length (ms), frame_shift (ms), window_type ("povey", "hamming", "hanning",
+            "rectangular", "blackman"), snip_edges, dither, use_energy, ...: torchaudio's meaning.
+
+    Returns:
+        float32 features (float64 for a float64 waveform); bins = num_mel_bins, + 1 with use_energy.
+        frames = 1 + (T - window) // shift with snip_edges (window, shift in samples), else
+        (T + shift // 2) // shift. A waveform of at least one frame but shorter than min_duration gives an
+        empty tensor, as torchaudio.
+
+    Raises ValueError naming the option for a bad option, or for a waveform shorter than one frame,
+    before any kernel runs. dither > 0 and calls that need autograd run on the torch path.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> wave = torch.randn(16000) * 0.1                   # 1 s at 16 kHz
+        >>> rt.fbank(wave, num_mel_bins=80, window_type="hamming").shape
+        torch.Size([98, 80])
+        >>> rt.fbank(torch.randn(4, 1, 16000), num_mel_bins=80).shape   # a batch, as pyannote calls it
+        torch.Size([4, 98, 80])
+    """
     kwargs = dict(
         blackman_coeff=blackman_coeff, channel=channel, dither=dither, energy_floor=energy_floor,
         frame_length=frame_length, frame_shift=frame_shift, high_freq=high_freq, htk_compat=htk_compat,
