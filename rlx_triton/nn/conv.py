@@ -105,7 +105,14 @@ class SincNet(nn.Module):
 
 class Conv1d(nn.Conv1d):
     """nn.Conv1d with rlx_triton's conv1d forward (groups=1, padding_mode='zeros'), plus an optional
-    fused epilogue (ConvEpilogue: |x| -> max-pool -> leaky ReLU) applied after the bias."""
+    fused epilogue (ConvEpilogue: |x| -> max-pool -> leaky ReLU) applied after the bias.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> conv = rt.nn.Conv1d.from_torch(torch.nn.Conv1d(80, 60, 5))
+        >>> conv(torch.randn(2, 80, 100)).shape
+        torch.Size([2, 60, 96])
+    """
 
     epilogue: Optional[ConvEpilogue] = None
 

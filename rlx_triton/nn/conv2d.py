@@ -97,6 +97,13 @@ class Conv2d(nn.Module):
     owner keeps it). The kernel reads `folded()`: float64-folded, stored tap-major in memory (shape
     (c_out, c_in, kh, kw), memory (kh, kw, c_out, c_in), c_in contiguous) so the kernel's [c_out, c_in]
     weight tile of one tap loads coalesced, refolded whenever a source changes.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> conv, bn = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False), torch.nn.BatchNorm2d(32).eval()
+        >>> fused = rt.nn.Conv2d.from_torch(conv, bn, relu=True)   # relu(bn(conv(x))) in one launch
+        >>> fused(torch.randn(2, 32, 20, 50)).shape
+        torch.Size([2, 32, 20, 50])
     """
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *, stride: int = 1,
@@ -231,6 +238,11 @@ class StatsPool(nn.Module):
     weights (batch, frames) or (batch, speakers, frames) weight the frames as pyannote does
     (nearest-interpolated to the number of frames); with speakers the output is
     (batch, speakers, 2 * features).
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> rt.nn.StatsPool()(torch.randn(2, 256, 50)).shape   # (batch, features, frames) -> mean and std
+        torch.Size([2, 512])
     """
 
     def __init__(self, in_dim: int = 0):

@@ -22,6 +22,12 @@ class Fbank(nn.Module):
 
     (B, C, T) reads channel `channel` (-1 reads channel 0, as torchaudio); the output keeps its batch
     dimension for every B, including 1.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> front_end = rt.nn.Fbank.wespeaker()   # 80 bins, hamming, input x 32768, mean over frames removed
+        >>> front_end(torch.randn(4, 1, 16000) * 0.1).shape
+        torch.Size([4, 98, 80])
     """
 
     def __init__(self, *, blackman_coeff: float = 0.42, channel: int = -1, dither: float = 0.0,

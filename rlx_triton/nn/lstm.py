@@ -16,7 +16,16 @@ from rlx_triton.ops import lstm as lstm_op
 
 
 class LSTM(nn.LSTM):
-    """nn.LSTM with a routed forward (Triton kernels where covered, torch otherwise)."""
+    """nn.LSTM with a routed forward (Triton kernels where covered, torch otherwise).
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> stock = torch.nn.LSTM(60, 128, num_layers=4, bidirectional=True, batch_first=True)
+        >>> fast = rt.nn.LSTM.from_torch(stock)            # shares stock's Parameter objects
+        >>> out, (h, c) = fast(torch.randn(2, 50, 60))
+        >>> out.shape, h.shape
+        (torch.Size([2, 50, 256]), torch.Size([8, 2, 128]))
+    """
 
     @classmethod
     def from_torch(cls, lstm: nn.LSTM) -> "LSTM":
