@@ -40,7 +40,24 @@ LIBRARY = "Library"
 
 
 class MissingKernel(RuntimeError):
-    """Strict mode: no kernel covers a request. Carries the family, the request and each backend's reason."""
+    """Raised in strict mode (rt.use_backend(name, strict=True) or RLX_TRITON_STRICT=1) when no kernel covers a call.
+
+    Attributes:
+        family: the op's family ("sdpa_decode", "conv", "fbank", "lstm", "segdense").
+        request: the routing Request (shape fields, dtype, device, features).
+        reasons: {backend name: Refusal}: why each backend did not take it (Refusal.kind is one of
+            backend-unavailable, device-unsupported, shape-unimplemented, weights-out-of-contract,
+            not-approved, not-selected; Refusal.reason says the rest).
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> try:
+        ...     with rt.use_backend("metal", strict=True):   # no Apple GPU here
+        ...         rt.fbank(torch.randn(16000))
+        ... except rt.MissingKernel as error:
+        ...     sorted(error.reasons)
+        ['metal', 'triton']
+    """
 
     def __init__(self, request: Request, reasons: Dict[str, Refusal]):
         self.family = request.family
@@ -52,6 +69,34 @@ class MissingKernel(RuntimeError):
 
 @dataclass(frozen=True)
 class Route:
+    """Which backend runs one op call, with which candidate, and why (what rt.explain returns for an op).
+
+    Fields:
+        family: the kernel family: "sdpa_decode", "conv", "fbank", "lstm" or "segdense".
+        op: the op of the family ("sdpa_decode", "scaled_dot_product_attention", "flash_attn_with_kvcache",
+            "conv1d", "sincnet", "conv2d" (rt.ops.conv2d's linear too), "stats_pool", "fbank", "lstm",
+            "segdense").
+        backend: "triton", "metal", or "torch" (the library op, the fallback).
+        candidate: the candidate dataclass the kernel launches with (None on torch).
+        candidate_tag: its text form, e.g. "skp4_tg256_tm1_tn128_tk128_pq1_pk1_f16kv_partial";
+            `rlx-triton explain` prints a legend of the parts.
+        kernel_name: `<family>_<shape fields>_<tag>_<profile>`, the name the winner table and logs use.
+        evidence: where the candidate came from, strongest first: "TuneFile" (winner table), "Recipe"
+            (built-in recipe for the device class), "DeviceDefault" (the plan's default), "Implemented"
+            (the family's fp32 candidate, standing in for an unapproved one), "Pinned" (use_candidate);
+            "Library" for the torch op.
+        evidence_detail: the same in words (e.g. "built-in recipe for sm90").
+        approval: the Approval (accuracy measured against float64, where it was measured) that lets the
+            candidate run; None on torch.
+        speed: a speed measurement for the candidate if one was recorded; a label only, it never decides.
+        skipped: ((backend, Refusal), ...) for every backend tried before this one, with the typed reason.
+        request: the Request routed: family, op, shape fields, dtype, device, features.
+        tune_key: the winner-table key of the request's bucket (None on torch).
+        module: the backend module whose launcher runs the call (not compared, not printed).
+
+    Properties: skipped_reasons ({backend: Refusal}). str(route) prints every field that is set.
+    """
+
     family: str
     op: str
     backend: str
@@ -310,7 +355,28 @@ def routed_op(build_request: Callable[..., Request]) -> Callable[[_Op], _Op]:
 
 
 def explain(op, *args, **kwargs) -> Route:
-    """The route `op(*args, **kwargs)` would take, without running it."""
+    """The Route that `op(*args, **kwargs)` would take, without running it (rt.explain's answer for an op;
+    rt.explain also takes rt.nn modules and whole models).
+
+    Args:
+        op: a public op of rlx_triton (rt.scaled_dot_product_attention, rt.sdpa_decode,
+            rt.flash_attn_with_kvcache, rt.fbank, or an op of rlx_triton.ops: conv1d, sincnet, conv2d,
+            linear, stats_pool, lstm, segdense); anything else raises TypeError.
+        *args, **kwargs: the call, as it would be made; it is validated as the op validates it (the same
+            ValueError/TypeError for bad input).
+
+    Returns:
+        a Route: backend ("triton", "metal" or "torch"), candidate tag, evidence, accuracy approval, and
+        the reason every other backend was skipped. str(route) prints all of it.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> route = rt.router.explain(rt.fbank, torch.randn(16000), num_mel_bins=80)
+        >>> route.family, route.op
+        ('fbank', 'fbank')
+        >>> route.backend in ("triton", "metal", "torch")
+        True
+    """
     build = getattr(op, "__rlx_request__", None)
     if build is None:
         raise TypeError(f"explain: {getattr(op, '__name__', op)!r} is not an rlx_triton op")

@@ -30,10 +30,24 @@ def current_choice() -> BackendChoice:
 
 @contextlib.contextmanager
 def use_backend(name: str, strict: bool = False) -> Iterator[BackendChoice]:
-    """Force (`triton`, `metal`, `torch`) or free (`auto`) the backend choice inside a with-block.
+    """Force ("triton", "metal", "torch") or free ("auto") the backend choice inside a with-block.
 
-    A forced backend that cannot run a request falls back to the torch op quietly (``explain`` says
-    why) unless ``strict=True``, which raises ``rlx_triton.MissingKernel`` instead.
+    The choice is per thread and per async context, and nests (the innermost wins); outside any block
+    RLX_TRITON_BACKEND and RLX_TRITON_STRICT decide. A forced backend that cannot run a call (not
+    installed, another device, shape outside its coverage, no approved candidate) falls back to the
+    torch op quietly, with the reason in `rt.explain`, unless strict=True, which raises
+    rt.MissingKernel instead. A candidate pinned with use_candidate stays pinned inside.
+
+    Args:
+        name: "auto", "triton", "metal" or "torch" (ValueError otherwise).
+        strict: bool (TypeError otherwise); True raises rt.MissingKernel where no kernel of the chosen
+            backend covers a call ("torch" never raises).
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> with rt.use_backend("torch"):
+        ...     rt.explain(rt.fbank, torch.randn(16000)).backend
+        'torch'
     """
     if not isinstance(name, str) or name not in BACKEND_NAMES:
         raise ValueError(f"use_backend: name must be one of {', '.join(BACKEND_NAMES)}, got {name!r}")
