@@ -348,11 +348,32 @@ def _held_modules(obj, depth: int, seen: set) -> Iterator[Tuple[Any, str, nn.Mod
 
 
 def optimize(model, *, cuda_graphs: bool = False):
-    """Swap rlx modules into `model` (an nn.Module) or into every model a pipeline object holds, in
-    place; returns the same object. Unknown modules and objects are left unchanged.
+    """Swap rlx_triton modules into a pyannote.audio model, or into every model a pipeline holds, in place.
 
-    cuda_graphs: every PyanNet found also replays its segmentation forward from CUDA graphs, one per input
-    shape (`SegmentationGraphs`; other shapes and inputs off CUDA run eagerly)."""
+    Recognised by structure (pyannote is never imported): PyanNet (SincNet -> rt.nn.SincNet, the LSTM
+    stack -> rt.nn.LSTM, the linear + classifier + activation head -> one rt.nn.SegDense) and WeSpeaker
+    ResNet (fbank front end, ResNet trunk with BatchNorm folded, statistics pooling, projection).
+    Other modules are left as they are; more recognisers can be added with register_recogniser.
+
+    The state_dict keeps its keys and values (the rlx modules hold the model's own Parameter and buffer
+    objects): a stock checkpoint loads into the optimized model with strict=True, and the optimized
+    model's state_dict loads into a stock model. Optimize in eval mode, after loading weights.
+
+    Args:
+        model: an nn.Module, or an object (a pyannote Pipeline) whose attributes hold nn.Modules.
+        cuda_graphs: bool (TypeError otherwise); True: every PyanNet found also replays its segmentation
+            forward from CUDA graphs, one per input shape (`SegmentationGraphs`; other shapes, inputs off
+            CUDA and calls that record autograd run eagerly).
+
+    Returns:
+        the same object (for a module a recogniser replaces whole, the replacement).
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> plain = torch.nn.Sequential(torch.nn.Linear(4, 4))   # no recognised part: unchanged
+        >>> rt.integrations.pyannote.optimize(plain) is plain
+        True
+    """
     if not isinstance(cuda_graphs, bool):
         raise TypeError(f"optimize: cuda_graphs must be True or False, got {cuda_graphs!r}")
     table = recognisers()
@@ -381,11 +402,20 @@ def _route_of(module: nn.Module):
 
 
 def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:
-    """{module path: Route} for every rlx module of `model` that runs when `model(*inputs, **kwargs)`
-    runs (the forward runs once, eagerly, under no_grad; each rlx module reports the route its call
-    takes). A model optimized with cuda_graphs=True also reports, under "<path>#cuda_graphs" ("#cuda_graphs"
-    for the model itself), a GraphCapture: whether such a call replays a CUDA graph, is captured, or runs
-    eagerly, and why."""
+    """{module path: Route} for every rlx module of `model` that runs in `model(*inputs, **kwargs)`
+    (what rt.explain returns for a model).
+
+    The forward runs once, eagerly, under torch.no_grad(); each rlx module records the route its call
+    takes (a module called twice gets a second key, "<path>#<n>"). A model optimized with cuda_graphs=True
+    also reports, under "<path>#cuda_graphs" ("#cuda_graphs" for the model itself), a GraphCapture:
+    whether such a call replays a CUDA graph, is captured, or runs eagerly, and why.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> lstm = torch.nn.Sequential(rt.nn.LSTM(8, 16, batch_first=True))
+        >>> sorted(rt.integrations.pyannote.explain(lstm, torch.randn(2, 5, 8)))
+        ['0']
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"explain: model must be an nn.Module, got {type(model).__name__}")
     routes: Dict[str, Any] = {}

@@ -38,7 +38,20 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 def register(name: str = "rlx_triton") -> str:
-    """Registers the attention function and its mask function under `name`; returns the name."""
+    """Register rlx_triton's attention with transformers under `name` (default "rlx_triton"); returns the name.
+
+    After it, `model.set_attn_implementation(name)` (or `from_pretrained(..., attn_implementation=name)`)
+    runs every attention call through rt.scaled_dot_product_attention: KV-cache decode steps and short
+    prompts on the kernel, the rest on torch's SDPA; padding masks and grouped-query heads are supported,
+    softcap and position_bias are not (ValueError at the call). The mask function registered beside it is
+    transformers' sdpa_mask. A name that is not a non-empty str raises ValueError. Needs
+    transformers >= 4.56 (the `[transformers]` extra).
+
+    Example:
+        >>> import rlx_triton as rt
+        >>> rt.integrations.transformers.register()
+        'rlx_triton'
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"register: name must be a non-empty string, got {name!r}")
     from transformers import AttentionInterface
