@@ -1,0 +1,43 @@
+"""The examples in the public docstrings run and print what they show (standard doctest).
+
+Each example runs under rt.use_backend("torch"): the examples document shapes and routing rules, which
+hold on every backend, and the torch path keeps them fast on CPU (examples that force a backend
+themselves nest inside it).
+"""
+import doctest
+import importlib
+
+import pytest
+
+import rlx_triton as rt
+
+# module -> the public names whose docstrings carry examples
+DOCUMENTED = {
+    "rlx_triton.ops.fbank": ["fbank"],
+    "rlx_triton.router.route": ["explain", "MissingKernel"],
+    "rlx_triton.router.settings": ["use_backend"],
+    "rlx_triton.explaining": ["explain"],
+    "rlx_triton.integrations.pyannote": ["optimize", "explain"],
+    "rlx_triton.integrations.transformers": ["register"],
+    "rlx_triton.nn.lstm": ["LSTM"],
+    "rlx_triton.nn.fbank": ["Fbank"],
+    "rlx_triton.nn.conv": ["Conv1d"],
+    "rlx_triton.nn.conv2d": ["Conv2d", "StatsPool"],
+}
+
+
+def _examples(module_name: str, name: str) -> doctest.DocTest:
+    module = importlib.import_module(module_name)
+    found = doctest.DocTestFinder(recurse=False).find(getattr(module, name), f"{module_name}.{name}",
+                                                      module=module, globs={})
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("module_name,name", [(m, n) for m, names in DOCUMENTED.items() for n in names])
+def test_docstring_example_runs_as_shown(module_name, name):
+    test = _examples(module_name, name)
+    assert test is not None and test.examples, f"{module_name}.{name} has no docstring example"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    with rt.use_backend("torch"):
+        runner.run(test)
+    assert runner.failures == 0, f"{module_name}.{name}: {runner.failures} example(s) print something else"
