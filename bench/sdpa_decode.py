@@ -10,7 +10,10 @@ repeated beforehand (repeat not timed); variants that refuse a case are skipped.
 replays (the op routes once, at capture). GB/s counts K and V read plus q and out; `bw_case` marks
 cases with batch x KV heads x KV length >= 2^20, where the target is >= 80% of the copy bandwidth;
 `splits` is the number of KV splits the Triton launch used (its grid's second dimension, from the device's
-split rule).
+split rule). Paged cases (`page_size` 16 and 256) run rt.sdpa_decode(block_table=...) on a shuffled page
+pool beside the contiguous case of the same shape; their baselines are torch's SDPA variants on the cache
+gathered back into (B, Hkv, S, D) (the gather not timed) and flash_attn's flash_attn_with_kvcache on the
+same pages where flash_attn is installed (it takes page sizes that are multiples of 256 only).
 On the CPU (--quick) tiny shapes report the route taken and the timing of the path that runs there.
 """
 from __future__ import annotations
@@ -31,7 +34,9 @@ def cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
     """
     if not (torch.cuda.is_available() if gpu is None else gpu):
         return [dict(label="gqa", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32),
-                dict(label="mha", batch=2, heads=4, kv_heads=4, head_dim=64, seq_kv=128, dtype=torch.float32)]
+                dict(label="mha", batch=2, heads=4, kv_heads=4, head_dim=64, seq_kv=128, dtype=torch.float32),
+                dict(label="gqa-paged16", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32,
+                     page_size=16)]
     out: List[dict] = []
     dtypes = (torch.float16,) if quick else (torch.float16, torch.bfloat16)
     batches = (1, 16) if quick else (1, 4, 16, 64)
@@ -54,6 +59,11 @@ def cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
             for seq_kv in (4096, 16384) if not quick else (16384,):
                 out.append(dict(label=f"gqa-d{head_dim}", batch=4, heads=32, kv_heads=8, head_dim=head_dim,
                                 seq_kv=seq_kv, dtype=dtype))
+        # paged caches beside the contiguous cases of the same shape
+        for batch, seq_kv in ((16, 4096), (4, 16384)) if not quick else ((16, 4096),):
+            for page_size in (16, 256):
+                out.append(dict(label=f"llama3-8b-gqa-paged{page_size}", batch=batch, heads=32, kv_heads=8,
+                                head_dim=128, seq_kv=seq_kv, dtype=dtype, page_size=page_size))
     itemsize = 2
     return [c for c in out if 2 * c["batch"] * c["kv_heads"] * c["seq_kv"] * c["head_dim"] * itemsize <= KV_BYTES_LIMIT]
 
@@ -84,14 +94,44 @@ def _torch_variants(q, k, v) -> Dict[str, Callable[[], torch.Tensor]]:
     return variants
 
 
-def split_count(route, q, k, v) -> Optional[int]:
+def paged_pool(k: torch.Tensor, v: torch.Tensor, page_size: int):
+    """k/v (B, Hkv, S, D) as shuffled pages (num_pages, Hkv, page_size, D) and the block table (B, pages) int32."""
+    batch, kv_heads, seq_kv, _ = k.shape
+    pages = -(-seq_kv // page_size)
+    table = torch.randperm(batch * pages, device=k.device).reshape(batch, pages).to(torch.int32)
+
+    def pool(x):
+        padded = torch.nn.functional.pad(x, (0, 0, 0, pages * page_size - seq_kv))
+        out = torch.empty(batch * pages, kv_heads, page_size, x.shape[-1], device=x.device, dtype=x.dtype)
+        out[table.long().flatten()] = padded.reshape(batch, kv_heads, pages, page_size, -1).transpose(1, 2) \
+            .reshape(batch * pages, kv_heads, page_size, -1)
+        return out
+
+    return pool(k), pool(v), table
+
+
+def _flash_attn_variant(q, k_pages, v_pages, table) -> Dict[str, Callable[[], torch.Tensor]]:
+    """flash_attn's own flash_attn_with_kvcache on the same pages, where installed and the page size fits it."""
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except ImportError:
+        return {}
+    if k_pages.shape[2] % 256 != 0 or not q.is_cuda:
+        return {}
+    q_fa, k_fa, v_fa = q.transpose(1, 2), k_pages.transpose(1, 2), v_pages.transpose(1, 2)
+    return {"flash_attn paged": lambda: flash_attn_with_kvcache(q_fa, k_fa, v_fa, block_table=table)}
+
+
+def split_count(route, q, k, v, block_table=None) -> Optional[int]:
     """KV splits of the Triton launch a route makes for these inputs (its plan, built on meta tensors), or None."""
     if route.backend != "triton":
         return None
     from rlx_triton.router.device import device_facts
 
     meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (q, k, v)]
-    plan, _ = route.module.sdpa_decode_plan(*meta, candidate=route.candidate,
+    options = {} if block_table is None else {"block_table": torch.empty(block_table.shape, dtype=block_table.dtype,
+                                                                         device="meta")}
+    plan, _ = route.module.sdpa_decode_plan(*meta, candidate=route.candidate, **options,
                                            sm_count=device_facts(q.device).sm_count or 1)
     return plan[0].grid[1]
 
@@ -125,15 +165,26 @@ def run(quick: bool = False) -> List[dict]:
         k = torch.randn(batch, kv_heads, seq_kv, dim, device=device, dtype=dtype)
         v = torch.randn(batch, kv_heads, seq_kv, dim, device=device, dtype=dtype)
         gqa = kv_heads != heads
+        page_size = spec.get("page_size")
+        variants = _torch_variants(q, k, v)
         with rt.use_backend("auto"):
-            chosen = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
-            splits = split_count(chosen, q, k, v)
-            rlx_us = _time(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), device, quick)
-        baselines = {name: _time(fn, device, quick) for name, fn in _torch_variants(q, k, v).items()}
+            if page_size is None:
+                chosen = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
+                splits = split_count(chosen, q, k, v)
+                rlx_us = _time(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), device, quick)
+            else:
+                k_pages, v_pages, table = paged_pool(k, v, page_size)
+                chosen = rt.explain(rt.sdpa_decode, q, k_pages, v_pages, block_table=table)
+                splits = split_count(chosen, q, k_pages, v_pages, table)
+                rlx_us = _time(lambda: rt.sdpa_decode(q, k_pages, v_pages, block_table=table), device, quick)
+                variants.update(_flash_attn_variant(q, k_pages, v_pages, table))
+        baselines = {name: _time(fn, device, quick) for name, fn in variants.items()}
         measured = {name: us for name, us in baselines.items() if us is not None}
         best = min(measured, key=measured.get)
         moved = (k.numel() + v.numel() + 2 * q.numel()) * q.element_size()
         shape = f"{spec['label']} b{batch} h{heads}/{kv_heads} d{dim} kv{seq_kv}"
+        if page_size is not None:
+            del k_pages, v_pages
         results.append(case("sdpa_decode", shape, dtype, rlx_us or float("nan"), best, measured[best],
                             bytes_moved=moved, backend=chosen.backend, candidate=chosen.candidate_tag, splits=splits,
                             bw_case=batch * kv_heads * seq_kv >= 2**20,

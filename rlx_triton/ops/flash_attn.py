@@ -6,11 +6,12 @@ the caches in place (the custom op `rlx_triton::flash_attn_with_kvcache` declare
 Beyond FA2: float32 and float64 inputs, any page size >= 1, Dv != D, rotary dims that are not multiples
 of 16, cache_leftpad with a paged cache.
 
-Routing: the attention step runs on the decode kernels when their coverage takes the request (the
-appends and the rotary embedding run in torch first); a feature the kernels do not cover (a paged cache,
-cache_batch_idx, cache_leftpad, a local window, softcap, ALiBi) is a request feature that their coverage
-refuses by name, so the call runs the torch path (backends/torch_ref/flash_attn.py) and strict mode raises
-MissingKernel naming it. Every argument is checked before anything is written, as FlashAttention checks
+Routing: the attention step runs on a decode kernel when its coverage takes the request (the appends
+and the rotary embedding run in torch first, `backends/<backend>/sdpa_decode.flash_attn_with_kvcache`);
+the Triton kernel takes contiguous and paged caches (any page size), causal or not, local windows,
+softcap, new k/v and rotary. A feature no kernel covers (cache_batch_idx, cache_leftpad, ALiBi; on Metal
+also paged caches, windows and softcap) is a request feature that coverage refuses by name, so the call runs the torch path
+(backends/torch_ref/flash_attn.py) and strict mode raises MissingKernel naming it. Every argument is checked before anything is written, as FlashAttention checks
 it, with a ValueError or TypeError naming the argument.
 """
 from __future__ import annotations
@@ -234,7 +235,7 @@ def _request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table
     if cache_leftpad is not None:
         features["cache_leftpad"] = True
     if mask.is_local:
-        features["window"] = (mask.left, mask.right)
+        features["window"] = True
     if softcap > 0.0:
         features["softcap"] = True
     if alibi_slopes is not None:
@@ -260,32 +261,6 @@ def _explain_request(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotar
                     softcap, alibi_slopes)
 
 
-def _on_kernel(chosen, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, softmax_scale, causal,
-               window_size, rotary_interleaved) -> Tuple[torch.Tensor, torch.Tensor]:
-    """A covered call: appends and rotary in torch, then the attention on the routed decode kernel in rt's
-    (B, H, S, D) layout, read as strided views of the caches. Empty sequences and rows that see no key give
-    0 and FA2's LSE (+inf) instead of the kernel's -inf."""
-    seqlen_q = q.shape[1]
-    mask = reference.masking(causal, tuple(window_size), seqlen_q, k_cache.shape[1], False)
-    if cache_seqlens is not None:
-        reference.rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, None, None,
-                                    None, rotary_interleaved)
-        q = reference.rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, None, rotary_interleaved, mask)
-    lengths = None if cache_seqlens is None else cache_seqlens.to(torch.int64) + (0 if k is None else k.shape[1])
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    out, lse = chosen.module.sdpa_decode(
-        q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-        causal="bottom_right" if mask.is_causal else "none", scale=float(scale),
-        cache_seqlens=None if lengths is None else lengths.clamp(min=1), candidate=chosen.candidate,
-        **({"route": chosen} if chosen.backend == "triton" else {}))
-    out, no_keys = out.transpose(1, 2), lse == -float("inf")
-    if lengths is not None:
-        empty = lengths == 0
-        out = out.masked_fill(empty[:, None, None, None], 0.0)
-        no_keys = no_keys | empty[:, None, None]
-    return out.contiguous(), torch.where(no_keys, float("inf"), lse).contiguous()
-
-
 def _run(chosen, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
          block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes):
     if chosen.backend == "torch":
@@ -293,8 +268,11 @@ def _run(chosen, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
                                                  cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                                                  tuple(window_size), float(softcap), rotary_interleaved,
                                                  alibi_slopes)
-    return _on_kernel(chosen, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, softmax_scale,
-                      causal, window_size, rotary_interleaved)
+    options = {"route": chosen} if chosen.backend == "triton" else {}
+    return chosen.module.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                                 cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                                 tuple(window_size), float(softcap), rotary_interleaved, alibi_slopes,
+                                                 candidate=chosen.candidate, **options)
 
 
 @torch.library.custom_op("rlx_triton::flash_attn_with_kvcache", mutates_args=("k_cache", "v_cache"))

@@ -401,39 +401,82 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 # --------------------------------------------------------------------------------------------------
 # rt.sdpa_decode
 # --------------------------------------------------------------------------------------------------
-def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale) -> None:
+def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=None) -> None:
     op = "sdpa_decode"
+    paged = block_table is not None
     for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_is_tensor(name, tensor, op=op)
         if tensor.dim() != 4:
-            layout = "(B, Hq, Lq, D)" if name == "query" else "(B, Hkv, S_max, D)" if name == "k_cache" \
-                else "(B, Hkv, S_max, Dv)"
+            cache = "(num_pages, Hkv, page_size, {})" if paged else "(B, Hkv, S_max, {})"
+            layout = "(B, Hq, Lq, D)" if name == "query" else cache.format("D" if name == "k_cache" else "Dv")
             raise AttentionInputError(f"{op}: {name} must be 4-D {layout}, got shape {tuple(tensor.shape)}")
     _check_scale(scale, op)
     _check_same_dtype_and_device(op, query=query, k_cache=k_cache, v_cache=v_cache)
     batch, heads, seq_q, head_dim = query.shape
-    if k_cache.shape[0] != batch or k_cache.shape[3] != head_dim:
+    if paged:
+        check_is_tensor("block_table", block_table, op=op)
+        if block_table.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{op}: block_table must be int32 or int64, got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+            raise AttentionInputError(f"{op}: block_table must have shape (B, pages) = ({batch}, >= 1), got "
+                                      f"{tuple(block_table.shape)}")
+        if block_table.device != query.device:
+            raise AttentionInputError(f"{op}: block_table must be on {query.device}, got {block_table.device}")
+        if k_cache.shape[0] == 0 or k_cache.shape[3] != head_dim:
+            raise AttentionInputError(f"{op}: a paged k_cache must be (num_pages >= 1, Hkv, page_size, D = "
+                                      f"{head_dim}), got {tuple(k_cache.shape)}")
+    elif k_cache.shape[0] != batch or k_cache.shape[3] != head_dim:
         raise AttentionInputError(f"{op}: k_cache must be (B, Hkv, S_max, D) = ({batch}, Hkv, S_max, {head_dim}), "
                                   f"got {tuple(k_cache.shape)}")
     if v_cache.shape[:3] != k_cache.shape[:3]:
-        raise AttentionInputError(f"{op}: v_cache must be (B, Hkv, S_max, Dv) = {tuple(k_cache.shape[:3])} + (Dv,), "
+        raise AttentionInputError(f"{op}: v_cache must be {tuple(k_cache.shape[:3])} + (Dv,) like k_cache, "
                                   f"got {tuple(v_cache.shape)}")
-    kv_heads, s_max = k_cache.shape[1], k_cache.shape[2]
+    kv_heads, s_max = k_cache.shape[1], _decode_capacity(k_cache, block_table)
     if kv_heads == 0 or heads % kv_heads != 0:
         raise AttentionInputError(f"{op}: the KV heads of k_cache ({kv_heads}) must divide the query heads ({heads})")
     if s_max == 0 or seq_q == 0:
         raise AttentionInputError(f"{op}: query tokens and k_cache length must be >= 1, got Lq={seq_q}, S_max={s_max}")
-    if cache_seqlens is None:
-        return
+    if cache_seqlens is not None:
+        _check_decode_lengths(cache_seqlens, batch, s_max, query.device)
+    if paged:
+        _check_pages(block_table, cache_seqlens, k_cache)
+
+
+def _check_decode_lengths(cache_seqlens, batch: int, s_max: int, device: torch.device) -> None:
+    op = "sdpa_decode"
     check_is_tensor("cache_seqlens", cache_seqlens, op=op)
     if cache_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{op}: cache_seqlens must be int32 or int64, got {cache_seqlens.dtype}")
     if cache_seqlens.shape != (batch,):
         raise AttentionInputError(f"{op}: cache_seqlens must have shape (B,) = ({batch},), "
                                   f"got {tuple(cache_seqlens.shape)}")
-    if cache_seqlens.device != query.device:
-        raise AttentionInputError(f"{op}: cache_seqlens must be on {query.device}, got {cache_seqlens.device}")
+    if cache_seqlens.device != device:
+        raise AttentionInputError(f"{op}: cache_seqlens must be on {device}, got {cache_seqlens.device}")
     _check_cache_lengths(cache_seqlens, s_max)
+
+
+def _decode_capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
+    """S_max: the cache length, or a paged sequence's pages x page size."""
+    return k_cache.shape[2] if block_table is None else block_table.shape[1] * k_cache.shape[2]
+
+
+def _check_pages(block_table: torch.Tensor, cache_seqlens: Optional[torch.Tensor], k_cache: torch.Tensor) -> None:
+    """The pages each sequence reads (those its length reaches) index k_cache. It reads device data: skipped
+    while compiling, tracing fakes or capturing a CUDA graph."""
+    if torch.compiler.is_compiling() or _is_fake(block_table):
+        return
+    if block_table.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    page_size, num_pages = k_cache.shape[2], k_cache.shape[0]
+    used = torch.ones_like(block_table, dtype=torch.bool)
+    if cache_seqlens is not None and not _is_fake(cache_seqlens):
+        needed = (cache_seqlens.to(torch.int64) + page_size - 1) // page_size
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < needed[:, None]
+    pages = block_table[used]
+    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= num_pages):
+        raise AttentionInputError(f"sdpa_decode: the block_table entries a sequence reads must be in "
+                                  f"[0, {num_pages}) (k_cache's pages), got values in [{int(pages.min())}, "
+                                  f"{int(pages.max())}]")
 
 
 def _check_cache_lengths(cache_seqlens: torch.Tensor, s_max: int) -> None:
@@ -456,50 +499,59 @@ def _is_fake(tensor: torch.Tensor) -> bool:
 
 
 def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, return_lse=False,
-                    _validate=True) -> Request:
-    """Validates an sdpa_decode call and reduces it to a routing Request (what explain() shows)."""
+                    block_table=None, _validate=True) -> Request:
+    """Validates an sdpa_decode call and reduces it to a routing Request (what explain() shows); a paged
+    cache is the feature paged=True, which a backend's coverage must name."""
     if _validate:
-        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale)
+        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table)
     batch, heads, seq_q, head_dim = query.shape
-    kv_heads, s_max = k_cache.shape[1], k_cache.shape[2]
+    kv_heads, s_max = k_cache.shape[1], _decode_capacity(k_cache, block_table)
+    features = {"mask": "none", "causal": "bottom_right", "dropout": False, "layout": "batched",
+                "requires_grad": needs_grad(query, k_cache, v_cache)}
+    if block_table is not None:
+        features["paged"] = True
     return Request.make(
         KernelFamily.SDPA_DECODE, "sdpa_decode", tensor=query,
         fields={"m": seq_q * (heads // kv_heads), "tokens": seq_q, "batch": batch, "num_heads": heads,
                 "head_dim": head_dim, "seq_q": seq_q, "seq_kv": s_max, "num_kv_heads": kv_heads,
                 "head_dim_v": v_cache.shape[-1]},
-        features={"mask": "none", "causal": "bottom_right", "dropout": False, "layout": "batched",
-                  "requires_grad": needs_grad(query, k_cache, v_cache)},
+        features=features,
     )
 
 
 @torch.library.custom_op("rlx_triton::sdpa_decode", mutates_args=())
 def _sdpa_decode_op(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     cache_seqlens: Optional[torch.Tensor], scale: Optional[float],
+                    block_table: Optional[torch.Tensor] = None,
                     decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     chosen = _decided(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
-        chosen = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, _validate=False))
+        chosen = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
+                                       _validate=False))
+    options = {"route": chosen} if chosen.backend == "triton" else {}
+    if block_table is not None:  # only backends whose coverage names paged=True are routed one
+        options["block_table"] = block_table
     out, lse = chosen.module.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
-                                         cache_seqlens=cache_seqlens, candidate=chosen.candidate,
-                                         **({"route": chosen} if chosen.backend == "triton" else {}))
+                                         cache_seqlens=cache_seqlens, candidate=chosen.candidate, **options)
     return out.contiguous(), lse.contiguous()
 
 
 @_sdpa_decode_op.register_fake
-def _sdpa_decode_fake(query, k_cache, v_cache, cache_seqlens, scale, decision=None):
+def _sdpa_decode_fake(query, k_cache, v_cache, cache_seqlens, scale, block_table=None, decision=None):
     batch, heads, seq_q, _ = query.shape
     out = query.new_empty((batch, heads, seq_q, v_cache.shape[-1]))
     return out, query.new_empty((batch, heads, seq_q), dtype=torch.float32)
 
 
-def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale) -> Optional[tuple]:
+def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table) -> Optional[tuple]:
     """What validation (bar the cache lengths' values) and routing read from an sdpa_decode call."""
     try:
         signature = ("sdpa_decode", query.shape, k_cache.shape, v_cache.shape, query.dtype, k_cache.dtype,
                      v_cache.dtype, query.device, k_cache.device, v_cache.device,
                      torch.is_grad_enabled() and (query.requires_grad or k_cache.requires_grad or v_cache.requires_grad),
                      type(scale), None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype,
-                                                                      cache_seqlens.device))
+                                                                      cache_seqlens.device),
+                     None if block_table is None else (block_table.shape, block_table.dtype, block_table.device))
         hash(signature)
     except (AttributeError, TypeError):
         return None
@@ -509,7 +561,8 @@ def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale) -> Optional
 @routed_op(_decode_request)
 def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 cache_seqlens: Optional[torch.Tensor] = None, *, scale: Optional[float] = None,
-                return_lse: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+                return_lse: bool = False, block_table: Optional[torch.Tensor] = None
+                ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of Lq new tokens against a KV cache, one valid length per sequence.
 
     Layout (torch SDPA's): query (B, Hq, Lq, D); k_cache (B, Hkv, S_max, D); v_cache (B, Hkv, S_max, Dv),
@@ -518,6 +571,10 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     are never read. The Lq query tokens are the last Lq positions of each sequence's valid part: causal
     masking is bottom-right within the valid length (the FlashAttention kv-cache convention), so token i
     sees keys j <= i + L_b - Lq and a token with none gives 0. scale defaults to 1/sqrt(D).
+    Paged cache: block_table (B, pages) int32/int64 lists each sequence's pages in order, k_cache is
+    (num_pages, Hkv, page_size, D) and v_cache (num_pages, Hkv, page_size, Dv) for any page size >= 1, and
+    S_max = pages x page_size (sequence b's key n is slot n % page_size of page block_table[b, n // page_size];
+    only the pages a sequence's length reaches are read, so the rest of its row may hold anything).
     Returns out (B, Hq, Lq, Dv) in query's dtype, and with return_lse=True also lse (B, Hq, Lq) float32
     in natural log (-inf where a token sees no key).
     NaN and Inf follow torch's math SDPA within each sequence's valid part: a causally hidden key still
@@ -528,16 +585,20 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if scale is not None and not isinstance(scale, float):
         scale = _scale_value(scale, "sdpa_decode")
     compiling = torch.compiler.is_compiling()
-    signature = None if compiling else _decode_signature(query, k_cache, v_cache, cache_seqlens, scale)
+    signature = None if compiling else _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table)
     decided = exact_route(signature) if signature is not None else None
     if decided is None:
-        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale)
-    elif cache_seqlens is not None:
-        _check_cache_lengths(cache_seqlens, k_cache.shape[2])   # the values change between calls
+        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table)
+    else:   # the values change between calls
+        if cache_seqlens is not None:
+            _check_cache_lengths(cache_seqlens, _decode_capacity(k_cache, block_table))
+        if block_table is not None:
+            _check_pages(block_table, cache_seqlens, k_cache)
     scale = None if scale is None else float(scale)
     if decided is None and (not compiling or needs_grad(query, k_cache, v_cache)):
         # eager calls (and, under torch.compile, calls autograd records) are routed here, once
-        decided = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, _validate=False))
+        decided = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
+                                        _validate=False))
         if signature is not None:
             remember_exact_route(signature, decided)
     if decided is not None and decided.backend == "torch":
@@ -545,9 +606,9 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         from rlx_triton.backends.torch_ref import sdpa_decode as library
 
         out, lse = library.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
-                                       cache_seqlens=cache_seqlens, candidate=None)
+                                       cache_seqlens=cache_seqlens, block_table=block_table, candidate=None)
     else:
-        out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale,
+        out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale, block_table,
                                    None if decided is None else _decision_key(decided))
     return (out, lse) if return_lse else out
 

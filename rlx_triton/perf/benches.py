@@ -67,8 +67,19 @@ def _sdpa_decode(facts, quick: bool) -> List[PerfCase]:
         batch, heads, kv_heads, dim, seq_kv, dtype = (spec[key] for key in
                                                       ("batch", "heads", "kv_heads", "head_dim", "seq_kv", "dtype"))
 
-        def call(batch=batch, heads=heads, kv_heads=kv_heads, dim=dim, seq_kv=seq_kv, dtype=dtype):
+        def call(batch=batch, heads=heads, kv_heads=kv_heads, dim=dim, seq_kv=seq_kv, dtype=dtype,
+                 page_size=spec.get("page_size")):
             q = _meta(batch, heads, 1, dim, dtype=dtype)
+            if page_size is not None:  # a paged cache of the same shape: rt.sdpa_decode through a block table
+                pages = -(-seq_kv // page_size)
+                k_pages = _meta(batch * pages, kv_heads, page_size, dim, dtype=dtype)
+                v_pages = _meta(batch * pages, kv_heads, page_size, dim, dtype=dtype)
+                table = _meta(batch, pages, dtype=torch.int32)
+                route = rt.explain(rt.sdpa_decode, q, k_pages, v_pages, block_table=table)
+                if route.backend != "triton":
+                    return None
+                return route.module.sdpa_decode(q, k_pages, v_pages, causal="bottom_right", block_table=table,
+                                                candidate=route.candidate)
             k = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
             v = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
             gqa = kv_heads != heads

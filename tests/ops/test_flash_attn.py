@@ -141,6 +141,52 @@ def test_low_precision_and_float64_inputs(dtype):
         assert_matches(got, expected, dtype)
 
 
+# --- the matrix on the decode kernel (interpreter) -------------------------------------------------
+KERNEL_CASES = [
+    Case(1, 13, 32),
+    Case(3, 40, 59, heads=(6, 2), new_kv=3, causal=True, rotary=(16, True)),
+    Case(1, 21, 111, heads=(4, 1), new_kv=1, rotary=(32, False)),
+    Case(6, 12, 16, heads=(2, 1), head_dim_v=8, causal=True, lengths=(3, 0)),
+    # paged caches: page sizes 1, 16 and 256 (FA2 takes multiples of 256 only)
+    Case(2, 7, 16, heads=(4, 2), new_kv=2, causal=True, page_size=1),
+    Case(1, 40, 32, heads=(4, 1), new_kv=1, rotary=(16, True), page_size=16),
+    Case(3, 256, 16, heads=(2, 2), new_kv=3, causal=True, page_size=256, batch=1),
+    # local windows and the logits softcap, in the kernel
+    Case(7, 20, 16, heads=(4, 2), window=(4, 2), softcap=3.0, page_size=1),
+    Case(3, 30, 32, heads=(4, 1), new_kv=3, window=(5, 0), rotary=(8, False)),
+    Case(4, 9, 16, causal=True, softcap=0.5, lengths=(2, 5)),
+]
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda c: f"q{c.seqlen_q}k{c.seqlen_k}d{c.head_dim}h{c.heads}")
+def test_covered_calls_run_the_decode_kernel_and_match(case):
+    kw = make_inputs(case)
+    with rt.use_backend("triton", strict=True):
+        assert rt.explain(rt.flash_attn_with_kvcache, **kw).backend == "triton"
+        got, expected = run_and_reference(kw)
+    assert_matches(got, expected, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_covered_low_precision_calls_on_the_kernel(dtype):
+    kw = make_inputs(KERNEL_CASES[1], dtype=dtype)
+    with rt.use_backend("triton", strict=True):
+        got, expected = run_and_reference(kw)
+    assert_matches(got, expected, dtype)
+
+
+@pytest.mark.parametrize("option, feature", [
+    ({"cache_batch_idx": torch.tensor([1, 0], dtype=torch.int32)}, "cache_batch_idx"),
+    ({"alibi_slopes": torch.ones(4)}, "alibi"), ({"cache_leftpad": torch.zeros(2, dtype=torch.int32)}, "cache_leftpad"),
+])
+def test_strict_mode_names_the_feature_no_kernel_covers(option, feature):
+    kw = dict(make_inputs(Case(1, 13, 32)), **option)
+    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel, match=feature):
+        rt.flash_attn_with_kvcache(**kw)
+    with rt.use_backend("triton"):
+        assert feature in str(rt.explain(rt.flash_attn_with_kvcache, **kw).skipped_reasons["triton"])
+
+
 # --- semantics spelled out ---------------------------------------------------------------------
 def test_new_keys_are_appended_in_place_at_cache_seqlens_through_the_block_table():
     kw = make_inputs(Case(1, 12, 8, new_kv=2, page_size=4, lengths=(3, 10)))

@@ -661,3 +661,63 @@ def test_a_forgotten_decision_is_routed_again_inside_the_op():
     with rt.use_backend("triton", strict=True):
         out = torch.ops.rlx_triton.sdpa.default(q, k, v, None, False, None, False, False, "no-such-decision")
     assert_like_torch(out, q, k, v)
+
+
+# --- paged KV caches (block_table) -----------------------------------------------------------------
+def paged_cache(batch=2, kv_heads=2, seq_kv=20, head_dim=16, page_size=4, dtype=torch.float32):
+    """(k, v) contiguous (B, Hkv, S, D), their pages (num_pages, Hkv, page_size, D) and the block table."""
+    k = torch.randn(batch, kv_heads, seq_kv, head_dim).to(dtype)
+    v = torch.randn(batch, kv_heads, seq_kv, head_dim).to(dtype)
+    pages = -(-seq_kv // page_size)
+    table = torch.randperm(batch * pages + 1)[:batch * pages].reshape(batch, pages).to(torch.int32)
+    pools = []
+    for t in (k, v):
+        padded = F.pad(t, (0, 0, 0, pages * page_size - seq_kv))
+        pool = torch.randn(batch * pages + 1, kv_heads, page_size, head_dim).to(dtype)
+        pool[table.long().flatten()] = padded.reshape(batch, kv_heads, pages, page_size, head_dim).transpose(1, 2) \
+            .reshape(batch * pages, kv_heads, page_size, head_dim)
+        pools.append(pool)
+    return k, v, pools[0], pools[1], table
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_sdpa_decode_reads_a_paged_cache_through_its_block_table(backend):
+    k, v, k_pages, v_pages, table = paged_cache(page_size=3, seq_kv=20)
+    q = torch.randn(2, 4, 2, 16)
+    lengths = torch.tensor([20, 6], dtype=torch.int32)
+    with rt.use_backend(backend, strict=backend != "torch"):
+        assert rt.explain(rt.sdpa_decode, q, k_pages, v_pages, lengths, block_table=table).backend == backend
+        out, lse = rt.sdpa_decode(q, k_pages, v_pages, lengths, block_table=table, return_lse=True)
+    expected, expected_lse = rt.sdpa_decode(q, k, v, lengths, return_lse=True)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, expected_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_requests_carry_the_paged_feature_the_metal_coverage_does_not_name():
+    from rlx_triton.backends.metal import sdpa_decode as metal
+
+    _, _, k_pages, v_pages, table = paged_cache()
+    request = rt.explain(rt.sdpa_decode, torch.randn(2, 4, 1, 16), k_pages, v_pages, block_table=table).request
+    assert request.feature_map["paged"] is True and request.field_map["seq_kv"] == table.shape[1] * 4
+    refusal = metal.COVERAGE.check(request.op, "mps", request.dtype, request.field_map, request.feature_map)
+    assert refusal is not None and refusal.kind == "shape-unimplemented" and "paged" in refusal.reason
+
+
+@pytest.mark.parametrize("change, error, name", [
+    (lambda t: t.float(), TypeError, "block_table"),
+    (lambda t: t[:1], ValueError, "block_table"),
+    (lambda t: t + 100, ValueError, "block_table"),
+])
+def test_bad_block_tables_are_named(change, error, name):
+    _, _, k_pages, v_pages, table = paged_cache()
+    with pytest.raises(error, match=name):
+        rt.sdpa_decode(torch.randn(2, 4, 1, 16), k_pages, v_pages, block_table=change(table))
+
+
+def test_paged_sdpa_decode_under_torch_compile():
+    k, v, k_pages, v_pages, table = paged_cache(page_size=5)
+    q = torch.randn(2, 4, 1, 16)
+    lengths = torch.tensor([17, 3], dtype=torch.int32)
+    compiled = torch.compile(lambda *a: rt.sdpa_decode(*a[:4], block_table=a[4]), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k_pages, v_pages, lengths, table), rt.sdpa_decode(q, k, v, lengths),
+                               rtol=1e-5, atol=1e-5)

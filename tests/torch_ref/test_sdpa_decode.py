@@ -77,3 +77,22 @@ def test_reference_is_torch_math_sdpa_on_degenerate_inputs(case):
                                                   enable_gqa=True)
     out, _ = attention_reference(q, k, v, **kwargs)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_a_paged_cache_is_read_through_its_block_table(page_size):
+    q, k, v = make_qkv(2, 4, 2, 2, 23, 8)
+    pages = -(-23 // page_size)
+    padded = [torch.nn.functional.pad(t, (0, 0, 0, pages * page_size - 23)) for t in (k, v)]
+    order = torch.randperm(2 * pages + 1)
+    table = order[:2 * pages].reshape(2, pages)
+    pools = []
+    for t in padded:
+        pool = torch.randn(2 * pages + 1, 2, page_size, t.shape[-1])
+        pool[table.flatten()] = t.reshape(2, 2, pages, page_size, -1).transpose(1, 2).reshape(2 * pages, 2, page_size, -1)
+        pools.append(pool)
+    lengths = torch.tensor([23, 4])
+    out, lse = ref_backend.sdpa_decode(q, *pools, causal="bottom_right", cache_seqlens=lengths, block_table=table)
+    ref_out, ref_lse = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-5, atol=1e-5)

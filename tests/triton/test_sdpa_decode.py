@@ -412,3 +412,57 @@ def test_a_kv_length_growing_inside_its_bucket_keeps_one_autotune_key():
             keys.add(key)
     assert len(tuned_kernels) == 1 and len(keys) == 1
     assert 128 in next(iter(keys))   # the KV bucket, not the length
+
+
+# --- paged KV caches -----------------------------------------------------------------------------
+def paged(k, v, page_size, spare_pages=1, seed=0):
+    """k/v (B, Hkv, S, D) cut into pages of page_size (the last one padded) and shuffled into a pool of
+    (num_pages, Hkv, page_size, D) with spare pages of noise, and the block table (B, pages) that reads them back."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, kv_heads, seq_kv = k.shape[:3]
+    pages = -(-seq_kv // page_size)
+    num_pages = batch * pages + spare_pages
+    order = torch.randperm(num_pages, generator=gen)
+    table = order[:batch * pages].reshape(batch, pages).to(torch.int32)
+
+    def pool(x):
+        padded = torch.nn.functional.pad(x, (0, 0, 0, pages * page_size - seq_kv))
+        out = torch.randn(num_pages, kv_heads, page_size, x.shape[-1], generator=gen).to(x.dtype)
+        out[table.long().flatten()] = padded.reshape(batch, kv_heads, pages, page_size, -1).transpose(1, 2) \
+            .reshape(batch * pages, kv_heads, page_size, -1)
+        return out
+
+    return pool(k), pool(v), table
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_cache_matches_the_contiguous_reference(page_size, dtype):
+    q, k, v = make_qkv(2, 4, 2, 2, 37, 16, dtype=dtype)
+    lengths = torch.tensor([37, 5], dtype=torch.int32)
+    k_pages, v_pages, table = paged(k, v, page_size)
+    out, lse = tk.sdpa_decode(q, k_pages, v_pages, causal="bottom_right", cache_seqlens=lengths, block_table=table,
+                              candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
+    ref_out, ref_lse = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    assert_matches(out, lse, ref_out, ref_lse, dtype, k.shape[2])
+
+
+def test_paged_block_table_entries_past_a_sequences_length_are_never_read():
+    q, k, v = make_qkv(2, 2, 1, 1, 32, 16)
+    lengths = torch.tensor([3, 32], dtype=torch.int32)
+    k_pages, v_pages, table = paged(k, v, 4)
+    table[0, 1:] = 10**6  # sequence 0 reaches its first page only
+    out, lse = tk.sdpa_decode(q, k_pages, v_pages, cache_seqlens=lengths, block_table=table,
+                              candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
+    ref_out, ref_lse = attention_reference(q, k, v, cache_seqlens=lengths)
+    assert_matches(out, lse, ref_out, ref_lse, torch.float32, 32)
+
+
+def test_paged_plan_counts_the_block_table_and_the_sequences_capacity():
+    q, k, v = make_qkv(2, 4, 2, 1, 64, 16)
+    k_pages, v_pages, table = paged(k, v, 16)
+    plan, _ = tk.sdpa_decode_plan(q, k_pages, v_pages, block_table=table, candidate=candidate(),
+                                  sm_count=SPLITTING_SMS)
+    contiguous, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(), sm_count=SPLITTING_SMS)
+    assert plan[0].grid == contiguous[0].grid
+    assert plan[0].bytes_read == contiguous[0].bytes_read + table.numel() * table.element_size()

@@ -19,7 +19,7 @@ import torch
 
 from rlx_triton.backends.metal import candidates as _candidates
 from rlx_triton.backends.metal import library
-from rlx_triton.backends.torch_ref.sdpa_decode import sdpa_through_decode
+from rlx_triton.backends.torch_ref.sdpa_decode import gathered_pages, sdpa_through_decode
 from rlx_triton.router.coverage import Coverage
 
 FAMILY = "sdpa_decode"
@@ -115,8 +115,12 @@ def _float_mask(attn_mask: Optional[torch.Tensor], shape, device) -> torch.Tenso
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the torch_ref module."""
+                block_table: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the torch_ref module.
+    The shader reads contiguous (B, Hkv, S, D) caches: a paged cache is gathered into one first, which is why
+    COVERAGE does not name the paged feature (the router sends paged requests elsewhere)."""
+    if block_table is not None:
+        key, value = gathered_pages(key, block_table), gathered_pages(value, block_table)
     batch, num_heads, seq_q, head_dim = query.shape
     num_kv_heads, seq_kv, head_dim_v = key.shape[1], key.shape[2], value.shape[-1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)

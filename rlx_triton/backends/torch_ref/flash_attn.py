@@ -1,7 +1,7 @@
 """FlashAttention 2's `flash_attn_with_kvcache` in plain torch: the library path of rt.flash_attn_with_kvcache.
 
-One implementation of the semantics, in three steps the kernel path shares (`rotate_and_append`,
-`rotated_query`) or replaces (`attend`):
+One implementation of the semantics, in three steps the kernel path (`through_decode`, a backend's
+sdpa_decode for the attention) shares (`rotate_and_append`, `rotated_query`) or replaces (`attend`):
 - new keys and values are written into the cache in place at each sequence's `cache_seqlens`, through
   the block table when the cache is paged, after rotary embedding of the new keys;
 - the query gets rotary embedding at the positions FA2 gives it: one position per token under causal or
@@ -207,3 +207,31 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
     values = sequence_view(v_cache, lengths, cache_batch_idx, block_table)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     return attend(q, keys, values, lengths, cache_leftpad, scale, mask, softcap, alibi_slopes)
+
+
+def through_decode(sdpa_decode_fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table,
+                   softmax_scale, causal, window_size, rotary_interleaved, **options) -> Tuple[torch.Tensor, torch.Tensor]:
+    """flash_attn_with_kvcache through a backend's `sdpa_decode` (rt's (B, H, S, D) layout, bottom-right causal):
+    the appends and the rotary embedding here, the attention there, on strided views of the caches (a paged
+    cache's (num_pages, page_size, Hkv, D) viewed as (num_pages, Hkv, page_size, D)). Empty sequences and rows
+    that see no key give 0 and FA2's LSE (+inf) where sdpa_decode's convention is -inf. For calls without
+    cache_batch_idx, cache_leftpad, softcap, ALiBi or a local window; `options` go to sdpa_decode_fn."""
+    mask = masking(causal, tuple(window_size), q.shape[1], k_cache.shape[1] * (
+        block_table.shape[1] if block_table is not None else 1), False)
+    if cache_seqlens is not None:
+        rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, None, None, block_table,
+                          rotary_interleaved)
+        q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, None, rotary_interleaved, mask)
+    lengths = None if cache_seqlens is None else cache_seqlens.to(torch.int64) + (0 if k is None else k.shape[1])
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    if block_table is not None:
+        options["block_table"] = block_table
+    out, lse = sdpa_decode_fn(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                              causal="bottom_right" if mask.is_causal else "none", scale=float(scale),
+                              cache_seqlens=None if lengths is None else lengths.clamp(min=1), **options)
+    out, no_keys = out.transpose(1, 2), lse == -math.inf
+    if lengths is not None:
+        empty = lengths == 0
+        out = out.masked_fill(empty[:, None, None, None], 0.0)
+        no_keys = no_keys | empty[:, None, None]
+    return out.contiguous(), torch.where(no_keys, math.inf, lse).contiguous()

@@ -52,11 +52,22 @@ def _masked(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     return torch.where(visible, scores, scores - math.inf)
 
 
+def gathered_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """Pages (num_pages, Hkv, page_size, D) -> (B, Hkv, pages x page_size, D), each sequence's pages in table
+    order. Entries outside [0, num_pages) (past a sequence's length, where a table may hold anything) read
+    a page in range instead: keys past a sequence's length are never used."""
+    pages = cache[block_table.to(torch.int64).clamp(0, cache.shape[0] - 1)]   # (B, pages, Hkv, page_size, D)
+    return pages.transpose(1, 2).reshape(block_table.shape[0], cache.shape[1], -1, cache.shape[-1])
+
+
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the Triton launcher."""
+                block_table: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the Triton launcher (a paged
+    cache with block_table is gathered into (B, Hkv, S, D) first)."""
+    if block_table is not None:
+        key, value = gathered_pages(key, block_table), gathered_pages(value, block_table)
     batch, num_heads, seq_q, head_dim = query.shape
     num_kv_heads, seq_kv = key.shape[1], key.shape[2]
     group = num_heads // num_kv_heads

@@ -17,7 +17,9 @@ The counters live in a per-device, per-stream workspace that every launch leaves
 The query heads sharing one KV head (GQA/MQA) and the query tokens are packed into the M rows of
 `tl.dot` (packed row r -> head `kv_head * group + r // Lq`, token `r % Lq`), at least 16 rows per tile.
 Head dims D and Dv are padded to powers of two with masks. Masks (bool: True keeps; float: added) are
-read through strides, stride 0 on broadcast dimensions. Causal masking is top-left (torch SDPA) or
+read through strides, stride 0 on broadcast dimensions. A paged cache (PAGED) is read through a block
+table: logical key n of sequence b is slot n % page_size of page block_table[b, n // page_size], any
+page size >= 1, each key row still one contiguous read of D (Dv) elements. Causal masking is top-left (torch SDPA) or
 bottom-right within each sequence's valid length (the FlashAttention kv-cache convention). Rows whose
 keys are all masked produce 0 and LSE = -inf.
 
@@ -41,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx_triton.backends.torch_ref.flash_attn import through_decode as kvcache_through_decode
 from rlx_triton.backends.torch_ref.sdpa_decode import sdpa_through_decode
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
@@ -159,17 +162,20 @@ def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
 @triton.jit(do_not_specialize=["seq_kv", "token_bucket", "batch_bucket", "kv_len_bucket"])
 def _sdpa_decode_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, seqlens_ptr,
-    o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, tickets_ptr,
+    o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, tickets_ptr, block_table_ptr,
     stride_qb, stride_qh, stride_ql,
-    stride_kb, stride_kh, stride_kn,
+    stride_kb, stride_kh, stride_kn,  # paged: stride_kb steps pages, stride_kn slots within a page
     stride_vb, stride_vh, stride_vn,
     stride_mb, stride_mh, stride_ml, stride_mn,
-    num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v,
+    stride_btb,  # block table rows (one per sequence)
+    num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
     qk_scale,  # softmax scale * log2(e)
+    softcap, window_left, window_right,  # read under SOFTCAP / WINDOW only
     token_bucket, batch_bucket, kv_len_bucket,  # read by the autotuner's key only
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     MAX_SPLITS: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr,
+    SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False,
 ):
     pid_bhm = tl.program_id(0)
     split = tl.program_id(1)
@@ -209,8 +215,13 @@ def _sdpa_decode_kernel(
     if not DOT_LOWP:
         q = q.to(tl.float32)
 
-    k_base = k_ptr + batch64 * stride_kb + kv_head.to(tl.int64) * stride_kh
-    v_base = v_ptr + batch64 * stride_vb + kv_head.to(tl.int64) * stride_vh
+    if PAGED:  # the page of each key is looked up per tile
+        k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+        v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+        table_row = block_table_ptr + batch64 * stride_btb
+    else:
+        k_base = k_ptr + batch64 * stride_kb + kv_head.to(tl.int64) * stride_kh
+        v_base = v_ptr + batch64 * stride_vb + kv_head.to(tl.int64) * stride_vh
     if MASK_KIND != 0:
         mask_rows = mask_ptr + batch64 * stride_mb + head64 * stride_mh + tok64 * stride_ml
     # last key each row may see under bottom-right causal masking
@@ -224,14 +235,26 @@ def _sdpa_decode_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < hi
         offs_n64 = offs_n.to(tl.int64)
+        if PAGED:
+            pages = tl.load(table_row + offs_n // page_size, mask=n_valid, other=0).to(tl.int64)
+            slots = (offs_n % page_size).to(tl.int64)
+            k_rows = pages * stride_kb + slots * stride_kn
+            v_rows = pages * stride_vb + slots * stride_vn
+        else:
+            k_rows = offs_n64 * stride_kn
+            v_rows = offs_n64 * stride_vn
 
-        k = tl.load(k_base + offs_n64[:, None] * stride_kn + offs_d[None, :],
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)
         if DOT_LOWP:
             scores = tl.dot(q, tl.trans(k))
         else:
             scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         scores = scores * qk_scale
+        if SOFTCAP:
+            # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
+            capped = 2.0 * tl.sigmoid(scores * (2.0 * 0.6931471805599453 / softcap)) - 1.0
+            scores = capped * (softcap * 1.4426950408889634)
 
         # padding rows and keys past the range are never read: their scores are replaced by -inf. Masking
         # inside the range is additive, as torch's math SDPA masks (score - inf): NaN and +inf scores of
@@ -241,6 +264,12 @@ def _sdpa_decode_kernel(
             scores = tl.where(offs_n[None, :] <= tok[:, None], scores, scores - float("inf"))
         if CAUSAL == 2:
             scores = tl.where(offs_n[None, :] <= causal_limit[:, None], scores, scores - float("inf"))
+        if WINDOW:
+            # a local window around each row's bottom-right diagonal (-1: that side unbounded); keys
+            # outside it are dropped (-inf), as FlashAttention masks them
+            in_window = ((window_left < 0) | (offs_n[None, :] >= causal_limit[:, None] - window_left)) & \
+                        ((window_right < 0) | (offs_n[None, :] <= causal_limit[:, None] + window_right))
+            scores = tl.where(in_window, scores, float("-inf"))
         if MASK_KIND == 1:
             mask_keep = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=1)
             scores = tl.where(mask_keep != 0, scores, scores - float("inf"))
@@ -257,7 +286,7 @@ def _sdpa_decode_kernel(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
 
-        v = tl.load(v_base + offs_n64[:, None] * stride_vn + offs_dv[None, :],
+        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
                     mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
         if DOT_LOWP:
             pv = tl.dot(p.to(v.dtype), v)
@@ -490,7 +519,8 @@ def tuned_kernel(*, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtyp
 def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                      attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                      scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                     candidate, route=None,
+                     block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                     window: Tuple[int, int] = (-1, -1), candidate, route=None,
                      sm_count: Optional[int] = None) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
     """The launch of `sdpa_decode` as a record, and the (out, lse) buffers it fills.
 
@@ -503,11 +533,15 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """
     batch, num_heads, seq_q, head_dim = query.shape
     num_kv_heads, seq_kv, head_dim_v = key.shape[1], key.shape[2], value.shape[-1]
+    page_size = 1
+    if block_table is not None:  # key (num_pages, Hkv, page_size, D): the sequences' capacity is their pages'
+        page_size = seq_kv
+        seq_kv = block_table.shape[1] * page_size
     group = num_heads // num_kv_heads
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
-    if causal == "top_left" and seq_q < seq_kv:
+    if causal == "top_left" and seq_q < seq_kv and block_table is None:
         # token i sees keys 0..i only: the keys past Lq are never read (views, no copy)
         key, value = key[:, :, :seq_q], value[:, :, :seq_q]
         if attn_mask is not None and attn_mask.shape[-1] != 1:
@@ -562,6 +596,7 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             mask_kind = MASK_FLOAT
         mask_strides = mask.stride()
     seqlens = cache_seqlens if cache_seqlens is not None else query
+    table = block_table if block_table is not None else seqlens
     if splits_held > 1:
         part_o = torch.empty((batch, num_heads, seq_q, splits_held, head_dim_v), device=device, dtype=torch.float32)
         part_lse = torch.empty((batch, num_heads, seq_q, splits_held), device=device, dtype=torch.float32)
@@ -575,6 +610,8 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         read += _unique_bytes(mask)
     if cache_seqlens is not None:
         read += cache_seqlens.numel() * cache_seqlens.element_size()
+    if block_table is not None:
+        read += block_table.numel() * block_table.element_size()
     written = out.numel() * size + lse.numel() * 4
     if splits > 1:  # the partials, written by every split and read back by the merging one; the tickets
         partials = batch * num_heads * seq_q * splits * (head_dim_v + 1) * 4
@@ -584,16 +621,19 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     flops = 2 * padded_rows * seq_kv * (meta["BLOCK_D"] + meta["BLOCK_DV"])
     unit = _DOT_UNITS.get(query.dtype, "fp32_fma") if meta["DOT_LOWP"] else "fp32_fma"
 
-    args = (query, key, value, mask, seqlens, out, lse, part_o, part_lse, tickets,
+    args = (query, key, value, mask, seqlens, out, lse, part_o, part_lse, tickets, table,
             query.stride(0), query.stride(1), query.stride(2),
             key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2),
             *mask_strides,
-            num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v,
+            table.stride(0) if block_table is not None else 0,
+            num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
             float(scale) * LOG2E,
+            float(softcap) if softcap > 0 else 1.0, int(window[0]), int(window[1]),
             triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv))
     flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MASK_KIND=mask_kind,
-                 CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None)
+                 CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
+                 PAGED=block_table is not None, SOFTCAP=softcap > 0, WINDOW=tuple(window) != (-1, -1))
     counts = dict(bytes_read=read, bytes_written=written, flops=flops, unit=unit)
     if tuned is not None:
         record = Launch.tuned(tuned, candidate, grid_for, args, flags, route=route, **counts)
@@ -607,13 +647,16 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                candidate, route=None, sm_count: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                block_table: Optional[torch.Tensor] = None, candidate, route=None,
+                sm_count: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few query tokens against a KV range; returns (out, lse).
 
     query (B, Hq, Lq, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) with Hq % Hkv == 0 (strided views are
     read in place when their last dim is contiguous). attn_mask: bool (True keeps) or float (added),
     broadcastable to (B, Hq, Lq, S). causal: "none", "top_left" (torch SDPA) or "bottom_right" (within each
     sequence's valid length). cache_seqlens: (B,) int valid KV lengths in [1, S] or None (= S).
+    block_table: (B, pages) int32/int64 page indices of a paged cache: key (num_pages, Hkv, page_size, D) and
+    value (num_pages, Hkv, page_size, Dv), S = pages x page_size (no mask, bottom-right or no causal masking).
     route: the router's decision (then the launch goes through the autotune bridge); sm_count: the SMs
     the split rule fills (default: the device's).
     Returns out (B, Hq, Lq, Dv) in query's dtype and lse (B, Hq, Lq) float32 in natural log (-inf and a
@@ -621,7 +664,8 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     record of `sdpa_decode_plan`: one launch.
     """
     plan, outputs = sdpa_decode_plan(query, key, value, attn_mask=attn_mask, causal=causal, scale=scale,
-                                     cache_seqlens=cache_seqlens, candidate=candidate, route=route,
+                                     cache_seqlens=cache_seqlens, block_table=block_table, candidate=candidate,
+                                     route=route,
                                      sm_count=sm_count)
     launches.run(plan)
     return outputs
@@ -646,11 +690,34 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                lower_right=lower_right, route=route)
 
 
+def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                            rotary_interleaved, alibi_slopes, *, candidate, route=None):
+    """FlashAttention's kv-cache call ((B, S, H, D) layouts, paged or not) through the decode kernel: the
+    appends and rotary in torch, the attention in one launch with the softcap and the local window in the
+    kernel. Coverage routes here only calls without cache_batch_idx, cache_leftpad or ALiBi (those run the
+    torch path)."""
+    from rlx_triton.backends.torch_ref.flash_attn import masking
+
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    mask = masking(causal, tuple(window_size), q.shape[1], capacity, False)
+    window = (mask.left, mask.right) if mask.is_local else (-1, -1)
+
+    def attention(*args, **options):
+        plan, outputs = sdpa_decode_plan(*args, softcap=softcap, window=window, **options)
+        launches.run(plan)
+        return outputs
+
+    return kvcache_through_decode(attention, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                  block_table, softmax_scale, causal, window_size, rotary_interleaved,
+                                  candidate=candidate, route=route)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Routing data (read by rlx_triton.router) and the compile audit's kernel list.
 # ---------------------------------------------------------------------------------------------------
 COVERAGE = Coverage(
-    ops=frozenset({"scaled_dot_product_attention", "sdpa_decode"}),
+    ops=frozenset({"scaled_dot_product_attention", "sdpa_decode", "flash_attn_with_kvcache"}),
     devices=frozenset({"cuda", "cpu"}),
     dtypes=frozenset({"float32", "float16", "bfloat16"}),
     ranges={"seq_q": (1, MAX_SEQ_Q), "tokens": (1, MAX_SEQ_Q), "head_dim": (1, MAX_HEAD_DIM),
@@ -664,6 +731,11 @@ COVERAGE = Coverage(
         # "batched": query, key and value share their leading dims ((N..., H, L, E) or (N, L, E));
         # "broadcast" (leading dims broadcast against each other) and "unbatched" (fewer than 3 dims) go to torch
         "layout": frozenset({"batched"}),
+        # a block table (pages of any size >= 1); requests without one carry no paged feature
+        "paged": frozenset({True}),
+        # flash_attn_with_kvcache's logits softcap and local window (requests without them carry neither)
+        "softcap": frozenset({True}),
+        "window": frozenset({True}),
     },
 )
 
@@ -692,24 +764,26 @@ SPEED_EVIDENCE: dict = {_WIDEST_SPLITS: "estimated by rlx-triton perf (uncalibra
 
 _AUDIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "MAX_SPLITS", "MASK_KIND", "CAUSAL", "HAS_SEQLENS",
-               "DOT_LOWP")
+               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW")
 _SIGNATURE = {name: ("constexpr" if name in _CONSTEXPRS else "i32") for name in _sdpa_decode_kernel.arg_names}
 _SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8", "seqlens_ptr": "*i32",
+                   "block_table_ptr": "*i32",
                    "o_ptr": "*{dt}", "lse_ptr": "*fp32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
-                   "tickets_ptr": "*i32", "qk_scale": "fp32"})
+                   "tickets_ptr": "*i32", "qk_scale": "fp32", "softcap": "fp32"})
 
 
 def _audit_meta(rows: int, head_dim: int):
     def meta(candidate, dt: str) -> dict:
         m = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim, dtype=_AUDIT_DTYPES[dt])
-        m.update(MASK_KIND=MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True, stride_mn=1)
+        m.update(MASK_KIND=MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True, PAGED=False, SOFTCAP=False,
+                 WINDOW=False, stride_mn=1)
         return m
     return meta
 
 
 # what the JIT sees as multiples of 16 in a decode call with head dims of 16 or more: every pointer, the
 # strides of q/k/v rows and heads, the head dims; the mask's key stride is 1 (a constexpr to the JIT)
-_DIVISIBLE = ("q_ptr", "k_ptr", "v_ptr", "mask_ptr", "seqlens_ptr", "o_ptr", "lse_ptr", "part_o_ptr", "part_lse_ptr",
+_DIVISIBLE = ("q_ptr", "k_ptr", "v_ptr", "mask_ptr", "seqlens_ptr", "block_table_ptr", "o_ptr", "lse_ptr", "part_o_ptr", "part_lse_ptr",
               "tickets_ptr", "stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_kn", "stride_vb",
               "stride_vh", "stride_vn", "stride_mb", "stride_mh", "stride_ml", "head_dim", "head_dim_v")
 _SIGNATURE["stride_mn"] = "constexpr"
