@@ -330,7 +330,7 @@ def help_text() -> str:
 
 # candidate field -> what it sets; a dict maps each tag word of a flag or choice field to its meaning
 TAG_MEANINGS: Dict[str, object] = {
-    "split_k": "KV splits per sequence (grid dim 1), merged by log-sum-exp",
+    "split_k": "most KV splits per sequence (grid dim 1; the count comes from the device), merged by log-sum-exp",
     "tg_size": "threads per program, num_warps = tg / 32 (Metal: threads per threadgroup)",
     "tile_m": "query rows per program (GQA group x query tokens; at least 16 for tl.dot)",
     "tile_n": "KV rows loaded per loop iteration (BLOCK_N)",
@@ -339,7 +339,7 @@ TAG_MEANINGS: Dict[str, object] = {
     "pad_kv": "KV length padded to a multiple of this",
     "use_f16_kv": {"f16kv": "QK^T and PV dots on fp16/bf16 operands (tensor cores)",
                    "f32kv": "operands upcast to fp32, ieee dots"},
-    "partial_reduce": {"partial": "two stages: per-split partial results, then a merge kernel",
+    "partial_reduce": {"partial": "per-split partial results (Triton: merged by the last split, same launch; Metal: a combine pass)",
                        "full": "one pass (when split_k is 1)"},
     "tile_pos": "output positions (conv2d: pixels) per program (BLOCK_P)",
     "tile_co": "output channels per program (BLOCK_CO)",
