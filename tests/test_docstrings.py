@@ -14,6 +14,7 @@ import rlx_triton as rt
 # module -> the public names whose docstrings carry examples
 DOCUMENTED = {
     "rlx_triton.ops.fbank": ["fbank"],
+    "rlx_triton.ops.sdpa_decode": ["scaled_dot_product_attention", "sdpa_decode", "patch_sdpa"],
     "rlx_triton.router.route": ["explain", "MissingKernel"],
     "rlx_triton.router.settings": ["use_backend"],
     "rlx_triton.explaining": ["explain"],

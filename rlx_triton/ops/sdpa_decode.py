@@ -357,6 +357,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     land where torch's math backend puts them (masks are additive: a NaN key under a False mask still
     gives NaN), except that keys no query token can reach under top-left is_causal (past the last token)
     are not read.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> q = torch.randn(2, 32, 1, 128)                    # one new token, 32 query heads
+        >>> k = v = torch.randn(2, 8, 1024, 128)              # 8 KV heads
+        >>> rt.scaled_dot_product_attention(q, k, v, enable_gqa=True).shape
+        torch.Size([2, 32, 1, 128])
     """
     if attn_mask is not None:
         attn_mask, is_causal, lower_right = _causal_bias(attn_mask, is_causal, query, key)
@@ -581,6 +588,19 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     takes part with score - inf, so NaN or +inf in a query row or in any valid key gives that row NaN
     (lse NaN), and NaN or Inf in a valid value gives NaN; the positions past a sequence's length are
     never read.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> q = torch.randn(2, 32, 1, 128)
+        >>> k_cache = v_cache = torch.randn(2, 8, 4096, 128)
+        >>> lengths = torch.tensor([4096, 1500], dtype=torch.int32)
+        >>> out, lse = rt.sdpa_decode(q, k_cache, v_cache, lengths, return_lse=True)
+        >>> out.shape, lse.shape
+        (torch.Size([2, 32, 1, 128]), torch.Size([2, 32, 1]))
+        >>> pages = torch.randn(16, 8, 256, 128)              # 16 pages of 256 keys each
+        >>> table = torch.arange(16, dtype=torch.int32).view(2, 8)
+        >>> rt.sdpa_decode(q, pages, pages, lengths.clamp(max=2048), block_table=table).shape
+        torch.Size([2, 32, 1, 128])
     """
     if scale is not None and not isinstance(scale, float):
         scale = _scale_value(scale, "sdpa_decode")
@@ -618,7 +638,19 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 # --------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def patch_sdpa() -> Iterator[None]:
-    """Replaces torch.nn.functional.scaled_dot_product_attention with rt's inside the block, then restores it."""
+    """Replaces torch.nn.functional.scaled_dot_product_attention with rt's inside the block, then restores it.
+
+    Code that calls F.scaled_dot_product_attention (most transformers and diffusers attention modules)
+    then routes its decode-shaped calls to rlx_triton's kernels and the rest to torch's op.
+
+    Example:
+        >>> import torch.nn.functional as F, rlx_triton as rt
+        >>> with rt.patch_sdpa():
+        ...     F.scaled_dot_product_attention is rt.scaled_dot_product_attention
+        True
+        >>> F.scaled_dot_product_attention is rt.scaled_dot_product_attention
+        False
+    """
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
     functional.scaled_dot_product_attention = scaled_dot_product_attention
