@@ -346,17 +346,10 @@ def test_the_symmetric_sinc_block_gives_nan_for_a_non_finite_chunk_and_leaves_th
     """NaN and Inf in one chunk: its waveform norm is NaN, so torch's sinc block output for that chunk is NaN
     everywhere (the whole stage: tests/ops/test_conv.py); the symmetric kernel gives the same, and the clean
     chunk float64's values."""
-    module = random_sincnet()
     wav = torch.randn(2, 1, 2000)
     wav[0, 0, 700] = float("nan")
     wav[0, 0, 5] = float("inf")
-    with torch.no_grad():
-        filters = _sincnet_args(module, wav)[1]
-        norm = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
-        out = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
-                                out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate,
-                                symmetric=True)
-    ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
+    out, ref = _symmetric_sinc_block(wav, candidate)
     assert ref[0].isnan().all() and out[0].isnan().all()
     assert rel_err(out[1], ref[1]) <= TOL[torch.float32]
 
@@ -493,6 +486,11 @@ def _sweep_case(candidate):
 
 def _symmetric_sinc_error(wav, candidate):
     """The symmetric sinc conv block (the waveform norm folded in) of a registered bank, against float64."""
+    return rel_err(*_symmetric_sinc_block(wav, candidate))
+
+
+def _symmetric_sinc_block(wav, candidate):
+    """(kernel output, float64 reference) of the symmetric sinc conv block on a registered bank."""
     module = random_sincnet()
     with torch.no_grad():
         filters = _sincnet_args(module, wav)[1]
@@ -501,7 +499,7 @@ def _symmetric_sinc_error(wav, candidate):
                                 out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate,
                                 symmetric=True)
     ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
-    return rel_err(out, ref)
+    return out, ref
 
 
 def test_every_conv_candidate_runs_and_every_approval_holds():
