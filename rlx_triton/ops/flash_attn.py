@@ -22,7 +22,7 @@ import torch
 
 from rlx_triton.backends.torch_ref import flash_attn as reference
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
-from rlx_triton.ops.sdpa_decode import _decided, _decision_key, _is_fake
+from rlx_triton.ops.sdpa_decode import _decided, _decision_key, _values_readable
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 
@@ -185,9 +185,7 @@ def _check_values(q, k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cac
                   window_size, alibi_slopes) -> None:
     """The checks that read index data (a host sync): skipped while compiling, tracing fakes or capturing a
     CUDA graph, where the indices are the caller's contract."""
-    if cache_seqlens is None or torch.compiler.is_compiling() or _is_fake(cache_seqlens):
-        return
-    if cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+    if cache_seqlens is None or not _values_readable(cache_seqlens):
         return
     capacity = _capacity(k_cache, block_table)
     seqlen_new = 0 if k is None else k.shape[1]

@@ -470,9 +470,7 @@ def _decode_capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor])
 def _check_pages(block_table: torch.Tensor, cache_seqlens: Optional[torch.Tensor], k_cache: torch.Tensor) -> None:
     """The pages each sequence reads (those its length reaches) index k_cache. It reads device data: skipped
     while compiling, tracing fakes or capturing a CUDA graph."""
-    if torch.compiler.is_compiling() or _is_fake(block_table):
-        return
-    if block_table.is_cuda and torch.cuda.is_current_stream_capturing():
+    if not _values_readable(block_table):
         return
     page_size, num_pages = k_cache.shape[2], k_cache.shape[0]
     used = torch.ones_like(block_table, dtype=torch.bool)
@@ -489,14 +487,20 @@ def _check_pages(block_table: torch.Tensor, cache_seqlens: Optional[torch.Tensor
 def _check_cache_lengths(cache_seqlens: torch.Tensor, s_max: int) -> None:
     """Every length in [1, S_max]. It reads device data: skipped while compiling, tracing fakes or capturing a
     CUDA graph."""
-    if torch.compiler.is_compiling() or _is_fake(cache_seqlens):
-        return
-    if cache_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+    if not _values_readable(cache_seqlens):
         return
     low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
     if low < 1 or high > s_max:
         raise AttentionInputError(f"sdpa_decode: every cache_seqlens entry must be in [1, S_max={s_max}], "
                                   f"got values in [{low}, {high}]")
+
+
+def _values_readable(tensor: torch.Tensor) -> bool:
+    """Whether a check may read the tensor's values (a host sync): not while compiling, tracing fakes or
+    capturing a CUDA graph, where the values are the caller's contract."""
+    if torch.compiler.is_compiling() or _is_fake(tensor):
+        return False
+    return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:
