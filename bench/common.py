@@ -3,15 +3,40 @@
 On a GPU, kernels are timed with triton.testing.do_bench (median of CUDA-event timings) or, for
 microsecond kernels, with CUDA-graph replay so launch overhead does not dominate. On the CPU the
 two sides are alternated call by call and the median wall time of each is reported.
+
+Every bench module has the same two entry points: cases(quick, gpu=None) -> the case descriptions
+(dicts), and run(quick, progress=None) -> result rows, which walks its cases through `each_case` so a
+progress bar (rlx_triton.progress.Progress, what bench/run.py passes) counts one unit per case.
 """
 from __future__ import annotations
 
 import contextlib
 import statistics
 import time
-from typing import Callable, Iterator, Tuple
+from typing import Callable, Iterable, Iterator, Tuple, TypeVar
 
 import torch
+
+
+_Case = TypeVar("_Case")
+
+
+def each_case(bench: str, specs: Iterable[_Case], progress=None) -> Iterator[_Case]:
+    """Yields the case descriptions one by one; with a progress (anything with set_label(text) and update()),
+    labels each case before its body runs and counts it once the body is done."""
+    for spec in specs:
+        if progress is not None:
+            progress.set_label(f"{bench} {case_label(spec)}")
+        yield spec
+        if progress is not None:
+            progress.update()
+
+
+def case_label(spec) -> str:
+    """'label=gqa batch=1 dtype=float32' for a case description dict (the short form of each value)."""
+    if not isinstance(spec, dict):
+        return str(spec)
+    return " ".join(f"{key}={str(value).replace('torch.', '')}" for key, value in spec.items())
 
 
 def _sync(device: torch.device) -> None:
@@ -86,6 +111,15 @@ def fp32_setup() -> Tuple[torch.device, str]:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     return device, "torch" if device.type == "cpu" and settings().interpret else "auto"
+
+
+def run_fp32_cases(bench: str, cases: Callable[..., list], measure: Callable[..., list], quick: bool = False,
+                   progress=None) -> list:
+    """The rows of a diarization bench: measure(spec, device, backend, quick) for each of cases(quick, gpu=...)
+    on fp32_setup()'s device and backend, counted by progress."""
+    device, backend = fp32_setup()
+    return [row for spec in each_case(bench, cases(quick, gpu=device.type == "cuda"), progress)
+            for row in measure(spec, device, backend, quick)]
 
 
 @contextlib.contextmanager

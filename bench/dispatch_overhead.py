@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -66,12 +67,19 @@ def measure(quick: bool = False, growing: bool = False) -> dict:
 CASES = (("repeated call", False), ("new KV length every call", True))
 
 
-def run(quick: bool = False) -> list:
-    from bench.common import case
+def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
+    """Case descriptions: name and whether the KV length grows; the same on every device (CPU tensors)."""
+    return [dict(case=name, growing=growing) for name, growing in CASES]
+
+
+def run(quick: bool = False, progress=None) -> list:
+    """One row per case; progress (optional) counts each case (bench.common.each_case)."""
+    from bench.common import case, each_case
 
     rows = []
-    for name, growing in CASES:
-        result = measure(quick, growing)
+    for spec in each_case("dispatch_overhead", cases(quick), progress):
+        name = spec["case"]
+        result = measure(quick, spec["growing"])
         rows.append(case("dispatch_overhead", f"sdpa q(1,4,1,16) kv(1,4,32,16) cpu, {name}",
                          torch.float32, result["rlx_us"], "torch.nn.functional.scaled_dot_product_attention",
                          result["torch_us"], backend=result["route"], overhead_us=round(result["overhead_us"], 3),

@@ -94,113 +94,131 @@ def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
                dict(layer="seg_1", batch=batch, in_features=2 * c_last * h_last, out_features=256)])
 
 
-def run(quick: bool = False) -> list:
-    from bench.common import cudnn_autotuned, fp32_setup
+def run(quick: bool = False, progress=None) -> list:
+    """Rows of every case (end to end, each trunk conv, pool, seg_1); progress (optional) counts each case."""
+    from bench.common import cudnn_autotuned, run_fp32_cases
 
-    device, backend = fp32_setup()
     with cudnn_autotuned():
-        return _run(device, backend, quick)
+        return run_fp32_cases("embedding", cases, _measure, quick, progress)
 
 
-def _run(device, backend, quick: bool) -> list:
-    import torch.nn.functional as F
-
+def _measure(spec: dict, device, backend: str, quick: bool) -> list:
     import rlx_triton as rt
+
+    measure = {"end to end": _end_to_end, "pool": _pool, "seg_1": _projection}.get(spec["layer"], _trunk_layer)
+    with torch.inference_mode(), rt.use_backend(backend):
+        return measure(spec, device, quick)
+
+
+def _end_to_end(spec: dict, device, quick: bool) -> list:
     from bench.common import case, relative_error, side_by_side
     from rlx_triton.integrations import pyannote
-    from rlx_triton.nn.conv2d import Conv2d, Projection, StatsPool
 
-    specs = {spec["layer"]: spec for spec in cases(quick, gpu=device.type == "cuda")}
-    batch, samples = specs["end to end"]["batch"], specs["end to end"]["samples"]
-    results = []
-    layer_baseline = ("cuDNN conv, BatchNorm folded, + residual, relu (TF32 off, cudnn.benchmark)"
-                      if device.type == "cuda" else "torch CPU conv, BatchNorm folded, + residual, relu")
-
-    # End to end.
-    stock = _wespeaker34().to(device)
-    fast = pyannote.optimize(copy.deepcopy(stock))
+    batch, samples = spec["batch"], spec["samples"]
+    with torch.inference_mode(False):  # the models are built as a user builds them, outside inference mode
+        stock = _wespeaker34().to(device)
+        fast = pyannote.optimize(copy.deepcopy(stock))
     wav = 0.1 * torch.randn(batch, 1, samples, device=device)
-    with torch.inference_mode(), rt.use_backend(backend):
-        routes = pyannote.explain(fast, wav)
-        ref = stock(wav)
-        out = fast(wav)
-        rel = relative_error(out, ref)
-        rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), device, quick=quick)
+    routes = pyannote.explain(fast, wav)
+    ref = stock(wav)
+    out = fast(wav)
+    rel = relative_error(out, ref)
+    rlx_us, base_us = side_by_side(lambda: fast(wav), lambda: stock(wav), device, quick=quick)
     backends = sorted({r.backend for r in routes.values()}) or ["torch"]
     conv_route = routes.get("resnet.layer1.0.conv1")
-    results.append(case("embedding", f"({batch}, 1, {samples}) -> {tuple(out.shape)} {device.type}", wav.dtype,
-                        rlx_us, "WeSpeakerResNet34 (torch, TF32 off)", base_us,
-                        bytes_moved=wav.numel() * 4 + out.numel() * 4, backend="+".join(backends),
-                        candidate=getattr(conv_route, "candidate_tag", None),
-                        max_rel_err=float(f"{rel:.3g}"), layer="end to end"))
+    rows = [case("embedding", f"({batch}, 1, {samples}) -> {tuple(out.shape)} {device.type}", wav.dtype,
+                 rlx_us, "WeSpeakerResNet34 (torch, TF32 off)", base_us,
+                 bytes_moved=wav.numel() * 4 + out.numel() * 4, backend="+".join(backends),
+                 candidate=getattr(conv_route, "candidate_tag", None),
+                 max_rel_err=float(f"{rel:.3g}"), layer="end to end")]
     if device.type == "cuda":
-        results += _end_to_end_per_candidate(stock, fast, wav, quick)
+        rows += _end_to_end_per_candidate(stock, fast, wav, quick)
+    return rows
 
-    # Per layer of the trunk against cuDNN conv + BatchNorm (+ residual) + ReLU.
-    rows = [(name, *(spec[key] for key in _LAYER_KEYS)) for name, spec in specs.items() if "c_in" in spec]
-    pool_spec, proj_spec = specs["pool"], specs["seg_1"]
-    with torch.inference_mode(), rt.use_backend(backend):
-        for name, c_in, c_out, h, w, k, s, p, with_residual in rows:
-            conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)
-            bn = nn.BatchNorm2d(c_out)
-            _randomize(nn.Sequential(conv, bn))
-            conv, bn = conv.to(device), bn.to(device)
-            x = torch.randn(batch, c_in, h, w, device=device)
-            fused = Conv2d.from_torch(conv, bn=bn, relu=True).to(device)
-            out_h, out_w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
-            res = torch.randn(batch, c_out, out_h, out_w, device=device) if with_residual else None
 
-            folded_weight, folded_bias = fused.folded()
+def _trunk_layer(spec: dict, device, quick: bool) -> list:
+    """One trunk conv against cuDNN conv + BatchNorm (+ residual) + ReLU: the routed candidate, then (on a GPU)
+    every approved candidate launched directly."""
+    import torch.nn.functional as F
 
-            def stock_layer():
-                y = F.conv2d(x, folded_weight, folded_bias, stride=s, padding=p)
-                if res is not None:
-                    y = y + res
-                return torch.relu(y)
+    from bench.common import case, relative_error, side_by_side
+    from rlx_triton.nn.conv2d import Conv2d
 
-            def fast_layer():
-                return fused(x, residual=res)
+    name, batch = spec["layer"], spec["batch"]
+    c_in, c_out, h, w, k, s, p, with_residual = (spec[key] for key in _LAYER_KEYS)
+    layer_baseline = ("cuDNN conv, BatchNorm folded, + residual, relu (TF32 off, cudnn.benchmark)"
+                      if device.type == "cuda" else "torch CPU conv, BatchNorm folded, + residual, relu")
+    conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)
+    bn = nn.BatchNorm2d(c_out)
+    _randomize(nn.Sequential(conv, bn))
+    conv, bn = conv.to(device), bn.to(device)
+    x = torch.randn(batch, c_in, h, w, device=device)
+    fused = Conv2d.from_torch(conv, bn=bn, relu=True).to(device)
+    out_h, out_w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    res = torch.randn(batch, c_out, out_h, out_w, device=device) if with_residual else None
 
-            moved = 4 * (x.numel() + batch * c_out * out_h * out_w * (2 if res is not None else 1)
-                         + conv.weight.numel())
-            route = fused.explain(x, residual=res)
-            # the routed candidate, then (on a GPU) every approved candidate launched directly
-            runs = [(route.candidate_tag, fast_layer)]
-            if device.type == "cuda":
-                from rlx_triton.backends.triton import conv2d as kernels
+    folded_weight, folded_bias = fused.folded()
 
-                for cand in kernels.all_candidates():
-                    tag = kernels.candidate_tag(cand)
-                    if tag in kernels.APPROVALS and tag != route.candidate_tag:
-                        runs.append((tag, lambda cand=cand: kernels.conv2d(
-                            x, folded_weight, folded_bias, stride=s, padding=p, residual=res, relu=True,
-                            candidate=cand)))
-            for tag, fn in runs:
-                expected = stock_layer()
-                rel = relative_error(fn(), expected)
-                rlx_us, base_us = side_by_side(fn, stock_layer, device, quick=quick)
-                results.append(case("embedding", f"{name} ({batch}, {c_in}, {h}, {w}) -> {c_out} {device.type}",
-                                    torch.float32, rlx_us, layer_baseline, base_us, bytes_moved=moved,
-                                    backend=route.backend if tag == route.candidate_tag else "triton",
-                                    candidate=tag, max_rel_err=float(f"{rel:.3g}"), layer=name))
+    def stock_layer():
+        y = F.conv2d(x, folded_weight, folded_bias, stride=s, padding=p)
+        if res is not None:
+            y = y + res
+        return torch.relu(y)
 
-        # TSTP pooling and the projection.
-        frames_4 = torch.randn(batch, pool_spec["channels"], pool_spec["height"], pool_spec["width"], device=device)
-        pool = StatsPool()
-        tstp = _tstp()
-        rlx_us, base_us = side_by_side(lambda: pool(frames_4), lambda: tstp(frames_4), device, quick=quick)
-        results.append(case("embedding", f"TSTP {tuple(frames_4.shape)} {device.type}",
-                            torch.float32, rlx_us, "torch mean+std", base_us, bytes_moved=frames_4.numel() * 4,
-                            backend=pool.explain(frames_4).backend, layer="pool"))
-        linear = nn.Linear(proj_spec["in_features"], proj_spec["out_features"]).to(device)
-        proj = Projection.from_torch(linear).to(device)
-        stats = torch.randn(batch, proj_spec["in_features"], device=device)
-        rlx_us, base_us = side_by_side(lambda: proj(stats), lambda: linear(stats), device, quick=quick)
-        results.append(case("embedding", f"seg_1 ({batch}, {stats.shape[1]}) -> 256 {device.type}", torch.float32,
-                            rlx_us, "torch linear (TF32 off)", base_us,
-                            bytes_moved=4 * (stats.numel() + linear.weight.numel() + batch * 256),
-                            backend=proj.explain(stats).backend, layer="seg_1"))
-    return results
+    def fast_layer():
+        return fused(x, residual=res)
+
+    moved = 4 * (x.numel() + batch * c_out * out_h * out_w * (2 if res is not None else 1) + conv.weight.numel())
+    route = fused.explain(x, residual=res)
+    runs = [(route.candidate_tag, fast_layer)]
+    if device.type == "cuda":
+        from rlx_triton.backends.triton import conv2d as kernels
+
+        for cand in kernels.all_candidates():
+            tag = kernels.candidate_tag(cand)
+            if tag in kernels.APPROVALS and tag != route.candidate_tag:
+                runs.append((tag, lambda cand=cand: kernels.conv2d(
+                    x, folded_weight, folded_bias, stride=s, padding=p, residual=res, relu=True, candidate=cand)))
+    rows = []
+    for tag, fn in runs:
+        expected = stock_layer()
+        rel = relative_error(fn(), expected)
+        rlx_us, base_us = side_by_side(fn, stock_layer, device, quick=quick)
+        rows.append(case("embedding", f"{name} ({batch}, {c_in}, {h}, {w}) -> {c_out} {device.type}",
+                         torch.float32, rlx_us, layer_baseline, base_us, bytes_moved=moved,
+                         backend=route.backend if tag == route.candidate_tag else "triton",
+                         candidate=tag, max_rel_err=float(f"{rel:.3g}"), layer=name))
+    return rows
+
+
+def _pool(spec: dict, device, quick: bool) -> list:
+    """TSTP pooling against torch's mean and std."""
+    from bench.common import case, side_by_side
+    from rlx_triton.nn.conv2d import StatsPool
+
+    frames_4 = torch.randn(spec["batch"], spec["channels"], spec["height"], spec["width"], device=device)
+    pool = StatsPool()
+    tstp = _tstp()
+    rlx_us, base_us = side_by_side(lambda: pool(frames_4), lambda: tstp(frames_4), device, quick=quick)
+    return [case("embedding", f"TSTP {tuple(frames_4.shape)} {device.type}", torch.float32, rlx_us,
+                 "torch mean+std", base_us, bytes_moved=frames_4.numel() * 4,
+                 backend=pool.explain(frames_4).backend, layer="pool")]
+
+
+def _projection(spec: dict, device, quick: bool) -> list:
+    """The seg_1 projection against torch's linear."""
+    from bench.common import case, side_by_side
+    from rlx_triton.nn.conv2d import Projection
+
+    batch = spec["batch"]
+    linear = nn.Linear(spec["in_features"], spec["out_features"]).to(device)
+    proj = Projection.from_torch(linear).to(device)
+    stats = torch.randn(batch, spec["in_features"], device=device)
+    rlx_us, base_us = side_by_side(lambda: proj(stats), lambda: linear(stats), device, quick=quick)
+    return [case("embedding", f"seg_1 ({batch}, {stats.shape[1]}) -> {spec['out_features']} {device.type}",
+                 torch.float32, rlx_us, "torch linear (TF32 off)", base_us,
+                 bytes_moved=4 * (stats.numel() + linear.weight.numel() + batch * spec["out_features"]),
+                 backend=proj.explain(stats).backend, layer="seg_1")]
 
 
 def _end_to_end_per_candidate(stock, fast, wav, quick) -> list:

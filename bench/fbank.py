@@ -45,12 +45,17 @@ def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
     return [dict(batch=32 if gpu and not quick else (8 if gpu else 2), samples=160000)]
 
 
-def run(quick: bool = False) -> list:
-    import rlx_triton as rt
-    from bench.common import case, fp32_setup, side_by_side
+def run(quick: bool = False, progress=None) -> list:
+    """Rows of every case; progress (optional) counts each case (bench.common.each_case)."""
+    from bench.common import run_fp32_cases
 
-    device, backend = fp32_setup()
-    spec = cases(quick, gpu=device.type == "cuda")[0]
+    return run_fp32_cases("fbank", cases, _measure, quick, progress)
+
+
+def _measure(spec: dict, device: torch.device, backend: str, quick: bool) -> list:
+    import rlx_triton as rt
+    from bench.common import case, side_by_side
+
     batch, samples = spec["batch"], spec["samples"]
     gen = torch.Generator().manual_seed(0)
     waves = (0.1 * torch.randn(batch, 1, samples, generator=gen)).to(device)

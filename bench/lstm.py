@@ -31,13 +31,18 @@ def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
     return [dict(batch=batch, seq=seq, input_size=60, hidden=128, layers=4)]
 
 
-def run(quick: bool = False) -> list:
+def run(quick: bool = False, progress=None) -> list:
+    """Rows of every case; progress (optional) counts each case (bench.common.each_case)."""
+    from bench.common import run_fp32_cases
+
+    return run_fp32_cases("lstm", cases, _measure, quick, progress)
+
+
+def _measure(spec: dict, device: torch.device, backend: str, quick: bool) -> list:
     import rlx_triton as rt
-    from bench.common import case, fp32_setup, relative_error, side_by_side
+    from bench.common import case, relative_error, side_by_side
     from rlx_triton.nn import LSTM
 
-    device, backend = fp32_setup()
-    spec = cases(quick, gpu=device.type == "cuda")[0]
     batch, seq = spec["batch"], spec["seq"]
     module = torch.nn.LSTM(spec["input_size"], spec["hidden"], spec["layers"], bidirectional=True,
                            batch_first=True).to(device).eval()

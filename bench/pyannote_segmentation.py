@@ -40,13 +40,18 @@ def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
     return [dict(batch=32, samples=160000) if gpu else dict(batch=1, samples=32000)]
 
 
-def run(quick: bool = False) -> list:
+def run(quick: bool = False, progress=None) -> list:
+    """Rows of every case; progress (optional) counts each case (bench.common.each_case)."""
+    from bench.common import run_fp32_cases
+
+    return run_fp32_cases("pyannote_segmentation", cases, _measure, quick, progress)
+
+
+def _measure(spec: dict, device: torch.device, backend: str, quick: bool) -> list:
     import rlx_triton as rt
-    from bench.common import case, fp32_setup, side_by_side
+    from bench.common import case, side_by_side
     from rlx_triton.integrations import pyannote
 
-    device, backend = fp32_setup()
-    spec = cases(quick, gpu=device.type == "cuda")[0]
     batch, samples = spec["batch"], spec["samples"]
     stock = _pyannet().to(device)
     fast = pyannote.optimize(copy.deepcopy(stock))

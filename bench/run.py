@@ -2,11 +2,12 @@
 
     python bench/run.py [--quick] [--out bench/results] [--json PATH] [NAME ...]
 
-Each bench module exposes run(quick) -> list of case dicts (bench, shape, dtype, rlx_us, baseline,
-baseline_us, speedup, gbps). A markdown table goes to stdout; with --out DIR the same table goes to
+Each bench module exposes cases(quick) -> its case descriptions and run(quick, progress) -> list of result
+dicts (bench, shape, dtype, rlx_us, baseline, baseline_us, speedup, gbps). A markdown table goes to stdout; with --out DIR the same table goes to
 DIR/<date>-<device>.md, with a PNG of the speedup per case and DIR/<date>-<device>.json (device,
 torch, triton, the measured copy bandwidth, the cases and a summary); --json PATH writes that report
-to PATH ('-': to stdout, instead of the table). Progress, one unit per bench, goes to stderr.
+to PATH ('-': to stdout, instead of the table). Progress goes to stderr: one unit per case of every bench
+selected, with the total and an ETA.
 """
 from __future__ import annotations
 
@@ -122,6 +123,11 @@ def plot(report: dict, path: Path) -> bool:
     return True
 
 
+def _failed(errors: Dict[str, str], name: str, error: Exception) -> None:
+    traceback.print_exc()
+    errors[name] = f"{type(error).__name__}: {error}"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small case set, fewer repetitions")
@@ -151,16 +157,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     copy_gbps = copy_bandwidth_gbps(device, args.quick)
     cases: List[dict] = []
     errors: Dict[str, str] = {}
-    names = args.names or list(BENCHES)
-    with Progress(len(names), "bench", unit="bench") as progress:
-        for name in names:
+    modules, counts = {}, {}
+    for name in args.names or BENCHES:
+        try:
+            module = importlib.import_module(BENCHES[name])
+            counts[name] = len(module.cases(args.quick))
+            modules[name] = module
+        except Exception as error:  # one broken bench must not lose the others' results
+            _failed(errors, name, error)
+    with Progress(sum(counts.values()), "bench", unit="case") as progress:
+        for name, module in modules.items():
             progress.set_label(name)
+            finished = progress.done + counts[name]
             try:
-                cases.extend(importlib.import_module(BENCHES[name]).run(args.quick))
-            except Exception as error:  # one broken bench must not lose the others' results
-                traceback.print_exc()
-                errors[name] = f"{type(error).__name__}: {error}"
-            progress.update()
+                cases.extend(module.run(args.quick, progress=progress))
+            except Exception as error:
+                _failed(errors, name, error)
+            if progress.done < finished:  # the cases a failed bench did not reach still count, so the ETA holds
+                progress.update(finished - progress.done)
     date = datetime.date.today().isoformat()
     slug = "".join(ch if ch.isalnum() else "-" for ch in device_name).strip("-").lower()
     report = {"date": date, "device": device_name, "torch": torch.__version__, "triton": triton_version,

@@ -152,13 +152,14 @@ def _time(fn, device, quick) -> Optional[float]:
         return None
 
 
-def run(quick: bool = False) -> List[dict]:
+def run(quick: bool = False, progress=None) -> List[dict]:
+    """One row per case; progress (optional) counts each case (bench.common.each_case)."""
     import rlx_triton as rt
-    from bench.common import bench_device, case
+    from bench.common import bench_device, case, each_case
 
     device = bench_device()
     results: List[dict] = []
-    for spec in cases(quick):
+    for spec in each_case("sdpa_decode", cases(quick), progress):
         batch, heads, kv_heads, dim, seq_kv, dtype = (spec[key] for key in
                                                       ("batch", "heads", "kv_heads", "head_dim", "seq_kv", "dtype"))
         q = torch.randn(batch, heads, 1, dim, device=device, dtype=dtype)

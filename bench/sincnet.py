@@ -56,13 +56,18 @@ def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
     return [dict(batch=32 if gpu else 1, samples=160000)]
 
 
-def run(quick: bool = False) -> list:
+def run(quick: bool = False, progress=None) -> list:
+    """Rows of every case; progress (optional) counts each case (bench.common.each_case)."""
+    from bench.common import run_fp32_cases
+
+    return run_fp32_cases("sincnet", cases, _measure, quick, progress)
+
+
+def _measure(spec: dict, device: torch.device, backend: str, quick: bool) -> list:
     import rlx_triton as rt
-    from bench.common import case, cudnn_autotuned, fp32_setup, relative_error, side_by_side
+    from bench.common import case, cudnn_autotuned, relative_error, side_by_side
     from rlx_triton.nn.conv import SincNet
 
-    device, backend = fp32_setup()
-    spec = cases(quick, gpu=device.type == "cuda")[0]
     batch, samples = spec["batch"], spec["samples"]
     module = _pyannote_sincnet().to(device)
     rlx = SincNet.from_pyannote(module)
