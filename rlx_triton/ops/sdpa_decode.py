@@ -397,9 +397,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     scale = None if scale is None else float(scale)
     if decided is not None and decided.backend == "torch":
         if not lower_right:  # the common case without the extra frame: this is the repeated call's cost
-            return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                                             dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                                                             enable_gqa=enable_gqa)
+            # positional where torch allows: its argument parser is slower on keywords
+            if enable_gqa:
+                return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                                 scale=scale, enable_gqa=True)
+            return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                             scale=scale)
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right)
     return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa), lower_right,
                     None if decided is None else _decision_key(decided))

@@ -155,9 +155,13 @@ def clear_route_cache() -> None:
 def exact_route(signature: tuple) -> Optional[Route]:
     """The route remembered for an op call with exactly this signature under the current choice, if any.
     A route found here is the call's route (the op does not route again), so `recording_routes` records it."""
-    decided = _exact.get((signature, current_choice()))
+    choice = current_choice()
+    # the choice's fields, not the dataclass: its generated __eq__ would run on every hit
+    decided = _exact.get((signature, choice.name, choice.strict, choice.candidate))
     if decided is not None:
-        _record(decided)
+        sink = _recording.get()
+        if sink is not None:
+            sink.append(decided)
     return decided
 
 
@@ -165,7 +169,8 @@ def remember_exact_route(signature: tuple, decided: Route) -> None:
     with _cache_lock:
         if len(_exact) >= _EXACT_LIMIT:
             _exact.clear()
-        _exact[(signature, current_choice())] = decided
+        choice = current_choice()
+        _exact[(signature, choice.name, choice.strict, choice.candidate)] = decided
 
 
 def _range_checks(decided: Route) -> Tuple[Tuple[Coverage, str, bool], ...]:
