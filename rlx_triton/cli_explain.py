@@ -330,7 +330,8 @@ def help_text() -> str:
 
 # candidate field -> what it sets; a dict maps each tag word of a flag or choice field to its meaning
 TAG_MEANINGS: Dict[str, object] = {
-    "split_k": "most KV splits per sequence (grid dim 1; the count comes from the device), merged by log-sum-exp",
+    "split_k": ("most KV splits per sequence where that many fill the GPU (grid dim 1; the count comes from the "
+                "device), merged by log-sum-exp"),
     "tg_size": "threads per program, num_warps = tg / 32 (Metal: threads per threadgroup)",
     "tile_m": "query rows per program (GQA group x query tokens; at least 16 for tl.dot)",
     "tile_n": "KV rows loaded per loop iteration (BLOCK_N)",

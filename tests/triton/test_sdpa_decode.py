@@ -274,8 +274,24 @@ def test_rule_takes_one_split_where_the_row_blocks_fill_the_gpu():
 
 def test_rule_splits_up_to_the_candidates_cap_for_few_row_blocks():
     assert tk.kv_splits(132, 8, 65536, 64, 16) == 16            # Llama-3-8B at batch 1: 128 programs
-    assert tk.kv_splits(132, 8, 65536, 64, 4) == 4              # split_k bounds it
-    assert tk.kv_splits(132, 1, 65536, 64, 16) == 16            # MQA at batch 1: as full as the cap allows
+    assert tk.kv_splits(132, 32, 65536, 64, 4) == 4             # split_k bounds it where 32 x 4 fill the GPU
+
+
+def test_rule_lifts_the_cap_where_split_k_cannot_fill_one_wave():
+    # MQA at batch 1 and 2: 16 splits of one or two row blocks would keep 12% or 24% of 132 SMs busy
+    assert tk.kv_splits(132, 1, 65536, 64, 16) == 119           # the fewest splits that keep 90% busy
+    assert tk.kv_splits(132, 2, 65536, 64, 16) == 60
+    assert tk.kv_splits(132, 8, 65536, 64, 4) == 15             # 8 x 4 = 32 programs: lifted as well
+    assert tk.last_wave_fill(119, 132) >= tk.MIN_FILL
+
+
+def test_a_lifted_cap_still_gives_every_split_a_tile_and_stops_at_the_maximum():
+    assert tk.kv_splits(132, 1, 1024, 64, 16) == 16             # 16 tiles in the bucket
+    assert tk.kv_splits(1000, 1, 1 << 20, 64, 16) == tk.MAX_LIFTED_SPLITS
+
+
+def test_a_candidate_that_never_splits_is_never_lifted():
+    assert tk.kv_splits(132, 1, 65536, 64, 1) == 1
 
 
 def test_rule_never_gives_a_split_less_than_one_tile_of_the_bucket():
@@ -341,11 +357,33 @@ def test_one_split_matches_float64():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_maximum_splits_match_float64(dtype):
-    q, k, v = make_qkv(1, 4, 1, 1, 333, 16, dtype=dtype)        # 21 tiles of 16, 16 splits of one or two
+    # one row block on 132 SMs: the cap lifts to the bucket's 32 tiles of 16; the 21 tiles of 333 keys have
+    # 21 live splits, more than MERGE_GROUP, so they merge in two levels (16 + 5)
+    q, k, v = make_qkv(1, 4, 1, 1, 333, 16, dtype=dtype)
     cand = candidate(split_k=16)
     plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=cand, sm_count=132)
-    assert plan[0].grid == (1, 16)
+    assert plan[0].grid == (1, 32)
     run_and_check(q, k, v, cand=cand, sm_count=132)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_one_and_two_level_merges_side_by_side_match_float64(dtype):
+    # 30 splits per sequence; live splits 1, 16 (one level, at its limit), 17 (a group of one) and 21
+    q, k, v = make_qkv(4, 2, 1, 1, 333, 16, dtype=dtype)
+    lengths = torch.tensor([1, 256, 272, 333], dtype=torch.int32)
+    cand = candidate(split_k=16)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=cand, sm_count=132, cache_seqlens=lengths)
+    assert plan[0].grid == (4, 30)
+    for _ in range(2):  # the second launch reuses the group counters the first one left
+        run_and_check(q, k, v, cand=cand, sm_count=132, cache_seqlens=lengths)
+    assert all(int(counters.abs().sum()) == 0 for counters in tk._tickets.values())
+
+
+def test_a_nan_value_in_the_second_merge_group_reaches_the_output():
+    q, k, v = make_qkv(1, 4, 1, 1, 333, 16)
+    v[0, 0, 300, 3] = float("nan")                               # split 19: the second group of 16
+    out, _ = run_and_check(q, k, v, cand=candidate(split_k=16), sm_count=132)
+    assert out[..., 3].isnan().all() and out[..., :3].isfinite().all()   # P @ V: that value column only
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

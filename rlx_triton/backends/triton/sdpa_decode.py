@@ -2,7 +2,8 @@
 
 `_sdpa_decode_kernel` runs on a grid of (batch x KV heads x blocks of packed query rows, splits). The
 split count comes from the device (`kv_splits`, the split rule: SM count, row blocks, the KV length's
-bucket; the candidate's `split_k` is its upper bound), so the grid is fixed per (bucket, device). How
+bucket; the candidate's `split_k` bounds it wherever that bound can fill the GPU), so the grid is fixed per
+(bucket, device). How
 many splits of a sequence are *live* is decided on the device from its valid length (`_live_splits`:
 every live split gets a balanced share of at least one BLOCK_N tile), so nothing syncs with the host,
 empty splits exit at once and the launch can be captured in a CUDA graph.
@@ -12,7 +13,10 @@ software pipeline (num_stages 3). With one split it writes the output and LSE di
 writes a normalised partial output and its log-sum-exp, takes a ticket from its row block's counter,
 and the program that takes the last ticket merges the live splits of its rows (in split order, so the
 result does not depend on which program finishes last) and resets the counter for the next launch.
-The counters live in a per-device, per-stream workspace that every launch leaves at zero.
+More than MERGE_GROUP live splits merge in two levels, so no program reads more than MERGE_GROUP partials
+per row: the last of each group of MERGE_GROUP splits merges its group into the group's first slot, and
+the last group to finish merges the groups. The counters live in a per-device, per-stream workspace that
+every launch leaves at zero.
 
 The query heads sharing one KV head (GQA/MQA) and the query tokens are packed into the M rows of
 `tl.dot` (packed row r -> head `kv_head * group + r // Lq`, token `r % Lq`), at least 16 rows per tile.
@@ -70,6 +74,12 @@ _DOT_UNITS = {torch.float16: "fp16_mma", torch.bfloat16: "bf16_mma"}
 # ---------------------------------------------------------------------------------------------------
 MIN_FILL = 0.9  # share of the SMs the last wave of a launch should keep busy
 MIN_BLOCK_N = 16
+# the split count where the candidate's split_k cannot fill one wave (FlashAttention's bound on splits)
+MAX_LIFTED_SPLITS = 128
+# partials one program merges per row: more live splits merge in two levels of at most this many
+MERGE_GROUP = 16
+MAX_MERGE_GROUPS = MAX_LIFTED_SPLITS // MERGE_GROUP
+_MERGE_GROUP, _MAX_MERGE_GROUPS = tl.constexpr(MERGE_GROUP), tl.constexpr(MAX_MERGE_GROUPS)  # the kernel's copies
 
 
 def kv_bucket(seq_kv: int) -> int:
@@ -101,13 +111,23 @@ def kv_splits(sm_count: int, row_blocks: int, seq_kv: int, block_n: int, max_spl
     idle in its last wave (`last_wave_fill` with `programs_per_sm` resident per SM; the smallest such s),
     where cap = min(max_splits, the candidate's split_k; the number of BLOCK_N tiles in the KV length's
     bucket), so every split of a full bucket has at least one tile. One split (no partials, no merge)
-    wherever it fills the GPU as well as any. Where nothing reaches MIN_FILL (too few row blocks times
-    `max_splits`, as MQA at batch 1) the fullest launch there is is taken. A CPU (sm_count 1) never splits.
+    wherever it fills the GPU as well as any. Where row_blocks x max_splits programs cannot keep MIN_FILL
+    of the SMs busy even once (MQA at batch 1 or 2: one or two row blocks), split_k stops being the bound:
+    the cap becomes min(MAX_LIFTED_SPLITS, the tiles) and the smallest count that keeps MIN_FILL of the SMs
+    busy is taken (each split more adds partials, merged in two levels), so the KV range is read at the
+    bandwidth of the whole GPU instead of a tenth of it. A candidate with split_k 1 never splits, and a
+    CPU (sm_count 1) never does either.
     """
-    cap = max(1, min(int(max_splits), triton.cdiv(kv_bucket(seq_kv), block_n)))
+    tiles = triton.cdiv(kv_bucket(seq_kv), block_n)
+    cap = max(1, min(int(max_splits), tiles))
+    lifted = max_splits > 1 and row_blocks * max_splits < MIN_FILL * sm_count
+    if lifted:
+        cap = max(cap, min(MAX_LIFTED_SPLITS, tiles))
     best, best_fill = 1, -1.0
     for splits in range(1, cap + 1):
         fill = last_wave_fill(row_blocks * splits, sm_count, programs_per_sm)
+        if lifted and fill >= MIN_FILL:
+            return splits
         if fill > best_fill + 1e-9:
             best, best_fill = splits, fill
     return best
@@ -315,29 +335,63 @@ def _sdpa_decode_kernel(
         tl.store(part_lse_ptr + part_rows + split, lse2, mask=row_valid)
         # every thread's partial stores come before the ticket, which releases them to the merging program
         tl.debug_barrier()
-        ticket = tl.atomic_add(tickets_ptr + pid_bhm, 1, sem="acq_rel", scope="gpu")
-        if ticket == live - 1:
-            # the last live split merges all of them; partials written by other SMs are read from L2 (.cg)
-            offs_s = tl.arange(0, MAX_SPLITS)
-            lse_all = tl.load(part_lse_ptr + part_rows[:, None] + offs_s[None, :],
-                              mask=row_valid[:, None] & (offs_s[None, :] < live), other=float("-inf"),
-                              cache_modifier=".cg")
-            m = tl.max(lse_all, 1)
-            m = tl.where(m == float("-inf"), 0.0, m)
-            denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
-            merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-            for s in range(0, live):
-                w = tl.exp2(tl.load(part_lse_ptr + part_rows + s, mask=row_valid, other=float("-inf"),
-                                    cache_modifier=".cg") - m)
-                part = tl.load(part_o_ptr + (part_rows + s)[:, None] * head_dim_v + offs_dv[None, :],
-                               mask=out_mask, other=0.0, cache_modifier=".cg")
-                merged += w[:, None] * part
-            # as for l above: a NaN partial LSE makes denom NaN, which must not read as "no keys"
-            merged_no_keys = denom == 0.0
-            denom_safe = tl.where(merged_no_keys, 1.0, denom)
-            _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged / denom_safe[:, None],
-                        tl.where(merged_no_keys, float("-inf"), m + tl.log2(denom_safe)), out_mask, row_valid)
-            tl.store(tickets_ptr + pid_bhm, 0)  # every live split has taken its ticket: ready for the next launch
+        if live <= _MERGE_GROUP:
+            ticket = tl.atomic_add(tickets_ptr + pid_bhm, 1, sem="acq_rel", scope="gpu")
+            if ticket == live - 1:  # the last live split merges all of them
+                merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
+                                                      0, 1, live, out_mask, row_valid, BLOCK_M, BLOCK_DV)
+                _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask, row_valid)
+                tl.store(tickets_ptr + pid_bhm, 0)  # every live split has taken its ticket: ready for the next launch
+        else:
+            # group counters follow the row blocks' counters in the workspace
+            merge_group = split // _MERGE_GROUP
+            groups = tl.cdiv(live, _MERGE_GROUP)
+            first = merge_group * _MERGE_GROUP
+            in_group = tl.minimum(live - first, _MERGE_GROUP)
+            group_counter = tickets_ptr + tl.num_programs(0) + pid_bhm * _MAX_MERGE_GROUPS + merge_group
+            ticket = tl.atomic_add(group_counter, 1, sem="acq_rel", scope="gpu")
+            if ticket == in_group - 1:  # the last split of its group merges the group into the group's first slot
+                merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
+                                                      first, 1, in_group, out_mask, row_valid, BLOCK_M, BLOCK_DV)
+                tl.store(part_o_ptr + (part_rows + first)[:, None] * head_dim_v + offs_dv[None, :], merged,
+                         mask=out_mask)
+                tl.store(part_lse_ptr + part_rows + first, merged_lse2, mask=row_valid)
+                tl.store(group_counter, 0)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(tickets_ptr + pid_bhm, 1, sem="acq_rel", scope="gpu")
+                if ticket == groups - 1:  # the last group merges the groups (every MERGE_GROUP-th slot)
+                    merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
+                                                          0, _MERGE_GROUP, groups, out_mask, row_valid, BLOCK_M,
+                                                          BLOCK_DV)
+                    _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask,
+                                row_valid)
+                    tl.store(tickets_ptr + pid_bhm, 0)
+
+
+@triton.jit
+def _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v, first, step, count, out_mask,
+                    row_valid, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """(output, base-2 LSE) of `count` <= MERGE_GROUP normalised partials of the rows, slots first + i * step,
+    merged in slot order. Partials written by other SMs are read from L2 (.cg)."""
+    offs_s = tl.arange(0, _MERGE_GROUP)
+    slots = first + offs_s * step
+    lse_all = tl.load(part_lse_ptr + part_rows[:, None] + slots[None, :],
+                      mask=row_valid[:, None] & (offs_s[None, :] < count), other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse_all, 1)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
+    merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for i in range(0, count):
+        slot = first + i * step
+        w = tl.exp2(tl.load(part_lse_ptr + part_rows + slot, mask=row_valid, other=float("-inf"),
+                            cache_modifier=".cg") - m)
+        part = tl.load(part_o_ptr + (part_rows + slot)[:, None] * head_dim_v + offs_dv[None, :],
+                       mask=out_mask, other=0.0, cache_modifier=".cg")
+        merged += w[:, None] * part
+    # as for l in the kernel: a NaN partial LSE makes denom NaN, which must not read as "no keys"
+    no_keys = denom == 0.0
+    denom_safe = tl.where(no_keys, 1.0, denom)
+    return merged / denom_safe[:, None], tl.where(no_keys, float("-inf"), m + tl.log2(denom_safe))
 
 
 @triton.jit
@@ -371,7 +425,7 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
           max_block_n: Optional[int] = None) -> dict:
     """Candidate -> meta-parameters of the kernel.
 
-    split_k -> MAX_SPLITS (the split rule's upper bound); tile_n -> BLOCK_N (at most `max_block_n`, the
+    split_k -> MAX_SPLITS (the split rule's upper bound where it can fill the GPU); tile_n -> BLOCK_N (at most `max_block_n`, the
     split rule's tile for a short KV range); tile_m -> the least BLOCK_M (packed query rows: at least 16
     for tl.dot, and up to 64 so a whole GQA group x tokens shares one read of K/V); D and Dv -> next
     powers of two (>= 16). use_f16_kv -> fp16/bf16 dot operands for 16-bit inputs (tensor cores); fp32
@@ -600,7 +654,8 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if splits_held > 1:
         part_o = torch.empty((batch, num_heads, seq_q, splits_held, head_dim_v), device=device, dtype=torch.float32)
         part_lse = torch.empty((batch, num_heads, seq_q, splits_held), device=device, dtype=torch.float32)
-        tickets = _ticket_counters(device, heads_blocks * triton.cdiv(rows, MIN_BLOCK_N))
+        # a counter per row block, then MAX_MERGE_GROUPS group counters per row block
+        tickets = _ticket_counters(device, heads_blocks * triton.cdiv(rows, MIN_BLOCK_N) * (1 + MAX_MERGE_GROUPS))
     else:
         part_o, part_lse, tickets = out, lse, lse
 
@@ -615,6 +670,8 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     written = out.numel() * size + lse.numel() * 4
     if splits > 1:  # the partials, written by every split and read back by the merging one; the tickets
         partials = batch * num_heads * seq_q * splits * (head_dim_v + 1) * 4
+        if splits > MERGE_GROUP:  # the groups' merged partials, written and read once more
+            partials += batch * num_heads * seq_q * triton.cdiv(splits, MERGE_GROUP) * (head_dim_v + 1) * 4
         read += partials + row_blocks * 4
         written += partials + row_blocks * 4
     padded_rows = row_blocks * meta["BLOCK_M"]
