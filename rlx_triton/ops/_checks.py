@@ -7,7 +7,7 @@ call can validate and bind in one line.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -117,3 +117,50 @@ def needs_grad(*tensors) -> bool:
     """Autograd wants this call recorded (the kernels are forward-only, so such calls go to torch).
     Entries that are not tensors (None) are ignored."""
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def call_signature(op: str, tensors: Sequence, options: Sequence = ()) -> Optional[tuple]:
+    """What an op's validation and routing read from one call, as the key of the exact-signature route cache
+    (rlx_triton.router.route.routed_call): the op, each tensor's type, shape, dtype and device (None entries
+    kept; a list or tuple of tensors by its length and entries), whether autograd records the call (grad mode
+    and requires_grad), and each option value with its type (1, 1.0 and True are equal but not equally valid).
+    Strides, values and versions are left out: no check and no route reads them.
+
+    None while torch.compile traces (the op routes when it runs there) and where an argument is none of
+    these (a PackedSequence, a generator, a nested tensor): such calls are validated and routed every time.
+    """
+    if torch.compiler.is_compiling():
+        return None
+    parts = [op]
+    try:
+        wants_grad = _describe_tensors(tensors, parts)
+        parts.append(wants_grad and torch.is_grad_enabled())
+        parts.extend(_typed(option) for option in options)
+    except (TypeError, RuntimeError):  # RuntimeError: the shape of a nested tensor
+        return None
+    return tuple(parts)
+
+
+def _describe_tensors(values: Sequence, parts: list) -> bool:
+    """Appends (type, shape, dtype, device) per tensor to parts; returns whether any requires grad."""
+    wants_grad = False
+    for value in values:
+        if value is None:
+            parts.append(None)
+        elif isinstance(value, torch.Tensor):
+            if value.is_nested:
+                raise TypeError("a nested tensor")
+            parts.append((type(value), value.shape, value.dtype, value.device))
+            wants_grad = wants_grad or value.requires_grad
+        elif type(value) in (list, tuple):
+            parts.append((type(value), len(value)))
+            wants_grad = _describe_tensors(value, parts) or wants_grad
+        else:
+            raise TypeError(f"{type(value).__name__} is not a tensor")
+    return wants_grad
+
+
+def _typed(option):
+    if type(option) in (list, tuple):
+        return (type(option), *map(_typed, option))
+    return (type(option), option)

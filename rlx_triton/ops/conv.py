@@ -23,9 +23,10 @@ from typing import Optional
 
 import torch
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, check_device, check_dtype, check_input_channels, check_int,
-                                    check_is_tensor, check_shape, check_tensor, needs_grad)
-from rlx_triton.router import Request, route, routed_op
+from rlx_triton.ops._checks import (FLOAT_DTYPES, call_signature, check_device, check_dtype, check_input_channels,
+                                    check_int, check_is_tensor, check_shape, check_tensor, needs_grad)
+from rlx_triton.router import Request, routed_op
+from rlx_triton.router.route import routed_call
 
 FAMILY = "conv"
 
@@ -232,12 +233,15 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
 
     waveform InstanceNorm1d(1, affine) -> conv(sinc_filters, stride) -> |x| -> max-pool(pool) ->
     InstanceNorm1d(affine) -> leaky ReLU, then per (conv_weights[i], conv_biases[i]): conv -> max-pool ->
-    InstanceNorm1d(norm_weights[i+1], norm_biases[i+1]) -> leaky ReLU.
+    InstanceNorm1d(norm_weights[i+1], norm_biases[i+1]) -> leaky ReLU. A call whose signature (shapes,
+    dtypes, devices, autograd, options) repeats an earlier one is not validated or routed again.
     """
-    request = _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights,
-                               conv_biases, norm_weights, norm_biases, stride=stride, pool=pool, eps=eps,
-                               negative_slope=negative_slope, sample_rate=sample_rate)
-    r = route(request)
+    signature = call_signature("sincnet", (waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights,
+                                           conv_biases, norm_weights, norm_biases),
+                               (stride, pool, eps, negative_slope, sample_rate))
+    r = routed_call(signature, lambda: _sincnet_request(
+        waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
+        norm_biases, stride=stride, pool=pool, eps=eps, negative_slope=negative_slope, sample_rate=sample_rate))
     return r.module.sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
                             list(conv_biases), list(norm_weights), list(norm_biases), sinc_stride=stride,
                             pool=pool, eps=eps, negative_slope=negative_slope, candidate=r.candidate, route=r)
@@ -302,15 +306,16 @@ def _conv1d_request(input, weight, bias=None, stride=1, padding=0, dilation=1, *
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
            epilogue: Optional[ConvEpilogue] = None) -> torch.Tensor:
     """torch.nn.functional.conv1d (groups=1) on (batch, c_in, length) or (c_in, length) input, then the
-    optional epilogue (ConvEpilogue: |x| -> max-pool -> leaky ReLU) fused into the kernel."""
-    request = _conv1d_request(input, weight, bias, stride, padding, dilation, epilogue=epilogue)
-    r = route(request)
-    fields = request.field_map
-    pad = padding
-    if request.feature_map["padding_mode"] == "zeros":
-        pad, _ = _padding(padding, fields["taps"], fields["stride"], _check_int("dilation", dilation, 1))
+    optional epilogue (ConvEpilogue: |x| -> max-pool -> leaky ReLU) fused into the kernel. A call whose
+    signature (shapes, dtypes, devices, autograd, options) repeats an earlier one is not validated or routed
+    again."""
+    signature = call_signature("conv1d", (input, weight, bias), (stride, padding, dilation, epilogue))
+    r = routed_call(signature, lambda: _conv1d_request(input, weight, bias, stride, padding, dilation,
+                                                       epilogue=epilogue))
+    stride, dilation = _check_int("stride", stride, 1), _check_int("dilation", dilation, 1)
+    pad, mode = _padding(padding, weight.shape[2], stride, dilation)
     unbatched = input.dim() == 2
     x = input.unsqueeze(0) if unbatched else input
-    out = r.module.conv1d(x, weight, bias, fields["stride"], pad, _check_int("dilation", dilation, 1),
+    out = r.module.conv1d(x, weight, bias, stride, padding if mode != "zeros" else pad, dilation,
                           epilogue=epilogue, candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out

@@ -15,9 +15,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, check_bool, check_device,
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, call_signature, check_bool, check_device,
                                     check_input_channels, check_int, check_shape, check_tensor, needs_grad)
-from rlx_triton.router import Request, route, routed_op
+from rlx_triton.router import Request, routed_op
+from rlx_triton.router.route import routed_call
 
 FAMILY = "conv"
 
@@ -76,15 +77,17 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     CHW x (one image, as torch takes it; residual then CHW too).
 
     The output has x's dtype; the kernels accumulate in fp32 (true fp32 unless an approved
-    candidate says otherwise).
+    candidate says otherwise). A call whose signature (shapes, dtypes, devices, autograd, options) repeats
+    an earlier one is not validated or routed again.
     """
-    request = _conv2d_request(x, weight, bias, stride=stride, padding=padding, residual=residual, relu=relu)
-    r = route(request)
+    signature = call_signature("conv2d", (x, weight, bias, residual), (stride, padding, relu))
+    r = routed_call(signature, lambda: _conv2d_request(x, weight, bias, stride=stride, padding=padding,
+                                                       residual=residual, relu=relu))
     unbatched = x.dim() == 3
     if unbatched:
         x, residual = x.unsqueeze(0), None if residual is None else residual.unsqueeze(0)
-    out = r.module.conv2d(x, weight, bias, stride=request.field_map["stride"],
-                          padding=request.feature_map["padding"], residual=residual, relu=relu,
+    out = r.module.conv2d(x, weight, bias, stride=_check_int("stride", stride, 1),
+                          padding=_check_int("padding", padding, 0), residual=residual, relu=relu,
                           candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out
 
@@ -113,8 +116,9 @@ def _linear_request(x, weight, bias=None) -> Request:
 
 @routed_op(_linear_request)
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """torch.nn.functional.linear for 2-D x: the embedding projection, run as a 1x1 conv2d."""
-    r = route(_linear_request(x, weight, bias))
+    """torch.nn.functional.linear for 2-D x: the embedding projection, run as a 1x1 conv2d (a repeated call
+    signature is not validated or routed again)."""
+    r = routed_call(call_signature("linear", (x, weight, bias)), lambda: _linear_request(x, weight, bias))
     return r.module.linear(x, weight, bias, candidate=r.candidate, route=r)
 
 
@@ -157,11 +161,12 @@ def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) 
     """Concatenated temporal mean and unbiased std, as pyannote's `StatsPool.forward(sequences, weights)`.
 
     sequences (batch, features, frames) -> (batch, 2 * features); with weights (batch, frames) the
-    same shape, with weights (batch, speakers, frames) -> (batch, speakers, 2 * features).
+    same shape, with weights (batch, speakers, frames) -> (batch, speakers, 2 * features). A repeated call
+    signature is not validated or routed again.
     """
-    request = _stats_pool_request(sequences, weights)
+    r = routed_call(call_signature("stats_pool", (sequences, weights)),
+                    lambda: _stats_pool_request(sequences, weights))
     w, has_speakers = _pool_weights(sequences, weights)
-    r = route(request)
     out = r.module.stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate,
                               route=r)
     if w is not None and not has_speakers:

@@ -34,28 +34,33 @@ from typing import Tuple
 import torch
 
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
-from rlx_triton.ops._checks import FLOAT_DTYPES, check_dtype, check_is_tensor, needs_grad
-from rlx_triton.router import Request, route, routed_op
+from rlx_triton.ops._checks import FLOAT_DTYPES, call_signature, check_dtype, check_is_tensor, needs_grad
+from rlx_triton.router import Request, routed_op
+from rlx_triton.router.route import Route, routed_call
 
 FAMILY = "fbank"
 
 
-@functools.lru_cache(maxsize=256)
-def _cached_options(key: Tuple) -> FbankOptions:
-    return FbankOptions(**{name: value for name, _type, value in key})
-
-
 def make_options(**kwargs) -> FbankOptions:
     """FbankOptions from torchaudio keywords (validated once per distinct option set, then cached)."""
+    values = tuple(kwargs.values())
+    try:
+        # the value types are part of the key: 1, 1.0 and True are equal but not equally valid
+        return _cached_options(tuple(kwargs), values, tuple(map(type, values)))
+    except TypeError:  # an unhashable value, or what validation refuses: validation names the option
+        return _validated_options(kwargs)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_options(names: Tuple[str, ...], values: tuple, _types: tuple) -> FbankOptions:
+    return _validated_options(dict(zip(names, values)))
+
+
+def _validated_options(kwargs: dict) -> FbankOptions:
     unknown = sorted(set(kwargs) - set(FbankOptions.__dataclass_fields__))
     if unknown:
         raise TypeError(f"fbank: unexpected keyword argument(s) {unknown}")
-    key = tuple((name, type(value).__name__, value) for name, value in sorted(kwargs.items()))
-    try:
-        hash(key)
-    except TypeError:  # an unhashable value: validation names the option
-        return FbankOptions(**kwargs)
-    return _cached_options(key)
+    return FbankOptions(**kwargs)
 
 
 def _select(waveform: torch.Tensor, options: FbankOptions) -> Tuple[torch.Tensor, bool]:
@@ -176,15 +181,18 @@ def fbank(waveform: torch.Tensor, blackman_coeff: float = 0.42, channel: int = -
         subtract_mean=subtract_mean, use_energy=use_energy, use_log_fbank=use_log_fbank, use_power=use_power,
         vtln_high=vtln_high, vtln_low=vtln_low, vtln_warp=vtln_warp, window_type=window_type,
         input_scale=input_scale)
-    options, rows, single, request = _prepare(waveform, (), kwargs)
-    return run(rows, options, single=single, request=request)
+    options = make_options(**kwargs)
+    rows, single = _select(waveform, options)
+    # the options are validated already (once per option set); the waveform's length against them and the
+    # route are what a repeated signature skips
+    chosen = routed_call(call_signature(FAMILY, (waveform,), (options,)), lambda: _request_for(rows, options))
+    return run(rows, options, chosen, single=single)
 
 
-def run(rows: torch.Tensor, options: FbankOptions, *, single: bool = False, request: Request = None) -> torch.Tensor:
-    """Features of (B, T) rows chosen by fbank(): routes, launches, drops the batch dimension when `single`."""
+def run(rows: torch.Tensor, options: FbankOptions, chosen: Route, *, single: bool = False) -> torch.Tensor:
+    """Features of (B, T) rows chosen by fbank() on their route: launches, drops the batch dimension when
+    `single`. Every call is routed, empty results too: strict mode and explain see the same decision."""
     out_dtype = torch.float64 if rows.dtype == torch.float64 else torch.float32
-    # every call is routed, empty results too: strict mode and explain see the same decision
-    chosen = route(request if request is not None else _request_for(rows, options))
     if options.too_short(rows.shape[-1]):
         if single:
             return torch.empty(0, device=rows.device, dtype=out_dtype)

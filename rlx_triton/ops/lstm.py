@@ -15,9 +15,11 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, InputDtypeError, InputShapeError, check_bool, check_device,
-                                    check_dtype, check_int, check_is_tensor, check_same_dtype, needs_grad)
-from rlx_triton.router import Request, route, routed_op
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputDtypeError, InputShapeError, call_signature, check_bool,
+                                    check_device, check_dtype, check_int, check_is_tensor, check_same_dtype,
+                                    needs_grad)
+from rlx_triton.router import Request, routed_op
+from rlx_triton.router.route import routed_call
 
 FAMILY = "lstm"
 OP = "lstm"   # the prefix of every error message
@@ -105,11 +107,15 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
 def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: Sequence[torch.Tensor], *,
          has_biases: bool = True, num_layers: int = 1, dropout: float = 0.0, training: bool = False,
          bidirectional: bool = False, batch_first: bool = False, proj_size: int = 0):
-    """(output, (h_n, c_n)) exactly as nn.LSTM returns them; flat_weights in nn.LSTM's _flat_weights order."""
-    request = _lstm_request(input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers,
-                            dropout=dropout, training=training, bidirectional=bidirectional,
-                            batch_first=batch_first, proj_size=proj_size)
-    r = route(request)
+    """(output, (h_n, c_n)) exactly as nn.LSTM returns them; flat_weights in nn.LSTM's _flat_weights order.
+
+    A call whose signature (shapes, dtypes, devices, autograd, options) repeats an earlier one is not
+    validated or routed again; packed sequences always are."""
+    signature = call_signature(OP, (input, hx, flat_weights),
+                               (has_biases, num_layers, dropout, training, bidirectional, batch_first, proj_size))
+    r = routed_call(signature, lambda: _lstm_request(
+        input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers, dropout=dropout, training=training,
+        bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size))
     return r.module.lstm(input, None if hx is None else tuple(hx), list(flat_weights), has_biases=has_biases,
                          num_layers=num_layers, dropout=float(dropout), training=training,
                          bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size,

@@ -13,9 +13,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, check_device, check_dtype, check_is_tensor,
-                                    check_shape, needs_grad)
-from rlx_triton.router import Request, route, routed_op
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, call_signature, check_device, check_dtype,
+                                    check_is_tensor, check_shape, needs_grad)
+from rlx_triton.router import Request, routed_op
+from rlx_triton.router.route import routed_call
 
 FAMILY = "segdense"
 OP = "segdense"   # the prefix of every error message
@@ -76,8 +77,12 @@ def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[
 def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[Optional[torch.Tensor]],
              classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor] = None, *,
              activation: str = "log_softmax") -> torch.Tensor:
-    """(..., in_features) -> (..., classes): leaky_relu(linear) per layer, classifier, activation."""
-    request = _segdense_request(x, weights, biases, classifier_weight, classifier_bias, activation=activation)
-    r = route(request)
+    """(..., in_features) -> (..., classes): leaky_relu(linear) per layer, classifier, activation.
+
+    A call whose signature (shapes, dtypes, devices, autograd, activation) repeats an earlier one is not
+    validated or routed again."""
+    signature = call_signature(OP, (x, weights, biases, classifier_weight, classifier_bias), (activation,))
+    r = routed_call(signature, lambda: _segdense_request(x, weights, biases, classifier_weight, classifier_bias,
+                                                         activation=activation))
     return r.module.segdense(x, list(weights), list(biases), classifier_weight, classifier_bias,
                              activation=activation, candidate=r.candidate)

@@ -173,6 +173,28 @@ def remember_exact_route(signature: tuple, decided: Route) -> None:
         _exact[(signature, choice.name, choice.strict, choice.candidate)] = decided
 
 
+def routed_call(signature: Optional[tuple], build_request: Callable[[], Request]) -> Route:
+    """The route of one op call: the one remembered for its exact signature (a repeated call is neither
+    validated nor routed again), else `build_request()` (the op's validation and request) routed and
+    remembered under the signature. A signature of None (the op could not take one: compiling, unusual
+    arguments) always routes. Either way `recording_routes` records the call once.
+
+    The signature must hold everything validation and routing read (rlx_triton.ops._checks.call_signature
+    builds it); the backend choice (use_backend, strict mode, a pinned candidate) is added here, and
+    settings or device changes clear the remembered routes with the bucketed ones."""
+    if signature is not None:
+        try:
+            decided = exact_route(signature)
+        except TypeError:  # an unhashable option: validation says what is wrong with it
+            signature, decided = None, None
+        if decided is not None:
+            return decided
+    decided = route(build_request())
+    if signature is not None:
+        remember_exact_route(signature, decided)
+    return decided
+
+
 def _range_checks(decided: Route) -> Tuple[Tuple[Coverage, str, bool], ...]:
     """The ranged-coverage verdicts a decision rests on: (coverage, field, verdict it had)."""
     checks = []
