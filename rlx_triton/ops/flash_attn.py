@@ -8,11 +8,12 @@ of 16, cache_leftpad with a paged cache.
 
 Routing: the attention step runs on a decode kernel when its coverage takes the request (the appends
 and the rotary embedding run in torch first, `backends/<backend>/sdpa_decode.flash_attn_with_kvcache`);
-the Triton kernel takes contiguous and paged caches (any page size), causal or not, local windows,
-softcap, new k/v and rotary. A feature no kernel covers (cache_batch_idx, cache_leftpad, ALiBi; on Metal
-also paged caches, windows and softcap) is a request feature that coverage refuses by name, so the call runs the torch path
-(backends/torch_ref/flash_attn.py) and strict mode raises MissingKernel naming it. Every argument is checked before anything is written, as FlashAttention checks
-it, with a ValueError or TypeError naming the argument.
+the Triton kernel takes every FA2 argument: contiguous and paged caches (any page size), causal or not,
+local windows, softcap, ALiBi (per head or per batch x head), cache_batch_idx, cache_leftpad, new k/v and
+rotary. What a kernel does not cover (float64, more than 16 query tokens or head dims past 256, autograd;
+on Metal, which has no kv-cache entry point, everything) runs the torch path (backends/torch_ref/flash_attn.py),
+with the reason in explain, and strict mode raises MissingKernel naming it. Every argument is checked
+before anything is written, as FlashAttention checks it, with a ValueError or TypeError naming the argument.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 
 from rlx_triton.backends.torch_ref import flash_attn as reference
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
-from rlx_triton.ops.sdpa_decode import _decided, _decision_key, _values_readable
+from rlx_triton.ops.sdpa_decode import _decided, _decision_key, _values_readable, check_attention_options
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 
@@ -146,26 +147,12 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         _check_index("cache_seqlens", cache_seqlens, (batch,), q.device)
     if cache_leftpad is not None:
         _check_index("cache_leftpad", cache_leftpad, (batch,), q.device)
-    if alibi_slopes is not None:
-        check_is_tensor("alibi_slopes", alibi_slopes, op=_OP)
-        if alibi_slopes.dtype != torch.float32:
-            raise TypeError(f"{_OP}: alibi_slopes must have dtype torch.float32, got {alibi_slopes.dtype}")
-        if tuple(alibi_slopes.shape) not in ((num_heads,), (batch, num_heads)):
-            raise _fail(f"alibi_slopes must have shape ({num_heads},) or ({batch}, {num_heads}), got "
-                        f"{tuple(alibi_slopes.shape)}")
-        if alibi_slopes.device != q.device:
-            raise _fail(f"alibi_slopes must be on {q.device}, got {alibi_slopes.device}")
+    check_attention_options(_OP, FlashAttnInputError, window_size=window_size, softcap=softcap,
+                            alibi_slopes=alibi_slopes, batch=batch, num_heads=num_heads, device=q.device)
     _check_number("softmax_scale", softmax_scale, optional=True)
-    _check_number("softcap", softcap)
-    if softcap < 0:
-        raise _fail(f"softcap must be >= 0 (0 turns it off), got {softcap}")
     _check_flag("causal", causal)
     _check_flag("rotary_interleaved", rotary_interleaved)
     _check_flag("return_softmax_lse", return_softmax_lse)
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 \
-            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size):
-        raise _fail(f"window_size must be a pair of ints (left, right), each >= -1 (-1: unbounded), got "
-                    f"{window_size!r}")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise _fail(f"num_splits must be an int >= 0 (0: chosen by the kernel), got {num_splits!r}")
 

@@ -411,7 +411,55 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 # --------------------------------------------------------------------------------------------------
 # rt.sdpa_decode
 # --------------------------------------------------------------------------------------------------
-def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=None) -> None:
+def check_attention_options(op: str, error: type, *, window_size, softcap, alibi_slopes, batch: int, num_heads: int,
+                            device: torch.device) -> None:
+    """FlashAttention's window_size, softcap and alibi_slopes, checked the same way for every op that takes them:
+    TypeError for a wrong type or dtype, `error` (a ValueError) for a wrong value, shape or device."""
+    if not isinstance(window_size, (tuple, list)) or not all(
+            isinstance(w, int) and not isinstance(w, bool) for w in window_size):
+        raise TypeError(f"{op}: window_size must be a pair of ints (left, right), got {window_size!r}")
+    if len(window_size) != 2 or not all(w >= -1 for w in window_size):
+        raise error(f"{op}: window_size must be a pair of ints (left, right), each >= -1 (-1: unbounded), got "
+                    f"{tuple(window_size)!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"{op}: softcap must be a float, got {type(softcap).__name__}")
+    if not (0 <= softcap < math.inf):
+        raise error(f"{op}: softcap must be a finite float >= 0 (0 turns it off), got {softcap}")
+    if alibi_slopes is not None:
+        check_is_tensor("alibi_slopes", alibi_slopes, op=op)
+        if alibi_slopes.dtype != torch.float32:
+            raise TypeError(f"{op}: alibi_slopes must have dtype torch.float32, got {alibi_slopes.dtype}")
+        if tuple(alibi_slopes.shape) not in ((num_heads,), (batch, num_heads)):
+            raise error(f"{op}: alibi_slopes must have shape ({num_heads},) or ({batch}, {num_heads}), got "
+                        f"{tuple(alibi_slopes.shape)}")
+        if alibi_slopes.device != device:
+            raise error(f"{op}: alibi_slopes must be on {device}, got {alibi_slopes.device}")
+
+
+def _decode_window(window_size, s_max: int) -> Tuple[int, int]:
+    """The local window sdpa_decode hands a backend, normalized as FlashAttention normalizes a causal call's
+    (backends/torch_ref/flash_attn.window_masking): the causal mask bounds the right side (right = 0), and a
+    left side reaching the whole cache is unbounded. (left, 0) where it bounds the keys beyond the causal
+    mask, (-1, -1) where the causal mask alone does. Plain arithmetic: the wrapper runs it under torch.compile."""
+    left = window_size[0]
+    return (left, 0) if 0 <= left < s_max else (-1, -1)
+
+
+def _decode_options(window: Tuple[int, int], softcap: float, alibi_slopes) -> dict:
+    """The FlashAttention options of a decode call in a backend's keywords, only those in use (a backend whose
+    coverage does not name them is never handed them)."""
+    options = {}
+    if window != (-1, -1):
+        options["window"] = window
+    if softcap > 0:
+        options["softcap"] = float(softcap)
+    if alibi_slopes is not None:
+        options["alibi_slopes"] = alibi_slopes
+    return options
+
+
+def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=None, window_size=(-1, -1),
+                     softcap=0.0, alibi_slopes=None) -> None:
     op = "sdpa_decode"
     paged = block_table is not None
     for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -450,6 +498,8 @@ def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=
         _check_decode_lengths(cache_seqlens, batch, s_max, query.device)
     if paged:
         _check_pages(block_table, cache_seqlens, k_cache)
+    check_attention_options(op, AttentionInputError, window_size=window_size, softcap=softcap,
+                            alibi_slopes=alibi_slopes, batch=batch, num_heads=heads, device=query.device)
 
 
 def _check_decode_lengths(cache_seqlens, batch: int, s_max: int, device: torch.device) -> None:
@@ -513,17 +563,26 @@ def _is_fake(tensor: torch.Tensor) -> bool:
 
 
 def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, return_lse=False,
-                    block_table=None, _validate=True) -> Request:
+                    block_table=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    _validate=True) -> Request:
     """Validates an sdpa_decode call and reduces it to a routing Request (what explain() shows); a paged
-    cache is the feature paged=True, which a backend's coverage must name."""
+    cache, a local window, a softcap and ALiBi slopes are the features paged, window, softcap and alibi, which
+    a backend's coverage must name."""
     if _validate:
-        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table)
+        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
+                         alibi_slopes)
     batch, heads, seq_q, head_dim = query.shape
     kv_heads, s_max = k_cache.shape[1], _decode_capacity(k_cache, block_table)
     features = {"mask": "none", "causal": "bottom_right", "dropout": False, "layout": "batched",
                 "requires_grad": needs_grad(query, k_cache, v_cache)}
     if block_table is not None:
         features["paged"] = True
+    if _decode_window(window_size, s_max) != (-1, -1):
+        features["window"] = True
+    if softcap > 0:
+        features["softcap"] = True
+    if alibi_slopes is not None:
+        features["alibi"] = "per_head" if alibi_slopes.dim() == 1 else "per_batch_head"
     return Request.make(
         KernelFamily.SDPA_DECODE, "sdpa_decode", tensor=query,
         fields={"m": seq_q * (heads // kv_heads), "tokens": seq_q, "batch": batch, "num_heads": heads,
@@ -536,36 +595,46 @@ def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, 
 @torch.library.custom_op("rlx_triton::sdpa_decode", mutates_args=())
 def _sdpa_decode_op(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     cache_seqlens: Optional[torch.Tensor], scale: Optional[float],
-                    block_table: Optional[torch.Tensor] = None,
+                    block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
+                    softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
                     decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    window = (window_left, window_right)   # already normalized by the wrapper (`_decode_window`)
     chosen = _decided(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
         chosen = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
+                                       window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                        _validate=False))
     options = {"route": chosen} if chosen.backend == "triton" else {}
     if block_table is not None:  # only backends whose coverage names paged=True are routed one
         options["block_table"] = block_table
+    options.update(_decode_options(window, softcap, alibi_slopes))
     out, lse = chosen.module.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
                                          cache_seqlens=cache_seqlens, candidate=chosen.candidate, **options)
     return out.contiguous(), lse.contiguous()
 
 
 @_sdpa_decode_op.register_fake
-def _sdpa_decode_fake(query, k_cache, v_cache, cache_seqlens, scale, block_table=None, decision=None):
+def _sdpa_decode_fake(query, k_cache, v_cache, cache_seqlens, scale, block_table=None, window_left=-1,
+                      window_right=-1, softcap=0.0, alibi_slopes=None, decision=None):
     batch, heads, seq_q, _ = query.shape
     out = query.new_empty((batch, heads, seq_q, v_cache.shape[-1]))
     return out, query.new_empty((batch, heads, seq_q), dtype=torch.float32)
 
 
-def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table) -> Optional[tuple]:
+def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
+                      alibi_slopes) -> Optional[tuple]:
     """What validation (bar the cache lengths' values) and routing read from an sdpa_decode call."""
     try:
+        # values and their types: True == 1 hashes alike, but validation tells them apart
+        options = (window_size, tuple(type(w) for w in window_size), softcap, type(softcap),
+                   None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.dtype, alibi_slopes.device))
         signature = ("sdpa_decode", query.shape, k_cache.shape, v_cache.shape, query.dtype, k_cache.dtype,
                      v_cache.dtype, query.device, k_cache.device, v_cache.device,
                      torch.is_grad_enabled() and (query.requires_grad or k_cache.requires_grad or v_cache.requires_grad),
                      type(scale), None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype,
                                                                       cache_seqlens.device),
-                     None if block_table is None else (block_table.shape, block_table.dtype, block_table.device))
+                     None if block_table is None else (block_table.shape, block_table.dtype, block_table.device),
+                     options)
         hash(signature)
     except (AttributeError, TypeError):
         return None
@@ -575,7 +644,9 @@ def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table
 @routed_op(_decode_request)
 def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 cache_seqlens: Optional[torch.Tensor] = None, *, scale: Optional[float] = None,
-                return_lse: bool = False, block_table: Optional[torch.Tensor] = None
+                return_lse: bool = False, block_table: Optional[torch.Tensor] = None,
+                window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                alibi_slopes: Optional[torch.Tensor] = None
                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of Lq new tokens against a KV cache, one valid length per sequence.
 
@@ -589,6 +660,12 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     (num_pages, Hkv, page_size, D) and v_cache (num_pages, Hkv, page_size, Dv) for any page size >= 1, and
     S_max = pages x page_size (sequence b's key n is slot n % page_size of page block_table[b, n // page_size];
     only the pages a sequence's length reaches are read, so the rest of its row may hold anything).
+    FlashAttention's options (keyword-only, as in flash_attn_with_kvcache with causal=True): window_size
+    (left, right) keeps the keys within left positions before each token's diagonal i + L_b - Lq (-1:
+    unbounded; the causal mask already bounds the right side); softcap > 0 maps each scaled score s to
+    softcap * tanh(s / softcap); alibi_slopes (Hq,) or (B, Hq) float32 adds -slope * |i + L_b - Lq - j| to
+    the score of key j, in FlashAttention's form: with no window that is slope * j (the same output, and the
+    LSE FlashAttention returns). They run on the Triton kernel; Metal refuses them (the torch path runs).
     Returns out (B, Hq, Lq, Dv) in query's dtype, and with return_lse=True also lse (B, Hq, Lq) float32
     in natural log (-inf where a token sees no key).
     NaN and Inf follow torch's math SDPA within each sequence's valid part: a causally hidden key still
@@ -608,23 +685,33 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         >>> table = torch.arange(16, dtype=torch.int32).view(2, 8)
         >>> rt.sdpa_decode(q, pages, pages, lengths.clamp(max=2048), block_table=table).shape
         torch.Size([2, 32, 1, 128])
+        >>> slopes = 2.0 ** -torch.arange(1, 33, dtype=torch.float32) / 4     # ALiBi, one slope per query head
+        >>> local = rt.sdpa_decode(q, k_cache, v_cache, lengths, window_size=(1024, 0), softcap=30.0,
+        ...                        alibi_slopes=slopes)
+        >>> local.shape
+        torch.Size([2, 32, 1, 128])
     """
     if scale is not None and not isinstance(scale, float):
         scale = _scale_value(scale, "sdpa_decode")
     compiling = torch.compiler.is_compiling()
-    signature = None if compiling else _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table)
+    signature = None if compiling else _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table,
+                                                         window_size, softcap, alibi_slopes)
     decided = exact_route(signature) if signature is not None else None
     if decided is None:
-        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table)
+        _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
+                         alibi_slopes)
     else:   # the values change between calls
         if cache_seqlens is not None:
             _check_cache_lengths(cache_seqlens, _decode_capacity(k_cache, block_table))
         if block_table is not None:
             _check_pages(block_table, cache_seqlens, k_cache)
     scale = None if scale is None else float(scale)
+    window = _decode_window(window_size, _decode_capacity(k_cache, block_table))
+    softcap = float(softcap)
     if decided is None and (not compiling or needs_grad(query, k_cache, v_cache)):
         # eager calls (and, under torch.compile, calls autograd records) are routed here, once
         decided = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
+                                        window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                         _validate=False))
         if signature is not None:
             remember_exact_route(signature, decided)
@@ -633,10 +720,11 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         from rlx_triton.backends.torch_ref import sdpa_decode as library
 
         out, lse = library.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
-                                       cache_seqlens=cache_seqlens, block_table=block_table, candidate=None)
+                                       cache_seqlens=cache_seqlens, block_table=block_table, candidate=None,
+                                       **_decode_options(window, softcap, alibi_slopes))
     else:
-        out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale, block_table,
-                                   None if decided is None else _decision_key(decided))
+        out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale, block_table, window[0], window[1],
+                                   softcap, alibi_slopes, None if decided is None else _decision_key(decided))
     return (out, lse) if return_lse else out
 
 

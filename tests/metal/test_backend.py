@@ -164,3 +164,45 @@ def test_metal_coverage_takes_the_requests_the_public_ops_build_on_mps():
         module = importlib.import_module(f"rlx_triton.backends.metal.{request.family}")
         refusal = module.COVERAGE.check(request.op, "mps", request.dtype, request.field_map, request.feature_map)
         assert refusal is None, f"{request.op}: {refusal}"
+
+
+def _decode_option_requests():
+    """(feature, request) of decode calls with each option the Metal shaders do not implement."""
+    from rlx_triton.ops import flash_attn as flash_op
+    from rlx_triton.ops import sdpa_decode as sdpa_op
+
+    q, k = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 20, 16)
+    yield "paged", sdpa_op.sdpa_decode.__rlx_request__(q, torch.randn(5, 2, 4, 16), torch.randn(5, 2, 4, 16),
+                                                       block_table=torch.zeros(2, 5, dtype=torch.int32))
+    yield "window", sdpa_op.sdpa_decode.__rlx_request__(q, k, k, window_size=(4, 0))
+    yield "softcap", sdpa_op.sdpa_decode.__rlx_request__(q, k, k, softcap=5.0)
+    yield "alibi", sdpa_op.sdpa_decode.__rlx_request__(q, k, k, alibi_slopes=torch.ones(4))
+    fq, fk = torch.randn(2, 1, 4, 16), torch.randn(3, 20, 2, 16)
+    lengths = torch.tensor([3, 7], dtype=torch.int32)
+    yield "cache_batch_idx", flash_op.flash_attn_with_kvcache.__rlx_request__(
+        fq, fk, fk, cache_seqlens=lengths, cache_batch_idx=torch.tensor([2, 0], dtype=torch.int32))
+    yield "cache_leftpad", flash_op.flash_attn_with_kvcache.__rlx_request__(
+        fq, fk[:2], fk[:2], cache_seqlens=lengths, cache_leftpad=torch.tensor([1, 0], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("feature, request_", list(_decode_option_requests()), ids=lambda x: x if isinstance(x, str) else "")
+def test_metal_coverage_refuses_the_decode_options_its_shaders_lack_by_name(feature, request_):
+    from rlx_triton.backends.metal import sdpa_decode as metal
+
+    assert feature in metal.UNSUPPORTED_FEATURES and request_.feature_map.get(feature) not in (None, False)
+    without = {name: value for name, value in request_.feature_map.items() if name != feature}
+    if request_.op == "sdpa_decode":   # the same call without the option is Metal's
+        assert metal.COVERAGE.check(request_.op, "mps", request_.dtype, request_.field_map, without) is None
+    refusal = metal.COVERAGE.check("sdpa_decode", "mps", request_.dtype, request_.field_map, request_.feature_map)
+    assert refusal is not None and refusal.kind == "shape-unimplemented" and feature in refusal.reason
+
+
+@pytest.mark.parametrize("option", [{"softcap": 5.0}, {"window": (4, 0)}, {"alibi_slopes": torch.ones(4)}],
+                         ids=["softcap", "window", "alibi"])
+def test_the_metal_launcher_refuses_an_option_it_is_handed_before_any_dispatch(option):
+    from rlx_triton.backends.metal import sdpa_decode as metal
+
+    q, k = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 20, 16)
+    with pytest.raises(metal.UnsupportedFeature, match=next(iter(option)).split("_")[0]) as raised:
+        metal.sdpa_decode(q, k, k, causal="bottom_right", **option)
+    assert raised.value.kind == "shape-unimplemented"

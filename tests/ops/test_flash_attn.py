@@ -155,6 +155,12 @@ KERNEL_CASES = [
     Case(7, 20, 16, heads=(4, 2), window=(4, 2), softcap=3.0, page_size=1),
     Case(3, 30, 32, heads=(4, 1), new_kv=3, window=(5, 0), rotary=(8, False)),
     Case(4, 9, 16, causal=True, softcap=0.5, lengths=(2, 5)),
+    # ALiBi in both of FA2's forms (slope x key index under causal, -slope x |distance| otherwise), cache rows
+    # picked by cache_batch_idx, left padding (contiguous and paged)
+    Case(5, 9, 24, alibi="head", causal=True, batch_idx=True),
+    Case(1, 37, 40, heads=(4, 2), alibi="batch_head", window=(8, 0), leftpad=True, new_kv=1),
+    Case(3, 14, 16, heads=(4, 2), alibi="head", softcap=2.0, leftpad=True, batch_idx=True, new_kv=1),
+    Case(4, 30, 8, causal=True, leftpad=True, rotary=(8, True), new_kv=2, page_size=16),
 ]
 
 
@@ -167,24 +173,31 @@ def test_covered_calls_run_the_decode_kernel_and_match(case):
     assert_matches(got, expected, torch.float32)
 
 
+@pytest.mark.parametrize("case", [KERNEL_CASES[1], KERNEL_CASES[-2]], ids=["rotary", "alibi-leftpad-batch-idx"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_covered_low_precision_calls_on_the_kernel(dtype):
-    kw = make_inputs(KERNEL_CASES[1], dtype=dtype)
+def test_covered_low_precision_calls_on_the_kernel(dtype, case):
+    kw = make_inputs(case, dtype=dtype)
     with rt.use_backend("triton", strict=True):
         got, expected = run_and_reference(kw)
     assert_matches(got, expected, dtype)
 
 
-@pytest.mark.parametrize("option, feature", [
-    ({"cache_batch_idx": torch.tensor([1, 0], dtype=torch.int32)}, "cache_batch_idx"),
-    ({"alibi_slopes": torch.ones(4)}, "alibi"), ({"cache_leftpad": torch.zeros(2, dtype=torch.int32)}, "cache_leftpad"),
-])
-def test_strict_mode_names_the_feature_no_kernel_covers(option, feature):
-    kw = dict(make_inputs(Case(1, 13, 32)), **option)
-    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel, match=feature):
+def test_sequences_left_padded_to_their_length_see_no_key_on_the_kernel():
+    kw = make_inputs(Case(2, 12, 16, heads=(4, 2), alibi="head", lengths=(6, 9)))
+    kw["cache_leftpad"] = torch.tensor([6, 2], dtype=torch.int32)      # sequence 0 keeps no key
+    with rt.use_backend("triton", strict=True):
+        got, expected = run_and_reference(kw)
+    assert bool((got[0][0] == 0).all()) and bool((got[1][0] == math.inf).all())
+    assert_matches(got, expected, torch.float32)
+
+
+def test_strict_mode_names_what_no_kernel_covers():
+    kw = make_inputs(Case(1, 13, 32, alibi="head", leftpad=True), dtype=torch.float64)
+    kw["alibi_slopes"] = kw["alibi_slopes"].float()
+    with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel, match="float64"):
         rt.flash_attn_with_kvcache(**kw)
     with rt.use_backend("triton"):
-        assert feature in str(rt.explain(rt.flash_attn_with_kvcache, **kw).skipped_reasons["triton"])
+        assert "float64" in str(rt.explain(rt.flash_attn_with_kvcache, **kw).skipped_reasons["triton"])
 
 
 # --- semantics spelled out ---------------------------------------------------------------------

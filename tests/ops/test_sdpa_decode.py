@@ -396,23 +396,6 @@ def test_cuda_every_dtype_against_float64(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_cuda_mqa_at_batch_one_and_two_splits_past_split_k_and_merges_in_two_levels(dtype):
-    # one KV head: the split rule lifts split_k's bound to fill the SMs (about 119 splits on an H200 at
-    # batch 1), so live splits past 16 merge in two levels, concurrently on the device
-    for batch, lengths in ((1, [32768]), (2, [32768, 4000])):
-        q, k, v = qkv(batch, 32, 1, 128, kv_heads=1, seq_kv=32768, dtype=dtype, device="cuda")
-        seqlens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
-        with rt.use_backend("triton", strict=True):
-            rt.sdpa_decode(q, k, v, seqlens)  # warm-up: compile, and tune a cold bucket where tuning is allowed
-            first = rt.sdpa_decode(q, k, v, seqlens)
-            again = rt.sdpa_decode(q, k, v, seqlens)
-        torch.testing.assert_close(again, first, rtol=0, atol=0)  # merge order fixed: the same bits every launch
-        ref, _ = attention_reference(q.cpu(), k.cpu(), v.cpu(), causal="bottom_right", cache_seqlens=seqlens.cpu())
-        torch.testing.assert_close(first.cpu().double(), ref, rtol=TOL[dtype], atol=TOL[dtype] * 4)
-
-
-@pytest.mark.gpu
 def test_cuda_graph_capture_after_warm_up():
     q, k, v = qkv(2, 8, 1, 128, kv_heads=2, seq_kv=2048, dtype=torch.float16, device="cuda")
     lengths = torch.tensor([2048, 700], device="cuda", dtype=torch.int32)
@@ -738,3 +721,87 @@ def test_paged_sdpa_decode_under_torch_compile():
     compiled = torch.compile(lambda *a: rt.sdpa_decode(*a[:4], block_table=a[4]), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k_pages, v_pages, lengths, table), rt.sdpa_decode(q, k, v, lengths),
                                rtol=1e-5, atol=1e-5)
+
+
+# --- sdpa_decode with FlashAttention's window, softcap and ALiBi ----------------------------------
+def fa_options_reference(q, k, v, lengths, **options):
+    """float64 (out, lse) of rt.sdpa_decode with FA options: FA2's kv-cache call with causal=True on the
+    (B, S, H, D) views, its +inf LSE of rows that see no key read as sdpa_decode's -inf."""
+    from tests.reference.flash_attn import naive_flash_attn_with_kvcache
+
+    out, lse, _, _ = naive_flash_attn_with_kvcache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   cache_seqlens=lengths, causal=True, **options)
+    return out.transpose(1, 2), torch.where(lse == float("inf"), float("-inf"), lse)
+
+
+FA_OPTIONS = {
+    "window": dict(window_size=(3, 0)),
+    "softcap": dict(softcap=2.0),
+    "alibi-per-head": dict(alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625])),   # no window: slope x key index
+    "alibi-per-batch-head-window-softcap": dict(alibi_slopes=torch.rand(2, 4) * 0.3, window_size=(5, 7), softcap=1.5),
+}
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("name", list(FA_OPTIONS))
+def test_sdpa_decode_fa_options_match_float64_on_both_paths(name, backend):
+    options = FA_OPTIONS[name]
+    q, k, v = qkv(2, 4, 3, 16, kv_heads=2, seq_kv=19)
+    lengths = torch.tensor([19, 6], dtype=torch.int32)
+    with rt.use_backend(backend, strict=backend != "torch"):
+        assert rt.explain(rt.sdpa_decode, q, k, v, lengths, **options).backend == backend
+        out, lse = rt.sdpa_decode(q, k, v, lengths, return_lse=True, **options)
+    expected, expected_lse = fa_options_reference(q, k, v, lengths, **options)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=4e-5)
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-5, atol=4e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_sdpa_decode_fa_options_on_a_paged_cache_in_low_precision(dtype):
+    k, v, k_pages, v_pages, table = paged_cache(page_size=3, seq_kv=20, dtype=dtype)
+    q = torch.randn(2, 4, 2, 16).to(dtype)
+    lengths = torch.tensor([20, 7], dtype=torch.int32)
+    options = FA_OPTIONS["alibi-per-batch-head-window-softcap"]
+    with rt.use_backend("triton", strict=True):
+        out = rt.sdpa_decode(q, k_pages, v_pages, lengths, block_table=table, **options)
+    expected, _ = fa_options_reference(q, k, v, lengths, **options)
+    torch.testing.assert_close(out.double(), expected, rtol=TOL[dtype], atol=TOL[dtype] * 4)
+
+
+def test_sdpa_decode_fa_options_are_part_of_the_remembered_signature():
+    q, k, v = qkv(2, 4, 1, 16, kv_heads=2, seq_kv=12)
+    plain = rt.sdpa_decode(q, k, v)
+    capped = rt.sdpa_decode(q, k, v, softcap=0.5)
+    torch.testing.assert_close(capped.double(), fa_options_reference(q, k, v, None, softcap=0.5)[0], rtol=1e-5,
+                               atol=4e-5)
+    assert not torch.allclose(plain, capped)
+
+
+@pytest.mark.parametrize("options, error, name", [
+    ({"window_size": (-2, 0)}, ValueError, "window_size"),
+    ({"window_size": (1, 2, 3)}, ValueError, "window_size"),
+    ({"window_size": (1.5, 0)}, TypeError, "window_size"),
+    ({"window_size": 4}, TypeError, "window_size"),
+    ({"softcap": -1.0}, ValueError, "softcap"),
+    ({"softcap": float("nan")}, ValueError, "softcap"),
+    ({"softcap": "1"}, TypeError, "softcap"),
+    ({"alibi_slopes": torch.ones(4, dtype=torch.float64)}, TypeError, "alibi_slopes"),
+    ({"alibi_slopes": torch.ones(3)}, ValueError, "alibi_slopes"),
+    ({"alibi_slopes": [1.0] * 4}, TypeError, "alibi_slopes"),
+])
+def test_sdpa_decode_rejects_bad_fa_options_by_name(options, error, name):
+    q, k, v = qkv(2, 4, 1, 16, kv_heads=2, seq_kv=12)
+    with pytest.raises(error, match=name):
+        rt.sdpa_decode(q, k, v, **options)
+    with pytest.raises(error, match=name):
+        rt.explain(rt.sdpa_decode, q, k, v, **options)
+
+
+def test_sdpa_decode_fa_options_under_torch_compile():
+    q, k, v = qkv(2, 4, 2, 16, kv_heads=2, seq_kv=12)
+    lengths = torch.tensor([12, 5], dtype=torch.int32)
+    slopes = torch.rand(4)
+    compiled = torch.compile(lambda *a: rt.sdpa_decode(*a[:4], window_size=(4, 0), softcap=3.0, alibi_slopes=a[4]),
+                             fullgraph=True, backend="aot_eager")
+    expected, _ = fa_options_reference(q, k, v, lengths, window_size=(4, 0), softcap=3.0, alibi_slopes=slopes)
+    torch.testing.assert_close(compiled(q, k, v, lengths, slopes).double(), expected, rtol=1e-5, atol=4e-5)

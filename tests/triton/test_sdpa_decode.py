@@ -504,3 +504,71 @@ def test_paged_plan_counts_the_block_table_and_the_sequences_capacity():
     contiguous, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(), sm_count=SPLITTING_SMS)
     assert plan[0].grid == contiguous[0].grid
     assert plan[0].bytes_read == contiguous[0].bytes_read + table.numel() * table.element_size()
+
+
+# --- FlashAttention's options: ALiBi, cache rows, left padding (with splits) ------------------------
+def fa_reference(q, k, v, lengths, *, causal="none", window=(-1, -1), **options):
+    """float64 (out, lse) of the kernel's FA options: FA2's kv-cache call on the (B, S, H, D) views (causal
+    "bottom_right" is FA's causal=True), its +inf LSE of rows that see no key read as the kernel's -inf."""
+    from tests.reference.flash_attn import naive_flash_attn_with_kvcache
+
+    out, lse, _, _ = naive_flash_attn_with_kvcache(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   cache_seqlens=lengths, causal=causal == "bottom_right",
+                                                   window_size=window, **options)
+    return out.transpose(1, 2), torch.where(lse == math.inf, -math.inf, lse)
+
+
+@pytest.mark.parametrize("causal, window, per_batch", [
+    ("bottom_right", (-1, -1), False),    # the causal window alone: slope x key index
+    ("none", (6, 2), True),               # a local window: -slope x |distance to the diagonal|
+    ("none", (-1, -1), False),            # no window: -slope x |distance| on both sides of the diagonal
+], ids=["key-index", "distance-local", "distance-both-sides"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_alibi_slopes_in_both_of_flash_attentions_forms_across_splits(causal, window, per_batch, dtype):
+    q, k, v = make_qkv(2, 4, 2, 3, 70, 16, dtype=dtype)
+    lengths = torch.tensor([70, 29], dtype=torch.int32)
+    slopes = torch.rand(2, 4) * 0.3 if per_batch else torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    out, lse = tk.sdpa_decode(q, k, v, causal=causal, window=window, cache_seqlens=lengths, alibi_slopes=slopes,
+                              candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
+    ref_out, ref_lse = fa_reference(q, k, v, lengths, causal=causal, window=window, alibi_slopes=slopes)
+    assert_matches(out, lse, ref_out, ref_lse, dtype, 70)
+
+
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["contiguous", "paged"])
+def test_left_padding_shifts_positions_and_the_splits_share_the_valid_keys(paged_cache):
+    q, k, v = make_qkv(3, 4, 2, 2, 80, 16)
+    lengths = torch.tensor([80, 33, 9], dtype=torch.int32)
+    leftpad = torch.tensor([21, 33, 0], dtype=torch.int32)     # sequence 1 keeps no key: 0 and -inf
+    slopes = torch.rand(4) * 0.3
+    kw = dict(causal="bottom_right", cache_seqlens=lengths, cache_leftpad=leftpad, alibi_slopes=slopes)
+    if paged_cache:
+        k_pages, v_pages, table = paged(k, v, 16)
+        out, lse = tk.sdpa_decode(q, k_pages, v_pages, block_table=table, candidate=candidate(split_k=4),
+                                  sm_count=SPLITTING_SMS, **kw)
+    else:
+        out, lse = tk.sdpa_decode(q, k, v, candidate=candidate(split_k=4), sm_count=SPLITTING_SMS, **kw)
+    ref_out, ref_lse = fa_reference(q, k, v, lengths, causal="bottom_right", cache_leftpad=leftpad,
+                                    alibi_slopes=slopes)
+    assert bool((out[1] == 0).all()) and bool((lse[1] == -math.inf).all())
+    assert_matches(out, lse, ref_out, ref_lse, torch.float32, 80)
+    assert all(int(counters.abs().sum()) == 0 for counters in tk._tickets.values())
+
+
+def test_cache_batch_idx_reads_each_sequence_from_its_cache_row():
+    q, k, v = make_qkv(2, 4, 1, 1, 50, 16)
+    rows = torch.randn(4, 1, 50, 16), torch.randn(4, 1, 50, 16)
+    batch_idx = torch.tensor([3, 1], dtype=torch.int32)
+    rows[0][batch_idx.long()], rows[1][batch_idx.long()] = k, v
+    lengths = torch.tensor([50, 17], dtype=torch.int32)
+    out, lse = tk.sdpa_decode(q, *rows, cache_seqlens=lengths, cache_batch_idx=batch_idx,
+                              candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
+    ref_out, ref_lse = attention_reference(q, k, v, cache_seqlens=lengths)
+    assert_matches(out, lse, ref_out, ref_lse, torch.float32, 50)
+
+
+def test_the_default_launch_compiles_none_of_the_options():
+    q, k, v = make_qkv(1, 2, 1, 1, 16, 16)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(), sm_count=SPLITTING_SMS)
+    flags = plan[0].meta
+    assert (flags["ALIBI"], flags["BATCH_IDX"], flags["LEFTPAD"], flags["SOFTCAP"], flags["WINDOW"]) == \
+        (tk.ALIBI_NONE, False, False, False, False)

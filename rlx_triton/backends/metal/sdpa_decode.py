@@ -8,6 +8,11 @@ split_k <= 1 with partial_reduce False -> the one-pass kernel; otherwise the spl
 RLX's partition rule (`split_kv_partitions`, capped by split_k) and the combine pass.
 use_f16_kv, tile_m and pad_q do not change the Metal kernels: they read K/V in the input dtype
 and always compute in fp32.
+
+The shaders implement neither FlashAttention's options (local window, logits softcap, ALiBi, cache rows
+by cache_batch_idx, left padding) nor paged caches: COVERAGE names none of these request features, so the
+router refuses them by name (shape-unimplemented) and sends such calls to another backend, and the
+launcher itself raises `UnsupportedFeature` if handed one.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import torch
 from rlx_triton.backends.metal import candidates as _candidates
 from rlx_triton.backends.metal import library
 from rlx_triton.backends.torch_ref.sdpa_decode import gathered_pages, sdpa_through_decode
-from rlx_triton.router.coverage import Coverage
+from rlx_triton.router.coverage import SHAPE_UNIMPLEMENTED, Coverage
 
 FAMILY = "sdpa_decode"
 CAUSAL_MODES = {"none": 0, "top_left": 1, "bottom_right": 2}
@@ -57,6 +62,14 @@ COVERAGE = Coverage(
     },
 )
 APPROVALS = _candidates.approvals(FAMILY)
+# request features of the decode ops that the shaders do not implement (COVERAGE leaves them unnamed)
+UNSUPPORTED_FEATURES = ("paged", "window", "softcap", "alibi", "cache_batch_idx", "cache_leftpad")
+
+
+class UnsupportedFeature(ValueError):
+    """A launch with an option the Metal shaders do not implement; `kind` is the router's refusal kind."""
+
+    kind = SHAPE_UNIMPLEMENTED
 RECIPES: dict = {}
 SPEED_EVIDENCE: dict = {}
 
@@ -115,10 +128,18 @@ def _float_mask(attn_mask: Optional[torch.Tensor], shape, device) -> torch.Tenso
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                block_table: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+                block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                window: tuple = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+                candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the torch_ref module.
     The shader reads contiguous (B, Hkv, S, D) caches: a paged cache is gathered into one first, which is why
-    COVERAGE does not name the paged feature (the router sends paged requests elsewhere)."""
+    COVERAGE does not name the paged feature (the router sends paged requests elsewhere). softcap, window and
+    alibi_slopes are the family's keywords; the shaders implement none of them (UnsupportedFeature)."""
+    for name, used in (("softcap", softcap > 0), ("window", tuple(window) != (-1, -1)),
+                       ("alibi", alibi_slopes is not None)):
+        if used:
+            raise UnsupportedFeature(f"sdpa_decode on Metal: {name} is not implemented by the shaders "
+                                     f"({SHAPE_UNIMPLEMENTED}; the router sends such calls to another backend)")
     if block_table is not None:
         key, value = gathered_pages(key, block_table), gathered_pages(value, block_table)
     batch, num_heads, seq_q, head_dim = query.shape

@@ -35,9 +35,15 @@ def masking(causal: bool, window_size: Tuple[int, int], seqlen_q: int, cache_cap
             has_alibi: bool) -> Masking:
     """FA2's rules: causal means right = 0 (a no-op for one query token without ALiBi), and a side at least
     as long as the cache capacity is unbounded."""
-    left, right = window_size
     if seqlen_q == 1 and not has_alibi:
         causal = False
+    return window_masking(causal, window_size, cache_capacity)
+
+
+def window_masking(causal: bool, window_size: Tuple[int, int], cache_capacity: int) -> Masking:
+    """FA2's masking once causal is decided: causal means right = 0, and a side at least as long as the cache
+    capacity is unbounded."""
+    left, right = window_size
     if causal:
         right = 0
     if left >= cache_capacity:
@@ -46,6 +52,13 @@ def masking(causal: bool, window_size: Tuple[int, int], seqlen_q: int, cache_cap
         right = -1
     is_causal = left < 0 and right == 0
     return Masking(left, right, is_causal, (left >= 0 or right >= 0) and not is_causal)
+
+
+def decode_masking(causal: str, window: Tuple[int, int], cache_capacity: int) -> Masking:
+    """The Masking of a decode-layout call (a backend's sdpa_decode): causal "bottom_right" or "none" and a
+    window (left, right), as `through_decode` hands them on. It decides ALiBi's form: slope x key position where
+    the causal mask is the only bound, -slope x |distance| otherwise."""
+    return window_masking(causal == "bottom_right", tuple(window), cache_capacity)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -209,23 +222,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
     return attend(q, keys, values, lengths, cache_leftpad, scale, mask, softcap, alibi_slopes)
 
 
-def through_decode(sdpa_decode_fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table,
-                   softmax_scale, causal, window_size, rotary_interleaved, **options) -> Tuple[torch.Tensor, torch.Tensor]:
+def through_decode(sdpa_decode_fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                   cache_leftpad, block_table, softmax_scale, causal, window_size, rotary_interleaved, alibi_slopes,
+                   **options) -> Tuple[torch.Tensor, torch.Tensor]:
     """flash_attn_with_kvcache through a backend's `sdpa_decode` (rt's (B, H, S, D) layout, bottom-right causal):
     the appends and the rotary embedding here, the attention there, on strided views of the caches (a paged
     cache's (num_pages, page_size, Hkv, D) viewed as (num_pages, Hkv, page_size, D)). Empty sequences and rows
-    that see no key give 0 and FA2's LSE (+inf) where sdpa_decode's convention is -inf. For calls without
-    cache_batch_idx, cache_leftpad, softcap, ALiBi or a local window; `options` go to sdpa_decode_fn."""
+    that see no key give 0 and FA2's LSE (+inf) where sdpa_decode's convention is -inf. The softcap and the
+    window go to sdpa_decode_fn in `options` (its own form of them); cache_batch_idx, cache_leftpad and
+    alibi_slopes are handed on where given."""
     mask = masking(causal, tuple(window_size), q.shape[1], k_cache.shape[1] * (
-        block_table.shape[1] if block_table is not None else 1), False)
+        block_table.shape[1] if block_table is not None else 1), alibi_slopes is not None)
     if cache_seqlens is not None:
-        rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, None, None, block_table,
-                          rotary_interleaved)
-        q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, None, rotary_interleaved, mask)
+        rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                          cache_leftpad, block_table, rotary_interleaved)
+        q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, cache_leftpad, rotary_interleaved, mask)
     lengths = None if cache_seqlens is None else cache_seqlens.to(torch.int64) + (0 if k is None else k.shape[1])
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    if block_table is not None:
-        options["block_table"] = block_table
+    for name, given in (("block_table", block_table), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad), ("alibi_slopes", alibi_slopes)):
+        if given is not None:
+            options[name] = given
     out, lse = sdpa_decode_fn(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                               causal="bottom_right" if mask.is_causal else "none", scale=float(scale),
                               cache_seqlens=None if lengths is None else lengths.clamp(min=1), **options)

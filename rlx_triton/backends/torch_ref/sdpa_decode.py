@@ -13,7 +13,7 @@ NaN row, and NaN or Inf in a value gives NaN (0 * NaN). lse is NaN wherever the 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -63,11 +63,18 @@ def gathered_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tens
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                block_table: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+                block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+                candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the Triton launcher (a paged
-    cache with block_table is gathered into (B, Hkv, S, D) first)."""
+    cache with block_table is gathered into (B, Hkv, S, D) first). A softcap, a local window or ALiBi slopes
+    (with bottom-right or no causal masking, no mask) run FlashAttention's attention step (`with_fa_options`)."""
     if block_table is not None:
         key, value = gathered_pages(key, block_table), gathered_pages(value, block_table)
+    if softcap > 0 or tuple(window) != (-1, -1) or alibi_slopes is not None:
+        if attn_mask is not None:
+            raise ValueError("sdpa_decode: FlashAttention's softcap, window and ALiBi take no attn_mask")
+        return with_fa_options(query, key, value, causal, scale, cache_seqlens, softcap, window, alibi_slopes)
     batch, num_heads, seq_q, head_dim = query.shape
     num_kv_heads, seq_kv = key.shape[1], key.shape[2]
     group = num_heads // num_kv_heads
@@ -101,6 +108,26 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     out = out / torch.where(no_keys, 1.0, total)[..., None]
     lse = torch.where(no_keys, -math.inf, row_max + torch.log(total))
     return out.to(query.dtype), lse.to(torch.float32)
+
+
+def with_fa_options(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: str, scale: Optional[float],
+                    cache_seqlens: Optional[torch.Tensor], softcap: float, window: Tuple[int, int],
+                    alibi_slopes: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """sdpa_decode with FlashAttention's softcap, local window and ALiBi: FA2's own attention step
+    (backends/torch_ref/flash_attn.attend) on the (B, S, H, D) views, with sdpa_decode's -inf LSE where a row
+    sees no key."""
+    from rlx_triton.backends.torch_ref import flash_attn
+
+    if causal not in ("none", "bottom_right"):
+        raise ValueError(f"sdpa_decode: FlashAttention's options take bottom-right or no causal masking, got {causal!r}")
+    batch, seq_kv = query.shape[0], key.shape[2]
+    lengths = (torch.full((batch,), seq_kv, dtype=torch.int64, device=query.device) if cache_seqlens is None
+               else cache_seqlens)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    mask = flash_attn.decode_masking(causal, window, seq_kv)
+    out, lse = flash_attn.attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), lengths, None,
+                                 scale, mask, float(softcap), alibi_slopes)
+    return out.transpose(1, 2), torch.where(lse == math.inf, -math.inf, lse)
 
 
 def sdpa_through_decode(sdpa_decode_fn, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -47,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rlx_triton.backends.torch_ref.flash_attn import decode_masking, masking
 from rlx_triton.backends.torch_ref.flash_attn import through_decode as kvcache_through_decode
 from rlx_triton.backends.torch_ref.sdpa_decode import sdpa_through_decode
 from rlx_triton.backends.triton import launches
@@ -61,6 +62,8 @@ LN2 = 0.6931471805599453
 
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
 MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
+# ALiBi's two forms in FlashAttention 2: slope x key position (the causal window), -slope x |distance| otherwise
+ALIBI_NONE, ALIBI_KEY_INDEX, ALIBI_DISTANCE = 0, 1, 2
 _CAUSAL_CODES = {"none": CAUSAL_NONE, "top_left": CAUSAL_TOP_LEFT, "bottom_right": CAUSAL_BOTTOM_RIGHT}
 
 MAX_SEQ_Q = 16
@@ -183,11 +186,13 @@ def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
 def _sdpa_decode_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, seqlens_ptr,
     o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, tickets_ptr, block_table_ptr,
+    alibi_ptr, batch_idx_ptr, leftpad_ptr,  # read under ALIBI / BATCH_IDX / LEFTPAD only
     stride_qb, stride_qh, stride_ql,
     stride_kb, stride_kh, stride_kn,  # paged: stride_kb steps pages, stride_kn slots within a page
     stride_vb, stride_vh, stride_vn,
     stride_mb, stride_mh, stride_ml, stride_mn,
     stride_btb,  # block table rows (one per sequence)
+    stride_alibi_b,  # ALiBi slopes per (batch, head): 0 for slopes per head
     num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
     qk_scale,  # softmax scale * log2(e)
     softcap, window_left, window_right,  # read under SOFTCAP / WINDOW only
@@ -195,7 +200,8 @@ def _sdpa_decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     MAX_SPLITS: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr,
-    SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False, ALIBI: tl.constexpr = 0,
+    BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
 ):
     pid_bhm = tl.program_id(0)
     split = tl.program_id(1)
@@ -210,7 +216,16 @@ def _sdpa_decode_kernel(
         seqlen = tl.load(seqlens_ptr + batch).to(tl.int32)
     else:
         seqlen = seq_kv
-    live, lo, hi = _live_splits(seqlen, num_splits, split, BLOCK_N)
+    if LEFTPAD:
+        # keys [first_key, seqlen) of the sequence are its valid ones: the splits share those. A sequence with
+        # none still has its split 0 run an empty range, which writes its rows as seeing no key
+        first_key = tl.load(leftpad_ptr + batch).to(tl.int32)
+        live, lo, hi = _live_splits(tl.maximum(seqlen - first_key, 1), num_splits, split, BLOCK_N)
+        lo += first_key
+        hi = tl.minimum(hi + first_key, seqlen)
+    else:
+        first_key = 0
+        live, lo, hi = _live_splits(seqlen, num_splits, split, BLOCK_N)
     if split >= live:
         return  # an empty split: it takes no ticket and the merge never reads it
 
@@ -240,12 +255,19 @@ def _sdpa_decode_kernel(
         v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
         table_row = block_table_ptr + batch64 * stride_btb
     else:
-        k_base = k_ptr + batch64 * stride_kb + kv_head.to(tl.int64) * stride_kh
-        v_base = v_ptr + batch64 * stride_vb + kv_head.to(tl.int64) * stride_vh
+        if BATCH_IDX:  # the cache row of this sequence
+            cache_row = tl.load(batch_idx_ptr + batch).to(tl.int64)
+        else:
+            cache_row = batch64
+        k_base = k_ptr + cache_row * stride_kb + kv_head.to(tl.int64) * stride_kh
+        v_base = v_ptr + cache_row * stride_vb + kv_head.to(tl.int64) * stride_vh
     if MASK_KIND != 0:
         mask_rows = mask_ptr + batch64 * stride_mb + head64 * stride_mh + tok64 * stride_ml
-    # last key each row may see under bottom-right causal masking
+    # last key each row may see under bottom-right causal masking: its diagonal. Positions count from the
+    # first valid key, so a left padding shifts keys and diagonal alike and the difference is kept
     causal_limit = tok + seqlen - seq_q
+    if ALIBI != 0:  # slopes in base-2 units, as the scores are
+        slopes = tl.load(alibi_ptr + batch64 * stride_alibi_b + head64, mask=row_valid, other=0.0) * 1.4426950408889634
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -275,6 +297,11 @@ def _sdpa_decode_kernel(
             # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
             capped = 2.0 * tl.sigmoid(scores * (2.0 * 0.6931471805599453 / softcap)) - 1.0
             scores = capped * (softcap * 1.4426950408889634)
+        if ALIBI == 1:
+            scores += slopes[:, None] * (offs_n - first_key).to(tl.float32)[None, :]
+        if ALIBI == 2:
+            distance = (causal_limit[:, None] - offs_n[None, :]).to(tl.float32)
+            scores -= slopes[:, None] * tl.abs(distance)
 
         # padding rows and keys past the range are never read: their scores are replaced by -inf. Masking
         # inside the range is additive, as torch's math SDPA masks (score - inf): NaN and +inf scores of
@@ -574,7 +601,9 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                      scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
                      block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
-                     window: Tuple[int, int] = (-1, -1), candidate, route=None,
+                     window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+                     cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
+                     candidate, route=None,
                      sm_count: Optional[int] = None) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
     """The launch of `sdpa_decode` as a record, and the (out, lse) buffers it fills.
 
@@ -651,6 +680,13 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         mask_strides = mask.stride()
     seqlens = cache_seqlens if cache_seqlens is not None else query
     table = block_table if block_table is not None else seqlens
+    alibi_mode = ALIBI_NONE
+    if alibi_slopes is not None:
+        alibi_mode = ALIBI_KEY_INDEX if decode_masking(causal, window, seq_kv).is_causal else ALIBI_DISTANCE
+        alibi_slopes = alibi_slopes.contiguous()
+    slopes = alibi_slopes if alibi_slopes is not None else lse
+    batch_idx = cache_batch_idx if cache_batch_idx is not None else seqlens
+    leftpad = cache_leftpad if cache_leftpad is not None else seqlens
     if splits_held > 1:
         part_o = torch.empty((batch, num_heads, seq_q, splits_held, head_dim_v), device=device, dtype=torch.float32)
         part_lse = torch.empty((batch, num_heads, seq_q, splits_held), device=device, dtype=torch.float32)
@@ -665,8 +701,9 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         read += _unique_bytes(mask)
     if cache_seqlens is not None:
         read += cache_seqlens.numel() * cache_seqlens.element_size()
-    if block_table is not None:
-        read += block_table.numel() * block_table.element_size()
+    for index in (block_table, alibi_slopes, cache_batch_idx, cache_leftpad):
+        if index is not None:
+            read += index.numel() * index.element_size()
     written = out.numel() * size + lse.numel() * 4
     if splits > 1:  # the partials, written by every split and read back by the merging one; the tickets
         partials = batch * num_heads * seq_q * splits * (head_dim_v + 1) * 4
@@ -678,19 +715,21 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     flops = 2 * padded_rows * seq_kv * (meta["BLOCK_D"] + meta["BLOCK_DV"])
     unit = _DOT_UNITS.get(query.dtype, "fp32_fma") if meta["DOT_LOWP"] else "fp32_fma"
 
-    args = (query, key, value, mask, seqlens, out, lse, part_o, part_lse, tickets, table,
+    args = (query, key, value, mask, seqlens, out, lse, part_o, part_lse, tickets, table, slopes, batch_idx, leftpad,
             query.stride(0), query.stride(1), query.stride(2),
             key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2),
             *mask_strides,
             table.stride(0) if block_table is not None else 0,
+            slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
             num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
             float(scale) * LOG2E,
             float(softcap) if softcap > 0 else 1.0, int(window[0]), int(window[1]),
             triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv))
     flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MASK_KIND=mask_kind,
                  CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
-                 PAGED=block_table is not None, SOFTCAP=softcap > 0, WINDOW=tuple(window) != (-1, -1))
+                 PAGED=block_table is not None, SOFTCAP=softcap > 0, WINDOW=tuple(window) != (-1, -1),
+                 ALIBI=alibi_mode, BATCH_IDX=cache_batch_idx is not None, LEFTPAD=cache_leftpad is not None)
     counts = dict(bytes_read=read, bytes_written=written, flops=flops, unit=unit)
     if tuned is not None:
         record = Launch.tuned(tuned, candidate, grid_for, args, flags, route=route, **counts)
@@ -704,8 +743,10 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
-                block_table: Optional[torch.Tensor] = None, candidate, route=None,
-                sm_count: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+                cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
+                candidate, route=None, sm_count: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few query tokens against a KV range; returns (out, lse).
 
     query (B, Hq, Lq, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) with Hq % Hkv == 0 (strided views are
@@ -714,6 +755,12 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     sequence's valid length). cache_seqlens: (B,) int valid KV lengths in [1, S] or None (= S).
     block_table: (B, pages) int32/int64 page indices of a paged cache: key (num_pages, Hkv, page_size, D) and
     value (num_pages, Hkv, page_size, Dv), S = pages x page_size (no mask, bottom-right or no causal masking).
+    FlashAttention's options, with bottom-right or no causal masking and no mask: softcap > 0 maps each scaled
+    score s to softcap * tanh(s / softcap); window (left, right) keeps the keys within left before and right
+    after each row's diagonal (-1: unbounded); alibi_slopes (Hq,) or (B, Hq) float32 add slope x key position
+    where the causal mask is the only bound (`decode_masking`), -slope x |distance to the diagonal| otherwise;
+    cache_batch_idx (B,) reads sequence b from cache row cache_batch_idx[b] (not paged); cache_leftpad (B,)
+    makes keys [cache_leftpad[b], L_b) the valid ones, positions counted from the first.
     route: the router's decision (then the launch goes through the autotune bridge); sm_count: the SMs
     the split rule fills (default: the device's).
     Returns out (B, Hq, Lq, Dv) in query's dtype and lse (B, Hq, Lq) float32 in natural log (-inf and a
@@ -721,8 +768,9 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     record of `sdpa_decode_plan`: one launch.
     """
     plan, outputs = sdpa_decode_plan(query, key, value, attn_mask=attn_mask, causal=causal, scale=scale,
-                                     cache_seqlens=cache_seqlens, block_table=block_table, candidate=candidate,
-                                     route=route,
+                                     cache_seqlens=cache_seqlens, block_table=block_table, softcap=softcap,
+                                     window=window, alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx,
+                                     cache_leftpad=cache_leftpad, candidate=candidate, route=route,
                                      sm_count=sm_count)
     launches.run(plan)
     return outputs
@@ -751,13 +799,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
                             rotary_interleaved, alibi_slopes, *, candidate, route=None):
     """FlashAttention's kv-cache call ((B, S, H, D) layouts, paged or not) through the decode kernel: the
-    appends and rotary in torch, the attention in one launch with the softcap and the local window in the
-    kernel. Coverage routes here only calls without cache_batch_idx, cache_leftpad or ALiBi (those run the
-    torch path)."""
-    from rlx_triton.backends.torch_ref.flash_attn import masking
-
+    appends and rotary in torch, the attention in one launch with the softcap, the local window, ALiBi,
+    cache_batch_idx and cache_leftpad in the kernel."""
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    mask = masking(causal, tuple(window_size), q.shape[1], capacity, False)
+    mask = masking(causal, tuple(window_size), q.shape[1], capacity, alibi_slopes is not None)
     window = (mask.left, mask.right) if mask.is_local else (-1, -1)
 
     def attention(*args, **options):
@@ -766,8 +811,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
         return outputs
 
     return kvcache_through_decode(attention, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                  block_table, softmax_scale, causal, window_size, rotary_interleaved,
-                                  candidate=candidate, route=route)
+                                  cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                                  rotary_interleaved, alibi_slopes, candidate=candidate, route=route)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -790,9 +835,13 @@ COVERAGE = Coverage(
         "layout": frozenset({"batched"}),
         # a block table (pages of any size >= 1); requests without one carry no paged feature
         "paged": frozenset({True}),
-        # flash_attn_with_kvcache's logits softcap and local window (requests without them carry neither)
+        # FlashAttention's logits softcap, local window, ALiBi slopes, cache rows and left padding (requests
+        # without them carry none of these features)
         "softcap": frozenset({True}),
         "window": frozenset({True}),
+        "alibi": frozenset({"per_head", "per_batch_head"}),
+        "cache_batch_idx": frozenset({True}),
+        "cache_leftpad": frozenset({True}),
     },
 )
 
@@ -821,19 +870,23 @@ SPEED_EVIDENCE: dict = {_WIDEST_SPLITS: "estimated by rlx-triton perf (uncalibra
 
 _AUDIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "MAX_SPLITS", "MASK_KIND", "CAUSAL", "HAS_SEQLENS",
-               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW")
+               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD")
 _SIGNATURE = {name: ("constexpr" if name in _CONSTEXPRS else "i32") for name in _sdpa_decode_kernel.arg_names}
 _SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8", "seqlens_ptr": "*i32",
-                   "block_table_ptr": "*i32",
+                   "block_table_ptr": "*i32", "alibi_ptr": "*fp32", "batch_idx_ptr": "*i32", "leftpad_ptr": "*i32",
                    "o_ptr": "*{dt}", "lse_ptr": "*fp32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
                    "tickets_ptr": "*i32", "qk_scale": "fp32", "softcap": "fp32"})
 
 
-def _audit_meta(rows: int, head_dim: int):
+def _audit_meta(rows: int, head_dim: int, **options):
+    """Constexprs of an audited variant: a bool mask, bottom-right causal masking and cache lengths, with
+    `options` (FlashAttention's, which come without a mask) turning features on."""
     def meta(candidate, dt: str) -> dict:
         m = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim, dtype=_AUDIT_DTYPES[dt])
-        m.update(MASK_KIND=MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True, PAGED=False, SOFTCAP=False,
-                 WINDOW=False, stride_mn=1)
+        m.update(MASK_KIND=MASK_NONE if options else MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True,
+                 PAGED=False, SOFTCAP=False, WINDOW=False, ALIBI=ALIBI_NONE, BATCH_IDX=False, LEFTPAD=False,
+                 stride_mn=1)
+        m.update(options)
         return m
     return meta
 
@@ -857,4 +910,18 @@ AUDIT_KERNELS = [
               signature=_SIGNATURE, meta=_audit_meta(rows=16, head_dim=256),
               candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp16", "bf16"), divisible=_DIVISIBLE,
               expects_mma=lambda cand, dt: bool(cand.use_f16_kv)),
+] + [
+    # each option of the paged / FlashAttention path compiled once, on the default candidate in fp16 at the
+    # Llama-3-8B decode shape: a variant that adds registers or spills shows here
+    AuditSpec(name=f"sdpa_decode_d128_{name}", family="sdpa_decode", kernel=_sdpa_decode_kernel,
+              signature=_SIGNATURE, meta=_audit_meta(rows=4, head_dim=128, **options),
+              candidates=(_DEFAULT,), default=_DEFAULT, dtypes=("fp16",), divisible=_DIVISIBLE,
+              expects_mma=lambda cand, dt: bool(cand.use_f16_kv))
+    for name, options in (
+        ("paged", dict(PAGED=True)),
+        ("window", dict(WINDOW=True)),
+        ("softcap", dict(SOFTCAP=True)),
+        ("alibi", dict(ALIBI=ALIBI_DISTANCE)),
+        ("leftpad_batch_idx", dict(LEFTPAD=True, BATCH_IDX=True, ALIBI=ALIBI_KEY_INDEX)),
+    )
 ]
