@@ -22,8 +22,9 @@ DOCUMENTED = {
     "rlx_triton.integrations.transformers": ["register"],
     "rlx_triton.nn.lstm": ["LSTM"],
     "rlx_triton.nn.fbank": ["Fbank"],
-    "rlx_triton.nn.conv": ["Conv1d"],
-    "rlx_triton.nn.conv2d": ["Conv2d", "StatsPool"],
+    "rlx_triton.nn.conv": ["Conv1d", "SincNet"],
+    "rlx_triton.nn.conv2d": ["Conv2d", "StatsPool", "Projection", "BasicBlock", "Bottleneck"],
+    "rlx_triton.nn.segdense": ["SegDense"],
 }
 
 

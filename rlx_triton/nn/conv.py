@@ -26,7 +26,34 @@ def _check(condition: bool, message: str) -> None:
 
 
 class SincNet(nn.Module):
-    """pyannote SincNet (non-streaming) with an rlx_triton forward; build it with `from_pyannote`."""
+    """pyannote SincNet (non-streaming) with an rlx_triton forward; build it with `from_pyannote`.
+
+    (batch, 1, samples) waveforms -> (batch, 60, frames), in the parameters' dtype. `from_pyannote` takes
+    pyannote.audio's SincNet (model.sincnet of a PyanNet), or any module with its layout, which is what it
+    reads: wav_norm1d, conv1d (an encoder whose filterbank holds asteroid ParamSincFB's low_hz_ and
+    band_hz_, then Conv1d blocks), pool1d and norm1d.
+
+    Example (a module with pyannote's SincNet layout, built by hand; with pyannote.audio installed,
+    `rt.nn.SincNet.from_pyannote(model.sincnet)`):
+        >>> import torch, rlx_triton as rt
+        >>> from torch import nn
+        >>> sinc = nn.Module()                              # asteroid's ParamSincFB(80, 251): 40 bands
+        >>> sinc.low_hz_ = nn.Parameter(torch.linspace(30.0, 6000.0, 40).unsqueeze(1))
+        >>> sinc.band_hz_ = nn.Parameter(torch.full((40, 1), 150.0))
+        >>> sinc.kernel_size, sinc.sample_rate, sinc.min_low_hz, sinc.min_band_hz = 251, 16000, 50.0, 50.0
+        >>> encoder = nn.Module()
+        >>> encoder.filterbank, encoder.stride = sinc, 10
+        >>> stock = nn.Module()
+        >>> stock.wav_norm1d = nn.InstanceNorm1d(1, affine=True)
+        >>> stock.conv1d = nn.ModuleList([encoder, nn.Conv1d(80, 60, 5), nn.Conv1d(60, 60, 5)])
+        >>> stock.pool1d = nn.ModuleList([nn.MaxPool1d(3, stride=3) for _ in range(3)])
+        >>> stock.norm1d = nn.ModuleList([nn.InstanceNorm1d(c, affine=True) for c in (80, 60, 60)])
+        >>> fast = rt.nn.SincNet.from_pyannote(stock)      # shares stock's parameters, no copy
+        >>> fast.conv1d[1].weight is stock.conv1d[1].weight
+        True
+        >>> fast(torch.randn(2, 1, 16000)).shape            # 1 s at 16 kHz
+        torch.Size([2, 60, 56])
+    """
 
     def __init__(self, wav_norm1d: nn.InstanceNorm1d, conv1d: nn.ModuleList, pool1d: nn.ModuleList,
                  norm1d: nn.ModuleList, *, sample_rate: int = 16000, stride: int = 10,

@@ -195,7 +195,18 @@ class Conv2d(nn.Module):
 
 class Projection(nn.Module):
     """nn.Linear's forward for the embedding head (e.g. TSTP 5120 -> 256), on the conv2d op. Holds the
-    Linear's weight and bias themselves (shared, same state_dict keys)."""
+    Linear's weight and bias themselves (shared, same state_dict keys). (..., in_features) ->
+    (..., out_features).
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> linear = torch.nn.Linear(512, 256)
+        >>> seg_1 = rt.nn.Projection.from_torch(linear)
+        >>> seg_1(torch.randn(2, 512)).shape
+        torch.Size([2, 256])
+        >>> sorted(seg_1.state_dict()) == sorted(linear.state_dict())
+        True
+    """
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
         super().__init__()
@@ -331,7 +342,23 @@ class _Block(nn.Module):
 
 class BasicBlock(_Block):
     """WeSpeaker's BasicBlock (two 3x3 convs with BatchNorm, shortcut, ReLU) in two or three launches:
-    conv1+bn1+relu, [shortcut conv+bn], conv2+bn2+shortcut add+relu."""
+    conv1+bn1+relu, [shortcut conv+bn], conv2+bn2+shortcut add+relu. `from_torch(block)` takes an eval
+    block with conv1/bn1, conv2/bn2, shortcut (empty, or 1x1 conv + BatchNorm) and stride.
+
+    Example (a block with WeSpeaker's layout, BasicBlock(32, 64, stride=2), built by hand):
+        >>> import torch, rlx_triton as rt
+        >>> from torch import nn
+        >>> block = nn.Module()
+        >>> block.conv1, block.bn1 = nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(64)
+        >>> block.conv2, block.bn2 = nn.Conv2d(64, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64)
+        >>> block.shortcut = nn.Sequential(nn.Conv2d(32, 64, 1, stride=2, bias=False), nn.BatchNorm2d(64))
+        >>> block.stride = 2
+        >>> fast = rt.nn.BasicBlock.from_torch(block.eval())   # BatchNorms folded, the stock state_dict keys
+        >>> fast(torch.randn(2, 32, 20, 50)).shape
+        torch.Size([2, 64, 10, 25])
+        >>> sorted(fast.state_dict()) == sorted(block.state_dict())
+        True
+    """
 
     expansion = 1
     _depth = 2
@@ -342,7 +369,22 @@ class BasicBlock(_Block):
 
 class Bottleneck(_Block):
     """WeSpeaker's Bottleneck (1x1, 3x3, 1x1 convs, expansion 4) with BatchNorm folded and the
-    residual add + ReLU fused into the last conv."""
+    residual add + ReLU fused into the last conv. `from_torch(block)` takes an eval block with
+    conv1/bn1, conv2/bn2 (the strided 3x3), conv3/bn3, shortcut (empty, or 1x1 conv + BatchNorm) and stride.
+
+    Example (a block with WeSpeaker's layout, Bottleneck(16, 8): 16 -> 32 channels, built by hand):
+        >>> import torch, rlx_triton as rt
+        >>> from torch import nn
+        >>> block = nn.Module()
+        >>> block.conv1, block.bn1 = nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8)
+        >>> block.conv2, block.bn2 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        >>> block.conv3, block.bn3 = nn.Conv2d(8, 32, 1, bias=False), nn.BatchNorm2d(32)
+        >>> block.shortcut = nn.Sequential(nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32))
+        >>> block.stride = 1
+        >>> fast = rt.nn.Bottleneck.from_torch(block.eval())
+        >>> fast(torch.randn(2, 16, 10, 25)).shape
+        torch.Size([2, 32, 10, 25])
+    """
 
     expansion = 4
     _depth = 3

@@ -30,6 +30,20 @@ class SegDense(nn.Module):
     The classifier's parameters are this module's `weight` and `bias` (the same Parameter objects),
     so a model whose `classifier` becomes a SegDense keeps its state_dict keys. The linears are
     registered as `linear` unless `register_linears=False` (then the owner keeps them registered).
+    (..., in_features) -> (..., classes), in the parameters' dtype.
+
+    Example (`from_pyannote` reads a PyanNet's `linear`, `classifier` and `activation`; a module with
+    those three stands in for one here):
+        >>> import torch, rlx_triton as rt
+        >>> from torch import nn
+        >>> model = nn.Module()
+        >>> model.linear = nn.ModuleList([nn.Linear(256, 128), nn.Linear(128, 128)])
+        >>> model.classifier, model.activation = nn.Linear(128, 7), nn.LogSoftmax(dim=-1)
+        >>> head = rt.nn.SegDense.from_pyannote(model)     # shares the parameters
+        >>> head(torch.randn(2, 589, 256)).shape           # the LSTM's frames -> powerset log-probabilities
+        torch.Size([2, 589, 7])
+        >>> head.weight is model.classifier.weight
+        True
     """
 
     def __init__(self, linears: Iterable[nn.Linear], classifier: nn.Linear, activation: str = "log_softmax",

@@ -52,3 +52,11 @@ def test_disabled_progress_writes_nothing():
     with Progress(2, "tune", stream=log, enabled=False) as progress:
         progress.update()
     assert log.getvalue() == ""
+
+
+def test_a_jump_of_several_units_is_one_line_with_the_new_count():
+    log = io.StringIO()
+    with Progress(5, "bench", unit="case", stream=log, interval=3600) as progress:
+        progress.update()
+        progress.update(4)  # the cases a failed bench did not reach, counted at once
+    assert [line.split(" [")[0] for line in log.getvalue().splitlines()] == ["bench: 1/5 case", "bench: 5/5 case"]

@@ -396,6 +396,23 @@ def test_cuda_every_dtype_against_float64(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_cuda_mqa_at_batch_one_and_two_splits_past_split_k_and_merges_in_two_levels(dtype):
+    # one KV head: the split rule lifts split_k's bound to fill the SMs (about 119 splits on an H200 at
+    # batch 1), so live splits past 16 merge in two levels, concurrently on the device
+    for batch, lengths in ((1, [32768]), (2, [32768, 4000])):
+        q, k, v = qkv(batch, 32, 1, 128, kv_heads=1, seq_kv=32768, dtype=dtype, device="cuda")
+        seqlens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
+        with rt.use_backend("triton", strict=True):
+            rt.sdpa_decode(q, k, v, seqlens)  # warm-up: compile, and tune a cold bucket where tuning is allowed
+            first = rt.sdpa_decode(q, k, v, seqlens)
+            again = rt.sdpa_decode(q, k, v, seqlens)
+        torch.testing.assert_close(again, first, rtol=0, atol=0)  # merge order fixed: the same bits every launch
+        ref, _ = attention_reference(q.cpu(), k.cpu(), v.cpu(), causal="bottom_right", cache_seqlens=seqlens.cpu())
+        torch.testing.assert_close(first.cpu().double(), ref, rtol=TOL[dtype], atol=TOL[dtype] * 4)
+
+
+@pytest.mark.gpu
 def test_cuda_graph_capture_after_warm_up():
     q, k, v = qkv(2, 8, 1, 128, kv_heads=2, seq_kv=2048, dtype=torch.float16, device="cuda")
     lengths = torch.tensor([2048, 700], device="cuda", dtype=torch.int32)
