@@ -128,10 +128,10 @@ def test_a_change_of_a_signature_part_routes_the_call_again(routed, family, part
 
 
 def test_an_option_of_another_type_is_validated_again(routed):
-    op, args, kwargs = _conv1d()
-    op(*args, stride=1, **kwargs)
-    with pytest.raises(TypeError, match="stride must be an int"):
-        op(*args, stride=True, **kwargs)  # True == 1, but not a valid stride
+    op, args, _ = _lstm()
+    op(*args, batch_first=True)
+    with pytest.raises(TypeError, match="batch_first must be a bool"):
+        op(*args, batch_first=1)  # 1 == True, but not a valid flag
 
 
 def test_a_call_that_fails_validation_is_not_remembered(routed):
