@@ -42,6 +42,7 @@ _loaded = False
 def register_backend(spec: BackendSpec) -> None:
     with _lock:
         _backends[spec.name] = spec
+    _forget_routes()
 
 
 def unregister_backend(name: str) -> None:
@@ -49,6 +50,17 @@ def unregister_backend(name: str) -> None:
         _backends.pop(name, None)
         for key in [key for key in _modules if key[0] == name]:
             del _modules[key]
+    _forget_routes()
+
+
+def _forget_routes() -> None:
+    """Device facts hold a verdict per registered backend, and remembered routes were decided among the
+    backends registered then: a change of the backends clears both."""
+    from rlx_triton.router.device import clear_device_cache  # both modules import this one
+    from rlx_triton.router.route import clear_route_cache
+
+    clear_device_cache()
+    clear_route_cache()
 
 
 def _ensure_loaded() -> None:

@@ -257,6 +257,22 @@ def test_routes_are_cached_per_bucket(fake_backends, fake_module, fbank_candidat
     assert again is first
 
 
+def test_registering_or_removing_a_backend_forgets_remembered_routes(fake_backends, fake_module, fbank_candidates,
+                                                                    monkeypatch):
+    from rlx_triton.router import BackendSpec, register_backend
+    from rlx_triton.router.registry import unregister_backend
+
+    approve_all(fake_module, fbank_candidates, monkeypatch)
+    assert route(fbank_request()).backend == "fast"
+    register_backend(BackendSpec(name="faster", precedence=-30, package="tests.router.fakes", families=("fbank",),
+                                 probe=lambda facts: None))
+    try:
+        assert route(fbank_request()).backend == "faster"   # not the route remembered before it came
+    finally:
+        unregister_backend("faster")
+    assert route(fbank_request()).backend == "fast"
+
+
 def test_route_prints_backend_candidate_evidence_and_skips(fake_backends, fake_module, fbank_candidates,
                                                            monkeypatch):
     approve_all(fake_module, fbank_candidates, monkeypatch)
