@@ -191,6 +191,16 @@ def test_sequences_left_padded_to_their_length_see_no_key_on_the_kernel():
     assert_matches(got, expected, torch.float32)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_nan_key_right_of_the_diagonal_reaches_only_the_rows_that_see_it(backend):
+    # FlashAttention drops the keys right of a causal row's diagonal: token 0 of two does not see key 8
+    q, k_cache, v_cache = torch.randn(1, 2, 2, 16), torch.randn(1, 9, 2, 16), torch.randn(1, 9, 2, 16)
+    k_cache[0, 8, :, 0] = float("nan")
+    with rt.use_backend(backend, strict=backend != "torch"):
+        out = rt.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True)
+    assert out[:, 0].isfinite().all() and out[:, 1].isnan().all()
+
+
 def test_strict_mode_names_what_no_kernel_covers():
     kw = make_inputs(Case(1, 13, 32, alibi="head", leftpad=True), dtype=torch.float64)
     kw["alibi_slopes"] = kw["alibi_slopes"].float()

@@ -773,6 +773,16 @@ def test_sdpa_decode_fa_options_match_float64_on_both_paths(name, backend):
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-5, atol=4e-5)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_with_fa_options_a_nan_key_right_of_the_diagonal_reaches_only_the_rows_that_see_it(backend):
+    # FlashAttention's masking, as the options come with it: token 0 of two does not see key 8 and drops it
+    q, k, v = qkv(1, 2, 2, 16, seq_kv=9)
+    k[0, :, 8, 0] = float("nan")
+    with rt.use_backend(backend, strict=backend != "torch"):
+        out = rt.sdpa_decode(q, k, v, softcap=2.0)
+    assert out[:, :, 0].isfinite().all() and out[:, :, 1].isnan().all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_sdpa_decode_fa_options_on_a_paged_cache_in_low_precision(dtype):
     k, v, k_pages, v_pages, table = paged_cache(page_size=3, seq_kv=20, dtype=dtype)

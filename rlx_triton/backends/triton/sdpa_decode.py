@@ -30,7 +30,9 @@ keys are all masked produce 0 and LSE = -inf.
 Non-finite values follow torch's math SDPA over the keys a call reads (keys past a sequence's valid
 length, and under top-left alignment past the last query token, are never read): masking any other
 key adds -inf to its score, so NaN or +inf in a query row, a key or a mask gives a NaN row with a NaN
-LSE, and NaN or Inf in a value gives NaN through the P @ V product (0 * NaN), as in torch.
+LSE, and NaN or Inf in a value gives NaN through the P @ V product (0 * NaN), as in torch. Calls with
+FlashAttention's options (softcap, local window, ALiBi, cache rows, left padding) mask as FlashAttention
+does: keys outside a row's window, the causal diagonal included, are dropped, so a NaN there stays out.
 
 With the router's route the launch goes through the autotune bridge (backends/triton/autotune.py),
 keyed on the token, batch and KV-length buckets and the head shape; without one the candidate is
@@ -623,6 +625,12 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     group = num_heads // num_kv_heads
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
+    fa_options = (softcap > 0 or tuple(window) != (-1, -1) or alibi_slopes is not None or cache_leftpad is not None
+                  or cache_batch_idx is not None)
+    if causal == "bottom_right" and fa_options:
+        # FlashAttention's masking, which these options come with, drops the keys right of the diagonal (a
+        # window side of 0) where torch's math SDPA adds -inf to their scores: a NaN in such a key stays out
+        window = (window[0], 0)
     query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
     if causal == "top_left" and seq_q < seq_kv and block_table is None:
         # token i sees keys 0..i only: the keys past Lq are never read (views, no copy)
@@ -803,7 +811,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
     cache_batch_idx and cache_leftpad in the kernel."""
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
     mask = masking(causal, tuple(window_size), q.shape[1], capacity, alibi_slopes is not None)
-    window = (mask.left, mask.right) if mask.is_local else (-1, -1)
+    # causal is the window (-1, 0) in FlashAttention: keys right of the diagonal are dropped, not masked by -inf
+    window = (mask.left, mask.right) if mask.is_local or mask.is_causal else (-1, -1)
 
     def attention(*args, **options):
         plan, outputs = sdpa_decode_plan(*args, softcap=softcap, window=window, **options)
