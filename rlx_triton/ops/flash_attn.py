@@ -23,7 +23,8 @@ import torch
 
 from rlx_triton.backends.torch_ref import flash_attn as reference
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
-from rlx_triton.ops.sdpa_decode import _decided, _decision_key, _values_readable, check_attention_options
+from rlx_triton.ops.sdpa_decode import (_decided, _decision_key, _values_readable, attention_option_features,
+                                        check_attention_options)
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 
@@ -213,18 +214,9 @@ def _request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table
                              alibi_slopes is not None)
     features = {"mask": "none", "causal": "bottom_right" if mask.is_causal else "none", "dropout": False,
                 "layout": "batched", "requires_grad": needs_grad(q, k_cache, v_cache, k)}
-    if block_table is not None:
-        features["paged"] = True
-    if cache_batch_idx is not None:
-        features["cache_batch_idx"] = True
-    if cache_leftpad is not None:
-        features["cache_leftpad"] = True
-    if mask.is_local:
-        features["window"] = True
-    if softcap > 0.0:
-        features["softcap"] = True
-    if alibi_slopes is not None:
-        features["alibi"] = "per_head" if alibi_slopes.dim() == 1 else "per_batch_head"
+    features.update(attention_option_features(paged=block_table is not None, local_window=mask.is_local,
+                                              softcap=softcap, alibi_slopes=alibi_slopes,
+                                              cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad))
     return Request.make(
         KernelFamily.SDPA_DECODE, _OP, tensor=q,
         fields={"m": seqlen_q * (num_heads // num_kv_heads), "tokens": seqlen_q, "batch": batch,

@@ -436,6 +436,25 @@ def check_attention_options(op: str, error: type, *, window_size, softcap, alibi
             raise error(f"{op}: alibi_slopes must be on {device}, got {alibi_slopes.device}")
 
 
+def attention_option_features(*, paged: bool, local_window: bool, softcap: float, alibi_slopes,
+                              cache_batch_idx=None, cache_leftpad=None) -> dict:
+    """The request features of FlashAttention's options in use (coverage names each one a kernel takes)."""
+    features = {}
+    if paged:
+        features["paged"] = True
+    if cache_batch_idx is not None:
+        features["cache_batch_idx"] = True
+    if cache_leftpad is not None:
+        features["cache_leftpad"] = True
+    if local_window:
+        features["window"] = True
+    if softcap > 0:
+        features["softcap"] = True
+    if alibi_slopes is not None:
+        features["alibi"] = "per_head" if alibi_slopes.dim() == 1 else "per_batch_head"
+    return features
+
+
 def _decode_window(window_size, s_max: int) -> Tuple[int, int]:
     """The local window sdpa_decode hands a backend, normalized as FlashAttention normalizes a causal call's
     (backends/torch_ref/flash_attn.window_masking): the causal mask bounds the right side (right = 0), and a
@@ -575,14 +594,9 @@ def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, 
     kv_heads, s_max = k_cache.shape[1], _decode_capacity(k_cache, block_table)
     features = {"mask": "none", "causal": "bottom_right", "dropout": False, "layout": "batched",
                 "requires_grad": needs_grad(query, k_cache, v_cache)}
-    if block_table is not None:
-        features["paged"] = True
-    if _decode_window(window_size, s_max) != (-1, -1):
-        features["window"] = True
-    if softcap > 0:
-        features["softcap"] = True
-    if alibi_slopes is not None:
-        features["alibi"] = "per_head" if alibi_slopes.dim() == 1 else "per_batch_head"
+    features.update(attention_option_features(paged=block_table is not None,
+                                              local_window=_decode_window(window_size, s_max) != (-1, -1),
+                                              softcap=softcap, alibi_slopes=alibi_slopes))
     return Request.make(
         KernelFamily.SDPA_DECODE, "sdpa_decode", tensor=query,
         fields={"m": seq_q * (heads // kv_heads), "tokens": seq_q, "batch": batch, "num_heads": heads,
