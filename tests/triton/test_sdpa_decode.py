@@ -288,6 +288,7 @@ def test_rule_lifts_the_cap_where_split_k_cannot_fill_one_wave():
 def test_a_lifted_cap_still_gives_every_split_a_tile_and_stops_at_the_maximum():
     assert tk.kv_splits(132, 1, 1024, 64, 16) == 16             # 16 tiles in the bucket
     assert tk.kv_splits(1000, 1, 1 << 20, 64, 16) == tk.MAX_LIFTED_SPLITS
+    assert tk.kv_splits(132, 1, 1 << 20, 64, 256) == tk.MAX_LIFTED_SPLITS     # nor past it for a wide split_k
 
 
 def test_a_candidate_that_never_splits_is_never_lifted():

@@ -124,7 +124,8 @@ def kv_splits(sm_count: int, row_blocks: int, seq_kv: int, block_n: int, max_spl
     CPU (sm_count 1) never does either.
     """
     tiles = triton.cdiv(kv_bucket(seq_kv), block_n)
-    cap = max(1, min(int(max_splits), tiles))
+    # never past MAX_LIFTED_SPLITS: the merge's group counters are laid out for that many
+    cap = max(1, min(int(max_splits), tiles, MAX_LIFTED_SPLITS))
     lifted = max_splits > 1 and row_blocks * max_splits < MIN_FILL * sm_count
     if lifted:
         cap = max(cap, min(MAX_LIFTED_SPLITS, tiles))
