@@ -380,6 +380,19 @@ def test_one_and_two_level_merges_side_by_side_match_float64(dtype):
     assert all(int(counters.abs().sum()) == 0 for counters in tk._tickets.values())
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silence_and_constant_values_through_two_merge_levels_under_inference_mode(dtype):
+    # zero queries weigh every key alike; constant values make every partial, and so the output, that constant
+    q, k, v = make_qkv(1, 4, 1, 1, 333, 16, dtype=dtype)
+    q.zero_()
+    v.fill_(0.75)
+    with torch.inference_mode():
+        out, lse = run_and_check(q, k, v, cand=candidate(split_k=16), sm_count=132)   # 21 live splits
+    torch.testing.assert_close(out.double(), torch.full_like(out, 0.75, dtype=torch.float64), rtol=TOL[dtype],
+                               atol=TOL[dtype])
+    torch.testing.assert_close(lse.double(), torch.full_like(lse, math.log(333), dtype=torch.float64))
+
+
 def test_a_nan_value_in_the_second_merge_group_reaches_the_output():
     q, k, v = make_qkv(1, 4, 1, 1, 333, 16)
     v[0, 0, 300, 3] = float("nan")                               # split 19: the second group of 16
