@@ -30,6 +30,13 @@ TERA = 1e12
 
 UNITS = ("fp32_fma", "tf32", "tf32x3", "tf32x4", "fp16_mma", "bf16_mma")
 
+# The latency constants of a CUDA profile, in nanoseconds except issue_interval (cycles):
+# l2_hit: a dependent load served by L2 (data another SM wrote: .cg loads, merge partials, h rows);
+# hbm: a dependent load served by device memory; atomic: a global atomic's round trip (performed at L2);
+# cta_barrier: bar.sync of a CTA; issue_interval: cycles between two instructions of one warp on average
+# (its own dependences; a scheduler issues one per cycle from all its warps).
+LATENCY_KEYS = ("l2_hit", "hbm", "atomic", "cta_barrier", "issue_interval")
+
 # Sources quoted by several profiles.
 _CUDA_GUIDE = ("CUDA C++ Programming Guide, 'Technical Specifications per Compute Capability' "
                "(compute capability {cc})")
@@ -38,6 +45,28 @@ _OCCUPANCY = ("CUDA Occupancy Calculator / cudaOccupancyMaxActiveBlocksPerMultip
               "compute capability 8.0 and later (CUDA C++ Best Practices Guide, 'Occupancy')")
 _LAUNCH = ("assumption: a kernel launch without CUDA graphs costs about 4 us on the GPU timeline "
            "(back-to-back launches of tiny kernels on A100/H100-class devices, 3-5 us)")
+_LATENCY = ("ranges read from public microbenchmarks, stated as ranges rather than one figure: Luo et al., "
+            "'Benchmarking and Dissecting the Nvidia Hopper GPU Architecture' (IPDPS 2024, arXiv 2402.13499) and "
+            "'Dissecting the NVIDIA Hopper Architecture through Microbenchmarking and Multiple Level Analysis' "
+            "(arXiv 2501.12084): pointer-chase L2 hits of a few hundred cycles (~150-200 ns on H800/A100 at "
+            "their clocks) and global-memory misses about twice that, unloaded; the high ends allow for the far "
+            "half of Hopper's partitioned L2 and for loaded memory (0.6-0.8 us under a full read stream); a "
+            "global atomic is performed at L2 (one L2 round trip plus the atomic unit)")
+_ISSUE = ("Jia et al., 'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking' (2018) and Luo et "
+          "al. (arXiv 2402.13499): dependent FP32 arithmetic takes ~4 cycles on Volta to Hopper; unrolled "
+          "Triton code has some independent instructions between dependent ones: 2-4 cycles per warp "
+          "instruction on average; CUDA C++ Programming Guide, compute capability 8.x/9.0: 4 warp schedulers "
+          "per SM, each issuing one warp instruction per cycle")
+_CLOCK = ("derived: peak.fp32_fma / (SMs x FP32 lanes per SM x 2), lanes per SM from the CUDA C++ Programming "
+          "Guide's arithmetic instruction throughput table (128 on 8.9/9.0, 64 on 8.0)")
+_H200_COPY = ("measured: a device-to-device copy (torch copy_, 256 MB) on the H200 this project's GPU runs are "
+              "lent moves ~4.3 TB/s (bytes read + written), 0.896 of the 4.8 TB/s datasheet figure")
+_COPY_RATIO = ("assumption: the H200's measured copy / datasheet ratio (4.3 / 4.8 = 0.896, measured on an "
+               "H200) applied to this GPU's datasheet figure; not measured on this GPU")
+COPY_RATIO = 4.3 / 4.8
+# One range per constant for every CUDA profile (see _LATENCY, _ISSUE): low, nominal, high.
+CUDA_LATENCY = {"l2_hit": (150.0, 250.0, 350.0), "hbm": (450.0, 600.0, 800.0), "atomic": (200.0, 300.0, 450.0),
+                "cta_barrier": (20.0, 30.0, 50.0), "issue_interval": (2.0, 3.0, 4.0)}
 _TF32X3 = "tf32x3 issues three TF32 products per fp32 product: tf32 / 3"
 _TF32X4 = "tf32x4 issues four TF32 products per fp32 product: tf32 / 4"
 _METAL_TABLES = ("Apple Metal Feature Set Tables (Apple7/Apple8 GPU families): 32 KB threadgroup memory, "
@@ -69,10 +98,25 @@ class DeviceProfile:
     threadgroup_memory: Optional[int] = None   # Apple: bytes per threadgroup
     names: Tuple[str, ...] = ()   # substrings of the device name torch reports (matches results files)
     sources: Mapping[str, str] = field(default_factory=dict)
+    achievable_bandwidth: Optional[float] = None   # bytes/s a device-to-device copy reaches; None: the datasheet's
+    clock_hz: Optional[float] = None               # SM clock the FP32 peak is quoted at
+    schedulers_per_sm: int = 4
+    latency: Mapping[str, Tuple[float, float, float]] = field(default_factory=dict)   # LATENCY_KEYS -> range
+    calibrated: bool = False                       # constants fitted to a measured run (rlx-triton perf --calibrate)
 
     def __post_init__(self):
         object.__setattr__(self, "peak", MappingProxyType(dict(self.peak)))
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        object.__setattr__(self, "latency", MappingProxyType({k: tuple(map(float, v)) for k, v in self.latency.items()}))
+
+    @property
+    def achievable_bw(self) -> float:
+        """Bytes/s a streaming kernel can reach: the measured (or derived) copy bandwidth, else the datasheet's."""
+        return self.achievable_bandwidth or self.bandwidth
+
+    def latency_ns(self, key: str, which: int = 1) -> float:
+        """One latency constant (LATENCY_KEYS) of its range: which 0 low, 1 nominal, 2 high."""
+        return self.latency[key][which]
 
     @property
     def arch(self) -> Optional[str]:
@@ -91,8 +135,9 @@ class DeviceProfile:
 
 
 def _cuda(key, name, capability, sm_count, memory_bytes, bandwidth, fp32, tf32, fp16, bf16, *, shared_per_sm,
-          shared_per_cta, max_ctas, max_warps, l2_bytes, names, sources) -> DeviceProfile:
+          shared_per_cta, max_ctas, max_warps, l2_bytes, names, sources, achievable=None) -> DeviceProfile:
     cc = f"{capability[0]}.{capability[1]}"
+    fp32_lanes = 64 if capability == (8, 0) else 128
     common = {
         "registers_per_sm": _CUDA_GUIDE.format(cc=cc),
         "shared_per_cta": _CUDA_GUIDE.format(cc=cc),
@@ -105,6 +150,10 @@ def _cuda(key, name, capability, sm_count, memory_bytes, bandwidth, fp32, tf32, 
         "launch_us": _LAUNCH,
         "peak.tf32x3": _TF32X3,
         "peak.tf32x4": _TF32X4,
+        "achievable_bandwidth": _COPY_RATIO,
+        "clock_hz": _CLOCK,
+        "schedulers_per_sm": _ISSUE,
+        **{f"latency.{k}": _ISSUE if k == "issue_interval" else _LATENCY for k in LATENCY_KEYS},
     }
     return DeviceProfile(
         key=key, name=name, kind="cuda", capability=capability, sm_count=sm_count, memory_bytes=memory_bytes,
@@ -113,7 +162,9 @@ def _cuda(key, name, capability, sm_count, memory_bytes, bandwidth, fp32, tf32, 
               "bf16_mma": bf16},
         launch_us=4.0, registers_per_sm=65536, shared_per_sm=shared_per_sm, shared_per_cta=shared_per_cta,
         shared_reserved_per_cta=1 * KB, max_ctas_per_sm=max_ctas, max_warps_per_sm=max_warps, l2_bytes=l2_bytes,
-        names=names, sources={**common, **sources})
+        names=names, sources={**common, **sources},
+        achievable_bandwidth=achievable if achievable is not None else bandwidth * COPY_RATIO,
+        clock_hz=fp32 / (sm_count * fp32_lanes * 2), schedulers_per_sm=4, latency=CUDA_LATENCY)
 
 
 _H100_DATASHEET = ("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column: FP32 67 TFLOPS, TF32 Tensor Core "
@@ -166,8 +217,9 @@ PROFILES: Dict[str, DeviceProfile] = {profile.key: profile for profile in (
                    "peak.fp16_mma": _H100_DATASHEET, "peak.bf16_mma": _H100_DATASHEET}),
     _cuda("h200", "NVIDIA H200", (9, 0), 132, 141 * 10**9, 4.8e12, 67 * TERA, 494.7 * TERA, 989.4 * TERA,
           989.4 * TERA, shared_per_sm=228 * KB, shared_per_cta=227 * KB, max_ctas=32, max_warps=64,
-          l2_bytes=50 * MB, names=("H200",),
-          sources={"sm_count": _H200_DATASHEET + "; " + _HOPPER_BLOG, "l2_bytes": _HOPPER_BLOG,
+          l2_bytes=50 * MB, names=("H200",), achievable=4.3e12,
+          sources={"achievable_bandwidth": _H200_COPY,
+                   "sm_count": _H200_DATASHEET + "; " + _HOPPER_BLOG, "l2_bytes": _HOPPER_BLOG,
                    "shared_per_sm": _HOPPER_BLOG, "memory_bytes": _H200_DATASHEET, "bandwidth": _H200_DATASHEET,
                    "peak.fp32_fma": _H200_DATASHEET, "peak.tf32": _H200_DATASHEET,
                    "peak.fp16_mma": _H200_DATASHEET, "peak.bf16_mma": _H200_DATASHEET}),
@@ -205,7 +257,8 @@ PROFILES: Dict[str, DeviceProfile] = {profile.key: profile for profile in (
 # Fields every CUDA profile must state (the analysis reads all of them).
 CUDA_FIELDS = ("capability", "sm_count", "memory_bytes", "bandwidth", "launch_us", "registers_per_sm",
                "shared_per_sm", "shared_per_cta", "shared_reserved_per_cta", "max_ctas_per_sm", "max_warps_per_sm",
-               "register_alloc_unit", "max_registers_per_thread", "l2_bytes")
+               "register_alloc_unit", "max_registers_per_thread", "l2_bytes", "achievable_bandwidth", "clock_hz",
+               "schedulers_per_sm")
 
 
 def profile(key: str) -> DeviceProfile:
@@ -239,3 +292,67 @@ def profile_for_name(device_name: str) -> Optional[DeviceProfile]:
             if name.lower() in lowered and len(name) > best_length:
                 best, best_length = candidate, len(name)
     return best
+
+
+# ---------------------------------------------------------------------------------------------------
+# The constants the performance model reads, and profiles calibrated against a measured run
+# ---------------------------------------------------------------------------------------------------
+CALIBRATION_KEYS = ("achievable_bw", "launch_us") + LATENCY_KEYS
+
+
+def profile_block(gpu: DeviceProfile) -> dict:
+    """The profile's figures and constants as `rlx-triton perf` writes them (JSON key "profile"), with sources."""
+    keys = ("bandwidth", "achievable_bandwidth", "clock_hz", "schedulers_per_sm", "launch_us")
+    sources = {key: gpu.sources.get(key) for key in keys}
+    sources.update({f"latency.{key}": gpu.sources.get(f"latency.{key}") for key in gpu.latency})
+    return {"key": gpu.key, "name": gpu.name, "arch": gpu.arch, "sm_count": gpu.sm_count, "bandwidth": gpu.bandwidth,
+            "achievable_bw": gpu.achievable_bw, "clock_hz": gpu.clock_hz, "schedulers_per_sm": gpu.schedulers_per_sm,
+            "launch_us": gpu.launch_us, "latency": {key: list(span) for key, span in gpu.latency.items()},
+            "latency_units": {key: "cycles" if key == "issue_interval" else "ns" for key in gpu.latency},
+            "calibrated": gpu.calibrated, "sources": sources}
+
+
+def calibrated(base: DeviceProfile, values: Mapping[str, float], fitted_from: str) -> DeviceProfile:
+    """`base` with the fitted constants (CALIBRATION_KEYS; a latency's range keeps its spread around the new value)."""
+    import dataclasses
+
+    latency = dict(base.latency)
+    sources = dict(base.sources)
+    note = f"calibrated: least-squares fit to the measured run {fitted_from} (rlx-triton perf --calibrate)"
+    for key in LATENCY_KEYS:
+        if key in values and key in latency:
+            low, nominal, high = latency[key]
+            value = float(values[key])
+            latency[key] = (value * low / nominal, value, value * high / nominal)
+            sources[f"latency.{key}"] = note
+    changes = {"latency": latency, "calibrated": True}
+    if "achievable_bw" in values:
+        changes["achievable_bandwidth"] = float(values["achievable_bw"])
+        sources["achievable_bandwidth"] = note
+    if "launch_us" in values:
+        changes["launch_us"] = float(values["launch_us"])
+        sources["launch_us"] = note
+    return dataclasses.replace(base, sources=sources, **changes)
+
+
+def profile_file(gpu: DeviceProfile, fitted_from: str) -> dict:
+    """What --calibrate writes: the base profile's key and the fitted constants (load_profile reads it back)."""
+    return {"profile": gpu.key, "calibrated": gpu.calibrated, "fitted_from": fitted_from,
+            "achievable_bw": gpu.achievable_bw, "launch_us": gpu.launch_us,
+            "latency": {key: list(span) for key, span in gpu.latency.items()}}
+
+
+def load_profile(data: Mapping) -> DeviceProfile:
+    """The profile a calibrated profile file (profile_file) describes; ValueError naming what is wrong."""
+    if not isinstance(data, Mapping) or "profile" not in data:
+        raise ValueError("a calibrated profile file must be a JSON object with a \"profile\" key")
+    base = profile(str(data["profile"]))
+    latency = data.get("latency", {})
+    unknown = [key for key in latency if key not in LATENCY_KEYS]
+    if unknown:
+        raise ValueError(f"calibrated profile: unknown latency constants {', '.join(unknown)}")
+    values = {key: float(span[1]) for key, span in latency.items()}
+    for key in ("achievable_bw", "launch_us"):
+        if key in data:
+            values[key] = float(data[key])
+    return calibrated(base, values, str(data.get("fitted_from", "")))

@@ -1,6 +1,7 @@
 """`rlx-triton perf`: how fast each routed kernel can be on a named GPU, from its launch plan, without the GPU.
 
-    python -m rlx_triton.perf [--device h200] [--json PATH] [--markdown PATH] [BENCH ...]
+    python -m rlx_triton.perf [--device h200] [--profile PATH] [--json PATH] [--markdown PATH] [BENCH ...]
+    python -m rlx_triton.perf --calibrate bench/results/<file>.json [--write-profile PATH]
 
 For every case of every bench in bench/ (their own case lists, as a CUDA run measures them) the call
 is traced on meta tensors as on the device profile (rlx_triton/devices.py): routed by the router as on
@@ -8,19 +9,25 @@ that device, its launch plan built by the family's launcher and collected by the
 run (rlx_triton/backends/triton/launches.py). Each distinct launch configuration is compiled for the
 profile's architecture with the JIT's specialisation (rlx_triton.perf.compiled, cached on disk), and
 each launch is read against the profile: CTAs, CTAs per SM, waves, SM fill, registers, shared memory,
-spills, the SASS instruction mix, and a roofline estimate beside the physical floor
-(rlx_triton.perf.roofline; the assumptions are printed and written to the JSON). Per model (PyanNet
+spills, the SASS instruction mix of the loop executing the most instructions (spin loops apart), and an
+estimate beside the physical floor (rlx_triton.perf.roofline: memory at the achievable bandwidth, compute,
+issue and the latency chain, with a low-high range from the constants' ranges; the assumptions are printed
+and written to the JSON, the profile's constants under "profile"). Per model (PyanNet
 segmentation, WeSpeaker ResNet34): Triton launches and host synchronisations of one forward at the
 bench shape. A case whose family's launcher still launches outside the executor is reported as
 "no launch plan yet" (its launches are counted, its time is not estimated). Where the families of a
 case's ops state their torch path's kernels (`library_kernels(request)` in backends/torch_ref/<family>.py),
 the case also gets a "library path estimate": the same roofline applied to those kernels (JSON key
-"library_estimate", only on such cases): each stated kernel takes max(its minimum bytes / peak bandwidth,
-its FLOPs / the peak rate of its unit) with every SM busy, plus one launch latency, and the case's
-estimate is their sum, so it bounds the library path from below (fbank states framing, cuFFT's rfft at
-2.5 N log2 N FLOPs per frame, the power spectrum, the cuBLAS mel SGEMM with TF32 off, the log and the
-CMN steps; backends/torch_ref/fbank.py `library_kernels`). Every estimate is uncalibrated; where
-bench/results/*.json holds a run on the same GPU, measured / estimated is shown.
+"library_estimate", only on such cases): each stated kernel takes max(its minimum bytes / achievable
+bandwidth, its FLOPs / the peak rate of its unit) with every SM busy, plus its latency chain and one launch
+latency, at the same constants as the Triton launches, and the case's estimate is their sum, so it bounds
+the library path from below (fbank states framing, cuFFT's rfft at 2.5 N log2 N FLOPs per frame, the power
+spectrum, the cuBLAS mel SGEMM with TF32 off, the log and the CMN steps; backends/torch_ref/fbank.py
+`library_kernels`). Estimates are uncalibrated unless --profile names a calibrated profile; where
+bench/results/*.json holds a run on the same GPU, measured / estimated is shown. `--calibrate RESULTS`
+fits the profile's constants to that measured run (rlx_triton.perf.calibrate: least squares over the
+cases it can match), prints each case's error before and after, and writes the calibrated profile
+(default bench/results/profiles/<results stem>.json), which --profile reads.
 
 Exit codes: 0 every case analysed or reported, 1 a case failed to trace or a launch failed to compile,
 2 bad usage (unknown device or bench, a profile that is not a CUDA GPU, triton not installed).
@@ -56,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="write the case table as markdown to PATH (estimates beside the measured columns)")
     parser.add_argument("--results", default=None,
                         help="folder of bench results to read measured times from (default bench/results)")
+    parser.add_argument("--profile", metavar="PATH", default=None,
+                        help="a calibrated profile written by --calibrate (its device replaces --device)")
+    parser.add_argument("--calibrate", metavar="RESULTS", default=None,
+                        help="fit the device constants to a measured bench run (bench/results/<file>.json)")
+    parser.add_argument("--write-profile", metavar="PATH", default=None,
+                        help="where --calibrate writes the calibrated profile "
+                             "(default bench/results/profiles/<results stem>.json)")
     parser.add_argument("benches", nargs="*", metavar="BENCH", help=f"subset of {', '.join(BENCHES)}")
     return parser
 
@@ -76,12 +90,14 @@ class CaseReport:
     note: str = ""
     measured_us: Optional[float] = None
     library: Optional[dict] = None   # the library path estimate (rlx_triton.perf.roofline.library_estimate)
+    est_low_us: Optional[float] = None
+    est_high_us: Optional[float] = None
 
     def as_json(self) -> dict:
         data = {"bench": self.bench, "case": self.case, "shape": self.shape, "backend": self.backend,
                 "candidate": self.candidate, "launches": self.launches, "floor_us": self.floor_us,
-                "est_us": self.est_us, "bw_fraction": self.bw_fraction,
-                "kernels": [kernel.as_json() for kernel in self.kernels]}
+                "est_us": self.est_us, "est_low_us": self.est_low_us, "est_high_us": self.est_high_us,
+                "bw_fraction": self.bw_fraction, "kernels": [kernel.as_json() for kernel in self.kernels]}
         if self.library is not None:
             data["library_estimate"] = self.library
         return data
@@ -190,14 +206,15 @@ def analyse_plan(records: Sequence[Any], profile, *, workers: Optional[int] = No
 
 
 def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cache_dir: Optional[str] = None,
-            results_dir: Optional[Path] = None, progress=None) -> dict:
+            results_dir: Optional[Path] = None, progress=None, quick: bool = False) -> dict:
     """The full analysis: {"report": JSON-ready dict, "cases": [CaseReport], "models": [...], "errors": [...]}.
 
     progress: a callable taking a message; with it, the cases are counted off on stderr one by one
-    (rlx_triton.progress.Progress) and each phase after them says what it did."""
+    (rlx_triton.progress.Progress) and each phase after them says what it did. quick: the case lists a quick
+    bench run measures (what --calibrate reads from a quick run)."""
     from rlx_triton.perf.benches import REPO_ROOT, perf_cases
     from rlx_triton.perf.compiled import CompileJob, compile_all
-    from rlx_triton.perf.roofline import ASSUMPTIONS, case_totals, estimate
+    from rlx_triton.perf.roofline import ASSUMPTIONS, case_range, case_totals, estimate
     from rlx_triton.perf.trace import trace
     from rlx_triton.router.device import profile_facts, routing_as
 
@@ -209,7 +226,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     traced = []
     model_traces: Dict[str, Any] = {}
     wanted = list(names)
-    cases_of = {name: perf_cases(name, facts) for name in wanted}
+    cases_of = {name: perf_cases(name, facts, quick) for name in wanted}
     with Progress(sum(map(len, cases_of.values())), "perf", unit="case", enabled=progress is not None) as shown:
         for name, cases in cases_of.items():
             for case in cases:
@@ -222,7 +239,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     for name in ("pyannote_segmentation", "embedding"):   # the models are reported whatever benches ran
         if name in wanted:
             continue
-        for case in perf_cases(name, facts):
+        for case in perf_cases(name, facts, quick):
             if case.model is not None:
                 model_traces[case.model] = trace(case.call, facts, host_syncs=True)
 
@@ -260,6 +277,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
             shapes.setdefault((case.bench, label), shape)
         kernels = [estimate(record, compiled.get(jobs[id(record)]), profile) for record in result.records]
         floor_us, est_us, bw_fraction = case_totals(kernels, profile)
+        est_low_us, est_high_us = case_range(kernels)
         notes = []
         if result.error:
             notes.append(f"trace failed: {result.error}")
@@ -268,14 +286,15 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
             [case.family] if result.log.outside else [])
         if unplanned:
             notes.append(f"no launch plan yet: {', '.join(unplanned)}")
-            floor_us = est_us = bw_fraction = None
+            floor_us = est_us = bw_fraction = est_low_us = est_high_us = None
         with routing_as(facts):   # a family's launch_count reads the device as the traced call saw it
             mismatches = launch_count_mismatches(result)
         for problem in mismatches:
             notes.append(problem)
             errors.append(f"{case.bench} {label}: {problem}")
         report = CaseReport(case.bench, label, shape, backend, candidate, result.launches, floor_us, est_us,
-                            bw_fraction, kernels, case.dtype, "; ".join(notes))
+                            bw_fraction, kernels, case.dtype, "; ".join(notes), est_low_us=est_low_us,
+                            est_high_us=est_high_us)
         report.measured_us = measured.get((case.bench, label, case.dtype, candidate))
         if case.pinned is None:
             report.library = library_path(result.routes, profile)
@@ -290,7 +309,10 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
         models.append({"model": model, "launches_per_forward": result.launches if complete else None,
                        "host_syncs_per_forward": len(result.host_syncs) if complete else None,
                        "_syncs": list(result.host_syncs or []) if result is not None else []})
-    report = {"device": profile.key, "calibrated": False, "assumptions": list(ASSUMPTIONS),
+    from rlx_triton.devices import profile_block
+
+    report = {"device": profile.key, "calibrated": profile.calibrated, "profile": profile_block(profile),
+              "assumptions": list(ASSUMPTIONS),
               "cases": [r.as_json() for r in reports],
               "models": [{k: v for k, v in m.items() if not k.startswith("_")} for m in models]}
     return {"report": report, "cases": reports, "models": models, "errors": errors}
@@ -306,12 +328,17 @@ def _fmt(value, digits: int = 1, percent: bool = False) -> str:
     return str(value)
 
 
+def _chain_text(steps: dict) -> str:
+    return ", ".join(f"{count} {kind}" for kind, count in steps.items()) or "none"
+
+
 def format_report(profile, analysis: dict) -> str:
     """The printed form: one row per case, one indented row per launch configuration, then the models."""
     lines = [f"rlx-triton perf: {profile.name} ({profile.arch}, {profile.sm_count} SMs, "
-             f"{profile.bandwidth / 1e12:.2f} TB/s) -- estimates are UNCALIBRATED", ""]
+             f"{profile.bandwidth / 1e12:.2f} TB/s datasheet, {profile.achievable_bw / 1e12:.2f} TB/s achievable) -- "
+             f"estimates are {'CALIBRATED' if profile.calibrated else 'UNCALIBRATED'}", ""]
     header = (f"{'bench':22} {'case':44} {'dtype':8} {'backend':7} {'launches':>8} {'floor us':>10} "
-              f"{'est us':>10} {'bw':>5} {'meas/est':>8}  candidate / note")
+              f"{'est us':>10} {'range us':>19} {'bw':>5} {'meas/est':>8}  candidate / note")
     lines += [header, "-" * len(header)]
     for case in analysis["cases"]:
         ratio = f"{case.measured_us / case.est_us:.2f}" if case.measured_us and case.est_us else "-"
@@ -320,8 +347,9 @@ def format_report(profile, analysis: dict) -> str:
             detail = f"{detail}  [{case.note}]" if detail else f"[{case.note}]"
         lines.append(f"{case.bench[:22]:22} {case.case[:44]:44} {case.dtype[:8]:8} {case.backend[:7]:7} "
                      f"{case.launches:>8} "
-                     f"{_fmt(case.floor_us):>10} {_fmt(case.est_us):>10} {_fmt(case.bw_fraction, percent=True):>5} "
-                     f"{ratio:>8}  {detail}")
+                     f"{_fmt(case.floor_us):>10} {_fmt(case.est_us):>10} "
+                     f"{_fmt(case.est_low_us) + '-' + _fmt(case.est_high_us):>19} "
+                     f"{_fmt(case.bw_fraction, percent=True):>5} {ratio:>8}  {detail}")
         seen = {}
         for kernel in case.kernels:
             key = (kernel.name, tuple(kernel.grid), kernel.regs, kernel.smem)
@@ -340,8 +368,12 @@ def format_report(profile, analysis: dict) -> str:
                 f"{kernel.num_stages} stages; {kernel.regs} regs, {kernel.smem} B smem, {kernel.spills} B spills; "
                 f"{kernel.ctas_per_sm} CTAs/SM ({kernel.limiter}), {_fmt(kernel.waves, 2)} waves, "
                 f"fill {_fmt(kernel.sm_fill, percent=True)}; {kernel.scope}: {kernel.mma} mma, {kernel.ldg128} "
-                f"ldg128 ({kernel.ldgsts} cp.async), {kernel.ffma} ffma; {kernel.unit}; floor {_fmt(kernel.floor_us)} "
-                f"us, est {_fmt(kernel.est_us)} us" + (f" [{kernel.error}]" if kernel.error else ""))
+                f"ldg128 ({kernel.ldgsts} cp.async), {kernel.ffma} ffma"
+                + (f", {len(kernel.spin_loops)} spin loop(s) apart" if kernel.spin_loops else "")
+                + f"; {kernel.unit}; floor {_fmt(kernel.floor_us)} us, issue {_fmt(kernel.issue_us)} us, chain "
+                f"{_fmt(kernel.chain_us)} us ({_chain_text(kernel.chain_steps)}), est {_fmt(kernel.est_us)} us "
+                f"({_fmt(kernel.est_low_us)}-{_fmt(kernel.est_high_us)}), {kernel.bound}-bound"
+                + (f" [{kernel.error}]" if kernel.error else ""))
     lines += ["", "models (one forward at the bench shape)"]
     for model in analysis["models"]:
         syncs = model["host_syncs_per_forward"]
@@ -351,6 +383,13 @@ def format_report(profile, analysis: dict) -> str:
         detail = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
         lines.append(f"  {model['model']:22} launches {_fmt(model['launches_per_forward'])}, host syncs "
                      f"{_fmt(syncs)}{f' ({detail})' if detail else ''}")
+    lines += ["", "constants (low / nominal / high):"]
+    block = analysis["report"]["profile"]
+    lines.append(f"  achievable bandwidth {block['achievable_bw'] / 1e12:.2f} TB/s (datasheet "
+                 f"{block['bandwidth'] / 1e12:.2f}), clock {block['clock_hz'] / 1e9:.2f} GHz, "
+                 f"{block['schedulers_per_sm']} schedulers/SM, launch {_fmt(block['launch_us'])} us")
+    lines.append("  " + ", ".join(f"{key} {'/'.join(_fmt(v, 0) for v in span)}{'' if key == 'issue_interval' else ' ns'}"
+                                  for key, span in block["latency"].items()))
     lines += ["", "assumptions (the same for every kernel):"]
     lines += [f"  - {text}" for text in analysis["report"]["assumptions"]]
     if analysis["errors"]:
@@ -360,7 +399,8 @@ def format_report(profile, analysis: dict) -> str:
 
 def markdown_table(profile, analysis: dict) -> str:
     """The case table for the docs: estimates beside the measured columns (empty until a run on this GPU)."""
-    lines = [f"`rlx-triton perf --device {profile.key}`: {profile.name}, estimates uncalibrated; measured columns "
+    state = "calibrated" if profile.calibrated else "uncalibrated"
+    lines = [f"`rlx-triton perf --device {profile.key}`: {profile.name}, estimates {state}; measured columns "
              f"from the newest bench/results/*.json of this GPU, empty until one exists.", "",
              "| bench | case | dtype | candidate | launches | SM fill | floor us | est us | measured us | "
              "measured / est |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -382,10 +422,22 @@ def run(args: argparse.Namespace) -> int:
     """The perf command on parsed arguments (see add_arguments); returns the exit code."""
     from rlx_triton import devices
 
+    if args.calibrate:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            print("rlx-triton perf: triton is not installed (the analysis compiles with its ptxas)", file=sys.stderr)
+            return EXIT_USAGE
+        from rlx_triton.perf.calibrate import run as calibrate
+
+        return calibrate(args)
     try:
-        profile = devices.profile(args.device)
-    except ValueError as error:
-        print(f"rlx-triton perf: --device: {error}", file=sys.stderr)
+        if args.profile:
+            profile = devices.load_profile(json.loads(Path(args.profile).read_text()))
+        else:
+            profile = devices.profile(args.device)
+    except (OSError, ValueError) as error:
+        print(f"rlx-triton perf: {'--profile' if args.profile else '--device'}: {error}", file=sys.stderr)
         return EXIT_USAGE
     if profile.kind != "cuda":
         print(f"rlx-triton perf: {profile.name} is not a CUDA GPU; perf analyses Triton launches on CUDA "

@@ -3,10 +3,13 @@
 A launch record's configuration (kernel, the JIT's specialisation, num_warps, num_stages, arch) is
 compiled with `triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))` and the ptxas in the
 triton wheel, in worker processes started without TRITON_INTERPRET (the audit's helpers). The wheel's
-cuobjdump gives registers, spills (stack + local bytes per thread) and the SASS, whose instruction mix is
-counted over the kernel's innermost loop (the body of a backward branch that holds no other one; of
-several, the one with the most tensor-core instructions, then FFMA, then instructions), or the whole
-kernel when it has no loop. Results are cached on disk under the user cache dir, keyed on the kernel's source hash (triton's
+cuobjdump gives registers, spills (stack + local bytes per thread) and the SASS, read as its loops
+(`sass_loops`: every backward branch, its body, what the body holds besides its nested loops, and whether
+it is a spin loop: a short body that polls global memory with a strong load or an atomic and does no
+arithmetic or store, as a grid barrier's wait does). Which loop the instruction mix is counted over
+depends on the launch (the loop executing the most instructions, body x trips: rlx_triton.perf.structure),
+so the facts keep every loop; `sass_mix` gives the mix of the largest non-spin loop for a reader without
+a launch. Results are cached on disk under the user cache dir, keyed on the kernel's source hash (triton's
 `cache_key`, which covers the @jit functions it calls), the specialisation, the options, the arch and
 the triton version.
 """
@@ -19,13 +22,13 @@ import json
 import multiprocessing
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
-_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
 _BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 
 
@@ -66,42 +69,104 @@ class Compiled:
     ldgsts: int = 0           # of which cp.async
     ffma: int = 0
     instructions: int = 0
+    kernel_instructions: int = 0   # every instruction of the kernel's SASS
+    loops: List[dict] = field(default_factory=list)   # sass_loops: every loop of the SASS, in address order
     cached: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def sass_mix(sass: str) -> Dict[str, Any]:
-    """Instruction counts of the innermost hot loop of a SASS listing (or of the whole kernel)."""
-    from rlx_triton.backends.triton.audit import _MMA
+# SASS opcodes that poll global memory (what a spin loop waits on) and that do a loop's work
+_POLL = re.compile(r"^(ATOMG|ATOM|RED|LDG\.[A-Z0-9_.]*STRONG|LD\.[A-Z0-9_.]*STRONG)")
+_WORK = re.compile(r"^(FFMA|DFMA|FMUL|FADD|HMMA|HGMMA|IMMA|QGMMA|STG|ST\.)")
+SPIN_LOOP_MAX = 32   # instructions: a barrier's poll compiles to about a dozen; a loop doing work is larger
+_HMMA_SHAPES = {"16816": (16, 8, 16), "1688": (16, 8, 8), "884": (8, 8, 4), "16832": (16, 8, 32)}
+_GMMA_SHAPE = re.compile(r"^[HQI]GMMA\.(\d+)x(\d+)x(\d+)")
+_LOAD_WIDTH = re.compile(r"\.(128|64|U16|S16|U8|S8)(?:\.|$)")
+_LOAD_BYTES = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 
+
+def mma_flops(opcode: str) -> int:
+    """FLOPs of one warp's issue of a tensor-core instruction (an FMA is two): HMMA.16816 is m16n8k16, HMMA.1688
+    m16n8k8; a warpgroup's HGMMA.64xNxK is issued by each of its four warps, a quarter each. 0 for others."""
+    parts = opcode.split(".")
+    if parts[0] in ("HMMA", "IMMA") and len(parts) > 1 and parts[1] in _HMMA_SHAPES:
+        m, n, k = _HMMA_SHAPES[parts[1]]
+        return 2 * m * n * k
+    match = _GMMA_SHAPE.match(opcode)
+    if match:
+        return 2 * int(match.group(1)) * int(match.group(2)) * int(match.group(3)) // 4
+    return 0
+
+
+def load_bytes(opcode: str) -> int:
+    """Bytes one warp's global load instruction moves (32 lanes x its width), 0 for other instructions."""
+    if not (opcode.startswith("LDG.") or opcode.startswith("LDGSTS.")):
+        return 0
+    match = _LOAD_WIDTH.search(opcode)
+    return 32 * (_LOAD_BYTES[match.group(1)] if match else 4)
+
+
+def _parse(sass: str) -> List[Tuple[int, str, str]]:
     rows: List[Tuple[int, str, str]] = []
     for line in sass.splitlines():
         match = _INSTRUCTION.match(line)
         if match:
             rows.append((int(match.group(1), 16), match.group(2), match.group(3)))
-    loops = []
+    return rows
+
+
+def _counts(body) -> Dict[str, int]:
+    from rlx_triton.backends.triton.audit import _MMA
+
+    return {"mma": sum(1 for _, op, _ in body if _MMA.search(op)),
+            "ldg128": sum(1 for _, op, _ in body if op.startswith(("LDG.", "LDGSTS")) and ".128" in op),
+            "ldgsts": sum(1 for _, op, _ in body if op.startswith("LDGSTS") and ".128" in op),
+            "ffma": sum(1 for _, op, _ in body if op.startswith("FFMA")),
+            "instructions": len(body)}
+
+
+def sass_loops(sass: str) -> Tuple[List[dict], int]:
+    """(loops, instructions of the kernel) of a SASS listing. A loop is the span [start, end] of a backward branch
+    to start; per loop: its depth (loops around it), `size` (instructions in its span), `own` (those not in a loop
+    nested in it), the mix of its own instructions (mma, ldg128, ldgsts, ffma), the FLOPs of one pass of its own
+    FFMA (64 per warp instruction) and tensor-core instructions, the bytes of one pass of its global loads, and
+    `spin`: at most SPIN_LOOP_MAX instructions that poll global memory and do no arithmetic or store."""
+    rows = _parse(sass)
+    spans = []
     for address, opcode, operands in rows:
         if opcode.startswith("BRA"):
             target = _BRANCH_TARGET.search(operands)
             if target is not None and int(target.group(1), 16) < address:
-                loops.append((int(target.group(1), 16), address))
-    innermost = [(lo, hi) for lo, hi in loops
-                 if not any((lo2, hi2) != (lo, hi) and lo <= lo2 and hi2 <= hi for lo2, hi2 in loops)]
+                spans.append((int(target.group(1), 16), address))
+    spans = sorted(set(spans))
+    loops = []
+    for lo, hi in spans:
+        nested = [(a, b) for a, b in spans if (a, b) != (lo, hi) and lo <= a and b <= hi]
+        body = [row for row in rows if lo <= row[0] <= hi]
+        own = [row for row in body if not any(a <= row[0] <= b for a, b in nested)]
+        depth = sum(1 for a, b in spans if (a, b) != (lo, hi) and a <= lo and hi <= b)
+        spin = (len(own) <= SPIN_LOOP_MAX and not nested and any(_POLL.match(op) for _, op, _ in own)
+                and not any(_WORK.match(op) for _, op, _ in own))
+        flops = sum(64 if op.startswith("FFMA") else mma_flops(op) for _, op, _ in own)
+        loops.append({"start": lo, "end": hi, "depth": depth, "size": len(body), "own": len(own), "spin": spin,
+                      **{k: v for k, v in _counts(own).items() if k != "instructions"},
+                      "pass_flops": flops, "pass_bytes": sum(load_bytes(op) for _, op, _ in own)})
+    return loops, len(rows)
 
-    def counts(body) -> Dict[str, int]:
-        mma = sum(1 for _, op, _ in body if _MMA.search(op))
-        ldgsts = sum(1 for _, op, _ in body if op.startswith("LDGSTS") and ".128" in op)
-        ldg = sum(1 for _, op, _ in body if op.startswith("LDG.") and ".128" in op)
-        ffma = sum(1 for _, op, _ in body if op.startswith("FFMA"))
-        return {"mma": mma, "ldg128": ldg + ldgsts, "ldgsts": ldgsts, "ffma": ffma, "instructions": len(body)}
 
-    if not innermost:
-        return {"scope": "kernel", **counts(rows)}
-    bodies = [[row for row in rows if lo <= row[0] <= hi] for lo, hi in innermost]
-    hottest = max(bodies, key=lambda body: (counts(body)["mma"], counts(body)["ffma"], len(body)))
-    return {"scope": "loop", **counts(hottest)}
+def sass_mix(sass: str) -> Dict[str, Any]:
+    """Instruction counts of the largest non-spin loop of a SASS listing (or of the whole kernel without one), and
+    every loop (`sass_loops`). A launch's analysis picks its loop by body x trips (rlx_triton.perf.structure)."""
+    loops, total = sass_loops(sass)
+    work = [loop for loop in loops if not loop["spin"]]
+    common = {"loops": loops, "kernel_instructions": total}
+    if not work:
+        return {"scope": "kernel", **_counts(_parse(sass)), **common}
+    largest = max(work, key=lambda loop: (loop["own"], loop["mma"], loop["ffma"]))
+    return {"scope": "loop", "mma": largest["mma"], "ldg128": largest["ldg128"], "ldgsts": largest["ldgsts"],
+            "ffma": largest["ffma"], "instructions": largest["own"], **common}
 
 
 def _cache_path(cache_dir: str, job: CompileJob, source_key: str) -> Path:

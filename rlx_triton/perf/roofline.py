@@ -1,33 +1,49 @@
 """Occupancy, waves, SM fill and a roofline estimate of one launch on a device profile.
 
-The model is the same for every kernel: the constants come from the profile (rlx_triton/devices.py)
-and the assumptions below, which `rlx-triton perf` writes into its JSON. No number here is calibrated
-against a measured run.
+The model is the same for every kernel: per wave the longest of memory (bytes at the profile's achievable
+bandwidth), compute (FLOPs at the unit's peak) and issue (warp instructions over the SMs' schedulers),
+then the launch's latency chain and one launch latency. The constants come from the profile
+(rlx_triton/devices.py) and the assumptions below, which `rlx-triton perf` writes into its JSON;
+`kernel_time` prices a launch's terms at any constants, which is what est_low_us / est_high_us and
+`rlx-triton perf --calibrate` (rlx_triton.perf.calibrate) re-evaluate.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import List, Optional, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence
 
 ASSUMPTIONS = (
-    "uncalibrated: no measured run has scaled these estimates; constants come from the device profile "
-    "(rlx_triton/devices.py: datasheet bandwidth and dense peak rates, an assumed launch latency)",
-    "a launch moves the bytes its launch record states (each byte once) at the profile's peak bandwidth and "
-    "executes its FLOPs at the peak rate of the record's unit; it takes the longer of the two (no overlap loss)",
-    "every CTA of a launch does the same share of its bytes and FLOPs",
+    "uncalibrated unless the profile says calibrated: constants come from the device profile "
+    "(rlx_triton/devices.py: datasheet and achievable bandwidth, dense peak rates, SM clock, latency ranges from "
+    "public microbenchmarks, an assumed launch latency of 3-5 us) and are the same for every kernel",
+    "memory: a launch moves the bytes its launch record states (each byte once) at the profile's achievable "
+    "bandwidth (a device-to-device copy's); compute: its FLOPs at the peak rate of the record's unit",
+    "issue: every warp executes the kernel's straight-line SASS once and each loop's own instructions once per "
+    "pass; passes per CTA come from the launch record where rlx_triton/perf/structure.py states them, else the "
+    "loop doing the most work per pass does all the launch's FLOPs (bytes) and every other loop one pass; a "
+    "scheduler (4 per SM) issues at most one warp instruction per cycle at the profile's clock, and one warp "
+    "one per issue_interval cycles, so fewer warps per scheduler than issue_interval issue proportionally less",
+    "every CTA of a launch does the same share of its bytes, FLOPs and instructions",
     "CTAs per SM = min(by registers: 65536 / (registers per warp rounded up to 256 x warps), by shared memory: "
     "shared memory per SM / (CTA shared memory + 1 KB reserved), by warps: warps per SM / warps, the hardware "
     "limit); registers, shared memory and warps are the compiled kernel's",
     "CTAs run in waves of SMs x CTAs per SM; a wave with fewer CTAs than SMs keeps only that many SMs busy, "
-    "and its bandwidth and FLOP rate scale with the busy SMs; latency hiding by occupancy is not modelled",
+    "and its bandwidth, FLOP and issue rates scale with the busy SMs; a wave takes the longest of its memory, "
+    "compute and issue times (no overlap loss)",
+    "latency chain: the dependent steps a launch cannot overlap (grid-barrier steps, serial merge round trips, the "
+    "load of a recurrence's previous state each step; rlx_triton/perf/structure.py), each priced at the profile's "
+    "latency of its kind (L2 hit, HBM, global atomic, CTA barrier), added after the waves",
     "sm_fill = busy SMs in the last (full or partial) wave / SMs",
-    "est_us = the waves' time + one launch latency per launch (no CUDA graphs, launches do not overlap); "
-    "floor_us = bytes at peak bandwidth or FLOPs at peak rate, whichever is longer, all SMs busy, no launch "
-    "latency; a case sums its launches",
-    "bw_fraction = bytes / est_us / peak bandwidth; null where the FLOP time at peak exceeds the byte time",
-    "mma, ldg128: SASS instructions in the kernel's innermost loop (the backward branch holding no other; of "
-    "several, the one with the most tensor-core instructions, then FFMA), or in the whole kernel without a loop; "
+    "est_us = the waves' time + the chain + one launch latency per launch (no CUDA graphs, launches do not "
+    "overlap); est_low_us / est_high_us: the same with every constant at the fast / slow end of its range "
+    "(bandwidth: datasheet / achievable); floor_us = bytes at datasheet bandwidth or FLOPs at peak rate, "
+    "whichever is longer, all SMs busy, no launch latency; a case sums its launches",
+    "bound: the largest of the launch's memory, compute and issue times summed over its waves, or latency where "
+    "its chain is longer than each of them",
+    "bw_fraction = bytes / est_us / achievable bandwidth; null where the FLOP time at peak exceeds the byte time",
+    "mma, ldg128: SASS instructions of the loop executing the most instructions (its own instructions x passes; "
+    "spin loops, a barrier's poll, are listed apart in spin_loops), or of the whole kernel without a loop; "
     "ldg128 counts 128-bit global loads into registers (LDG.E.128) and into shared memory (LDGSTS.128)",
     "plans are built as the compiled kernels launch (triton's interpreter off), routed as on the profile with "
     "no winner table and no tuning",
@@ -35,10 +51,26 @@ ASSUMPTIONS = (
     "run on torch are not counted); host_syncs_per_forward counts .item()/bool() reads, tensors made from host "
     "data and host-device copies in that forward",
     "library path estimate: where a family's torch path states its kernels (backends/torch_ref/<family>.py "
-    "`library_kernels(request)`: each kernel's minimum bytes and FLOPs and its unit), each is read with the same "
-    "roofline with every SM busy (no occupancy or fill loss) plus one launch latency; the case's estimate is "
-    "their sum",
+    "`library_kernels(request)`: each kernel's minimum bytes and FLOPs, its unit and its latency chain), each is "
+    "read with the same constants with every SM busy (no occupancy, fill or issue term: no SASS) plus its chain "
+    "and one launch latency; the case's estimate is their sum",
 )
+
+# est_low_us, est_us, est_high_us: each constant at the fast end, its nominal value, its slow end
+RANGE_ENDS = ("low", "nominal", "high")
+
+
+def constants(profile, end: str = "nominal") -> dict:
+    """The model's constants of a profile at one end of their ranges (RANGE_ENDS): bandwidth (bytes/s), launch
+    (us), clock (Hz), schedulers, and the latency constants (ns; issue_interval in cycles)."""
+    which = RANGE_ENDS.index(end)
+    bandwidth = {"low": profile.bandwidth, "nominal": profile.achievable_bw, "high": profile.achievable_bw}[end]
+    launch = profile.launch_us * (0.75, 1.0, 1.25)[which]
+    values = {"bandwidth": bandwidth, "launch_us": launch, "clock_hz": profile.clock_hz or 1.5e9,
+              "schedulers": profile.schedulers_per_sm}
+    for key, span in profile.latency.items():
+        values[key] = span[which]
+    return values
 
 
 @dataclass(frozen=True)
@@ -71,6 +103,54 @@ def occupancy(profile, registers: int, shared: int, num_warps: int) -> Occupancy
 
 
 @dataclass
+class KernelTerms:
+    """What a launch's time is made of, independent of the constants (kernel_time prices it): the model
+    re-evaluates these for the range ends and for calibration."""
+    bytes: int
+    flops: float
+    peak: float                     # FLOP/s of the unit (the profile's datasheet rate)
+    sms: int
+    ctas: int
+    waves: List[tuple]              # (number of such waves, CTAs in each)
+    warps: int = 0
+    warp_instructions: float = 0.0  # per warp (straight-line code + loops' own instructions x passes)
+    chain: Dict[str, int] = field(default_factory=dict)
+    launches: int = 1
+
+
+def kernel_time(terms: KernelTerms, values: dict) -> dict:
+    """{"memory_us", "compute_us", "issue_us", "chain_us", "est_us", "bound"} of one launch at `values` (constants())."""
+    memory_s = terms.bytes / values["bandwidth"]
+    compute_s = terms.flops / terms.peak if terms.flops else 0.0
+    memory = compute = issue = waves_s = 0.0
+    ctas = max(1, terms.ctas)
+    rate_per_warp = 1.0 / max(values.get("issue_interval", 1.0), 1e-9)
+    for count, in_wave in terms.waves:
+        busy = min(in_wave, terms.sms)
+        scale = terms.sms / busy
+        wave_memory = memory_s * in_wave / ctas * scale
+        wave_compute = compute_s * in_wave / ctas * scale
+        wave_issue = 0.0
+        if terms.warp_instructions and terms.warps:
+            warps_per_scheduler = in_wave / busy * terms.warps / values["schedulers"]
+            issue_rate = min(1.0, warps_per_scheduler * rate_per_warp)   # per scheduler, instructions per cycle
+            wave_issue = (terms.warp_instructions * in_wave / busy * terms.warps
+                          / (values["schedulers"] * values["clock_hz"] * issue_rate))
+        memory += count * wave_memory
+        compute += count * wave_compute
+        issue += count * wave_issue
+        waves_s += count * max(wave_memory, wave_compute, wave_issue)
+    chain_us = sum(steps * values[kind] for kind, steps in terms.chain.items()) / 1000.0
+    parts = {"memory": memory * 1e6, "compute": compute * 1e6, "issue": issue * 1e6}
+    bound = max(parts, key=parts.get)
+    if chain_us > parts[bound]:
+        bound = "latency"
+    return {"memory_us": parts["memory"], "compute_us": parts["compute"], "issue_us": parts["issue"],
+            "chain_us": chain_us, "est_us": waves_s * 1e6 + chain_us + terms.launches * values["launch_us"],
+            "bound": bound}
+
+
+@dataclass
 class KernelEstimate:
     """One launch analysed; the first block is what `perf` writes per kernel."""
     name: str
@@ -89,6 +169,15 @@ class KernelEstimate:
     unit: str
     floor_us: float
     est_us: Optional[float]
+    issue_us: Optional[float] = None
+    chain_steps: Dict[str, int] = field(default_factory=dict)
+    chain_us: float = 0.0
+    bound: Optional[str] = None
+    est_low_us: Optional[float] = None
+    est_high_us: Optional[float] = None
+    warp_instructions: Optional[int] = None
+    spin_loops: List[dict] = field(default_factory=list)
+    trips_rule: str = ""
     # for the printed table
     num_warps: int = 0
     num_stages: int = 0
@@ -99,9 +188,11 @@ class KernelEstimate:
     memory_us: float = 0.0
     compute_us: float = 0.0
     error: str = ""
+    terms: Optional[KernelTerms] = None
 
     JSON_KEYS = ("name", "grid", "ctas", "ctas_per_sm", "waves", "sm_fill", "regs", "smem", "spills", "mma",
-                 "ldg128", "bytes", "flops", "unit", "floor_us", "est_us")
+                 "ldg128", "bytes", "flops", "unit", "floor_us", "est_us", "issue_us", "chain_steps", "chain_us",
+                 "bound", "est_low_us", "est_high_us", "warp_instructions", "spin_loops", "trips_rule")
 
     def as_json(self) -> dict:
         data = asdict(self)
@@ -112,75 +203,132 @@ def _rounded(value: Optional[float], digits: int = 3) -> Optional[float]:
     return None if value is None else round(value, digits)
 
 
+def wave_shape(ctas: int, slots: int) -> List[tuple]:
+    """(number of waves, CTAs in each) of a grid: its full waves of `slots` CTAs, then the partial one."""
+    full, remainder = divmod(ctas, slots)
+    shape = [(full, slots)] if full else []
+    if remainder:
+        shape.append((1, remainder))
+    return shape
+
+
+def priced(terms: KernelTerms, profile) -> dict:
+    """kernel_time of a launch at the nominal constants, with est_low_us / est_high_us from the range ends."""
+    result = kernel_time(terms, constants(profile, "nominal"))
+    result["est_low_us"] = kernel_time(terms, constants(profile, "low"))["est_us"]
+    result["est_high_us"] = kernel_time(terms, constants(profile, "high"))["est_us"]
+    return result
+
+
+def _selected_loop(loops: Sequence[dict], trips: Sequence[float]) -> Optional[int]:
+    """The loop executing the most instructions: its own instructions x passes (spin loops aside)."""
+    work = [i for i, loop in enumerate(loops) if not loop["spin"]]
+    if not work:
+        return None
+    return max(work, key=lambda i: (loops[i]["own"] * trips[i], loops[i]["own"]))
+
+
 def estimate(launch, compiled, profile) -> KernelEstimate:
     """The analysis of one launch record given its compiled facts (rlx_triton.perf.compiled.Compiled)."""
+    from rlx_triton.perf.structure import chain_steps, loop_trips
+
     memory_s = launch.bytes / profile.bandwidth
     compute_s = launch.flops / profile.peak[launch.unit] if launch.flops else 0.0
     floor_us = max(memory_s, compute_s) * 1e6
     base = dict(name=launch.name, grid=list(launch.grid), ctas=launch.ctas, bytes=launch.bytes,
                 flops=int(launch.flops), unit=launch.unit, floor_us=_rounded(floor_us),
-                num_stages=int(launch.num_stages), memory_us=memory_s * 1e6, compute_us=compute_s * 1e6)
+                num_stages=int(launch.num_stages))
     if compiled is None or not compiled.ok:
         return KernelEstimate(ctas_per_sm=None, waves=None, sm_fill=None, regs=None, smem=None, spills=None,
                               mma=None, ldg128=None, est_us=None, num_warps=int(launch.num_warps),
                               error=compiled.error if compiled is not None else "not compiled", **base)
     occ = occupancy(profile, compiled.registers, compiled.shared, compiled.num_warps)
-    common = dict(regs=compiled.registers, smem=compiled.shared, spills=compiled.spills, mma=compiled.mma,
-                  ldg128=compiled.ldg128, num_warps=compiled.num_warps, scope=compiled.scope,
-                  ffma=compiled.ffma, ldgsts=compiled.ldgsts, limiter=occ.limiter)
+    loops = list(compiled.loops)
+    trips, rule = loop_trips(launch, loops, compiled.num_warps)
+    selected = _selected_loop(loops, trips)
+    mix = dict(mma=compiled.mma, ldg128=compiled.ldg128, ffma=compiled.ffma, ldgsts=compiled.ldgsts,
+               scope=compiled.scope)
+    if selected is not None:
+        loop = loops[selected]
+        mix = dict(mma=loop["mma"], ldg128=loop["ldg128"], ffma=loop["ffma"], ldgsts=loop["ldgsts"], scope="loop")
+    straight = compiled.kernel_instructions - sum(loop["own"] for loop in loops)
+    per_warp = max(0, straight) + sum(loop["own"] * t for loop, t in zip(loops, trips) if not loop["spin"])
+    spin = [{"start": loop["start"], "size": loop["own"]} for loop in loops if loop["spin"]]
+    common = dict(regs=compiled.registers, smem=compiled.shared, spills=compiled.spills, num_warps=compiled.num_warps,
+                  limiter=occ.limiter, spin_loops=spin, trips_rule=rule, **mix)
     if occ.ctas_per_sm == 0:
         return KernelEstimate(ctas_per_sm=0, waves=None, sm_fill=None, est_us=None,
                               error=f"does not fit on an SM ({occ.limiter})", **common, **base)
     sms = profile.sm_count
     slots = sms * occ.ctas_per_sm
     ctas = launch.ctas
-    full_waves, remainder = divmod(ctas, slots)
+    remainder = ctas % slots
     last_wave = remainder if remainder else (slots if ctas else 0)
     sm_fill = min(last_wave, sms) / sms
-    seconds = 0.0
-    if ctas:
-        wave_s = max(memory_s, compute_s) / ctas * slots  # one full wave, every SM busy
-        seconds = full_waves * wave_s
-        if remainder:  # the partial wave's share of a wave's work, on the SMs it keeps busy
-            seconds += wave_s * (remainder / slots) / (min(remainder, sms) / sms)
-    est_us = seconds * 1e6 + profile.launch_us
+    chain = chain_steps(launch)
+    terms = KernelTerms(bytes=launch.bytes, flops=float(launch.flops), peak=profile.peak[launch.unit], sms=sms,
+                        ctas=ctas, waves=wave_shape(ctas, slots), warps=compiled.num_warps,
+                        warp_instructions=float(per_warp), chain=chain)
+    times = priced(terms, profile)
     return KernelEstimate(ctas_per_sm=occ.ctas_per_sm, waves=_rounded(ctas / slots, 4), sm_fill=_rounded(sm_fill, 4),
-                          est_us=_rounded(est_us), **common, **base)
+                          est_us=_rounded(times["est_us"]), issue_us=_rounded(times["issue_us"]), chain_steps=chain,
+                          chain_us=_rounded(times["chain_us"]), bound=times["bound"],
+                          est_low_us=_rounded(times["est_low_us"]), est_high_us=_rounded(times["est_high_us"]),
+                          warp_instructions=int(round(per_warp * compiled.num_warps * ctas)),
+                          memory_us=times["memory_us"], compute_us=times["compute_us"], terms=terms,
+                          **common, **base)
 
 
 @dataclass(frozen=True)
 class LibraryKernel:
     """One kernel of a library (torch) path, as a family states it for the library path estimate: the bytes it
-    must read and write at least (each byte once) and the FLOPs it must execute, on `unit`."""
+    must read and write at least (each byte once), the FLOPs it must execute, on `unit`, and the dependent steps
+    it cannot overlap (`chain`: latency kind -> steps, as rlx_triton.perf.structure counts them)."""
     name: str
     bytes_read: int
     bytes_written: int
     flops: int = 0
     unit: str = "fp32_fma"
+    chain: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
         return int(self.bytes_read) + int(self.bytes_written)
 
 
+def library_terms(kernel: LibraryKernel, profile) -> KernelTerms:
+    """A library kernel's terms: every SM busy in one wave, no issue term (its SASS is not read), its chain."""
+    return KernelTerms(bytes=kernel.bytes, flops=float(kernel.flops), peak=profile.peak[kernel.unit],
+                       sms=profile.sm_count, ctas=profile.sm_count, waves=[(1, profile.sm_count)],
+                       chain=dict(kernel.chain))
+
+
 def library_kernel_us(kernel: LibraryKernel, profile) -> tuple:
-    """(floor_us, est_us) of one library kernel: the roofline with every SM busy, plus one launch latency."""
+    """(floor_us, est_us) of one library kernel: bytes at datasheet bandwidth or FLOPs at peak; and the model's
+    nominal time (achievable bandwidth, every SM busy, its chain, one launch latency)."""
     memory_s = kernel.bytes / profile.bandwidth
     compute_s = kernel.flops / profile.peak[kernel.unit] if kernel.flops else 0.0
     floor_us = max(memory_s, compute_s) * 1e6
-    return floor_us, floor_us + profile.launch_us
+    return floor_us, kernel_time(library_terms(kernel, profile), constants(profile))["est_us"]
 
 
 def library_estimate(kernels: Sequence[LibraryKernel], profile) -> dict:
     """The library path estimate of a case: per kernel and summed (see ASSUMPTIONS), JSON-ready."""
     rows = []
     for kernel in kernels:
-        floor_us, est_us = library_kernel_us(kernel, profile)
+        floor_us, _ = library_kernel_us(kernel, profile)
+        times = priced(library_terms(kernel, profile), profile)
         rows.append({"name": kernel.name, "bytes": kernel.bytes, "flops": int(kernel.flops), "unit": kernel.unit,
-                     "floor_us": _rounded(floor_us), "est_us": _rounded(est_us)})
-    return {"label": "library path estimate (uncalibrated)", "launches": len(rows),
+                     "floor_us": _rounded(floor_us), "est_us": _rounded(times["est_us"]),
+                     "est_low_us": _rounded(times["est_low_us"]), "est_high_us": _rounded(times["est_high_us"]),
+                     "chain_steps": dict(kernel.chain), "chain_us": _rounded(times["chain_us"]),
+                     "bound": times["bound"]})
+    label = "library path estimate" + ("" if profile.calibrated else " (uncalibrated)")
+    return {"label": label, "launches": len(rows),
             "floor_us": _rounded(sum(row["floor_us"] for row in rows)),
-            "est_us": _rounded(sum(row["est_us"] for row in rows)), "kernels": rows}
+            "est_us": _rounded(sum(row["est_us"] for row in rows)),
+            "est_low_us": _rounded(sum(row["est_low_us"] for row in rows)),
+            "est_high_us": _rounded(sum(row["est_high_us"] for row in rows)), "kernels": rows}
 
 
 def case_totals(kernels: Sequence[KernelEstimate], profile):
@@ -196,5 +344,12 @@ def case_totals(kernels: Sequence[KernelEstimate], profile):
     total_bytes = sum(k.bytes for k in kernels)
     bw_fraction = None
     if compute_us <= memory_us and est_us > 0:
-        bw_fraction = round(total_bytes / (est_us * 1e-6) / profile.bandwidth, 4)
+        bw_fraction = round(total_bytes / (est_us * 1e-6) / profile.achievable_bw, 4)
     return floor_us, est_us, bw_fraction
+
+
+def case_range(kernels: Sequence[KernelEstimate]) -> tuple:
+    """(est_low_us, est_high_us) of a case: sums over its launches (None where any launch has no estimate)."""
+    if not kernels or any(k.est_low_us is None or k.est_high_us is None for k in kernels):
+        return None, None
+    return round(sum(k.est_low_us for k in kernels), 3), round(sum(k.est_high_us for k in kernels), 3)

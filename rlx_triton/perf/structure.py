@@ -1,0 +1,138 @@
+"""What a kernel's SASS cannot say about one launch: how many passes its loops make, and its latency chain.
+
+`loop_trips(launch, loops)` gives, per loop of `rlx_triton.perf.compiled.sass_loops` (address order), the
+passes one CTA makes on average. Kernels whose loops the SASS alone cannot count state them from the
+launch record in `TRIPS` (kernel function name -> trips of its non-spin loops in address order, read from
+the record's arguments and constexprs); a table whose length differs from the compiled loops is not used.
+Other kernels get the generic rule: the loop doing the most work per pass (FLOPs of its FFMA and tensor-core
+instructions, else bytes of its global loads) does all of the launch's FLOPs (bytes), so its passes are
+the launch's FLOPs / (CTAs x warps x FLOPs of one warp's pass); every other loop makes one pass per CTA.
+Spin loops (a barrier's poll) make no counted pass: their time is the chain's.
+
+`chain_steps(launch)` gives the dependent steps the launch cannot overlap with anything else, by latency
+kind (the profile's LATENCY_KEYS: l2_hit, hbm, atomic, cta_barrier), from `CHAINS` (kernel function name ->
+steps, from the launch record); a kernel without an entry has no chain. The entries follow the kernels'
+code (backends/triton/*.py):
+- `_sdpa_decode_kernel` with more than one split: after the last split of a row block finishes, its ticket
+  (an atomic) and the merge: the partials' LSE vector and one dependent L2 read per partial; beyond
+  MERGE_GROUP splits two levels (a group's merge, a second ticket, the merge of the groups).
+- `_lstm_onchip_kernel`: per step, the h_{t-1} row read back from L2 in BLOCK_K / K_CHUNK serial chunks
+  (each feeds the next dot), and with SYNC the group barrier: a fence, the arriving atomic and the
+  acquiring poll (three dependent L2 round trips, priced as atomics) between two CTA barriers.
+- `_lstm_recurrence_kernel`: per step, the h_{t-1} row it wrote the step before, read back from L2.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+# the unit's executed tensor-core FLOPs per FLOP a launch record states (tf32x3 runs three TF32 products)
+_EXECUTED_PER_FLOP = {"tf32x3": 3, "tf32x4": 4}
+
+
+def named_args(launch) -> Dict[str, Any]:
+    """Every parameter of a launch record by name: its positional arguments and its meta."""
+    from rlx_triton.backends.triton.launches import _params_of
+
+    params = _params_of(launch.jit)
+    named = {param.name: value for param, value in zip(params, launch.args)}
+    named.update(launch.meta)
+    return named
+
+
+def _sdpa_decode_trips(launch, arg) -> List[float]:
+    splits = launch.grid[1] if len(launch.grid) > 1 else 1
+    tiles = math.ceil(int(arg["seq_kv"]) / int(arg["BLOCK_N"]))
+    # the KV tiles shared by the splits; the merge loops run in one program per row block (their cost is the
+    # chain), so they make no pass on average
+    return [tiles / max(1, splits), 0.0, 0.0, 0.0] if int(arg["MAX_SPLITS"]) > 1 else [tiles / max(1, splits)]
+
+
+def _lstm_onchip_trips(launch, arg) -> List[float]:
+    return [float(int(arg["step_end"]) - int(arg["step_begin"]))]
+
+
+def _fbank_split_trips(launch, arg) -> List[float]:
+    frame_p = int(arg["N1P"]) * int(arg["N2P"])
+    per_step = int(arg["STEP_SAMPLES"]) // frame_p
+    sub_f = int(arg["BLOCK_F"]) if per_step >= int(arg["BLOCK_F"]) else max(1, per_step)   # the kernel's SUB_F
+    bins = int(arg["K2P"]) * int(arg["N1P"])
+    return [math.ceil(int(arg["BLOCK_F"]) / sub_f), math.ceil(bins / int(arg["BLOCK_K"]))]
+
+
+TRIPS: Mapping[str, Callable[[Any, Dict[str, Any]], List[float]]] = {
+    "_sdpa_decode_kernel": _sdpa_decode_trips,
+    "_lstm_onchip_kernel": _lstm_onchip_trips,
+    "_fbank_split_kernel": _fbank_split_trips,
+}
+
+
+def _sdpa_decode_chain(launch, arg) -> Dict[str, int]:
+    from rlx_triton.backends.triton.sdpa_decode import MERGE_GROUP
+
+    splits = launch.grid[1] if len(launch.grid) > 1 else 1
+    if splits <= 1 or int(arg["MAX_SPLITS"]) <= 1:
+        return {}
+    if splits <= MERGE_GROUP:
+        return {"atomic": 1, "l2_hit": 1 + splits}
+    groups = math.ceil(splits / MERGE_GROUP)
+    return {"atomic": 2, "l2_hit": (1 + MERGE_GROUP) + (1 + groups)}
+
+
+def _lstm_onchip_chain(launch, arg) -> Dict[str, int]:
+    steps = int(arg["step_end"]) - int(arg["step_begin"])
+    chunks = int(arg["BLOCK_K"]) // int(arg["K_CHUNK"])
+    chain = {"l2_hit": steps * chunks}
+    if arg.get("SYNC"):
+        chain.update(atomic=3 * steps, cta_barrier=2 * steps)
+    return chain
+
+
+def _lstm_recurrence_chain(launch, arg) -> Dict[str, int]:
+    return {"l2_hit": int(arg["step_end"]) - int(arg["step_begin"])}
+
+
+CHAINS: Mapping[str, Callable[[Any, Dict[str, Any]], Dict[str, int]]] = {
+    "_sdpa_decode_kernel": _sdpa_decode_chain,
+    "_lstm_onchip_kernel": _lstm_onchip_chain,
+    "_lstm_recurrence_kernel": _lstm_recurrence_chain,
+}
+
+
+def _kernel_name(launch) -> str:
+    return launch.function.__name__
+
+
+def loop_trips(launch, loops: Sequence[dict], num_warps: Optional[int] = None) -> tuple:
+    """(trips per loop, rule) of a launch: passes one CTA makes through each loop of `loops` (sass_loops order),
+    and which rule gave them ("table" or "work", see the module docstring)."""
+    work = [index for index, loop in enumerate(loops) if not loop["spin"]]
+    trips = [0.0] * len(loops)
+    stated = TRIPS.get(_kernel_name(launch))
+    if stated is not None:
+        table = stated(launch, named_args(launch))
+        if len(table) == len(work):
+            for index, value in zip(work, table):
+                trips[index] = float(value)
+            return trips, "table"
+    if not work:
+        return trips, "work"
+    warps = int(num_warps or launch.num_warps)
+    ctas = max(1, launch.ctas)
+    flops = launch.flops * _EXECUTED_PER_FLOP.get(launch.unit, 1)
+    hot = max(work, key=lambda i: (loops[i]["pass_flops"], loops[i]["pass_bytes"], loops[i]["own"]))
+    for index in work:
+        trips[index] = 1.0
+    if loops[hot]["pass_flops"] and flops:
+        trips[hot] = max(1.0, flops / (ctas * warps * loops[hot]["pass_flops"]))
+    elif loops[hot]["pass_bytes"] and launch.bytes_read:
+        trips[hot] = max(1.0, launch.bytes_read / (ctas * warps * loops[hot]["pass_bytes"]))
+    return trips, "work"
+
+
+def chain_steps(launch) -> Dict[str, int]:
+    """The launch's dependent steps by latency kind (see the module docstring); {} for a kernel without a chain."""
+    stated = CHAINS.get(_kernel_name(launch))
+    if stated is None:
+        return {}
+    return {kind: int(count) for kind, count in stated(launch, named_args(launch)).items() if count}
