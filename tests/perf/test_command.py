@@ -6,9 +6,9 @@ import pytest
 from rlx_triton import perf
 from rlx_triton.devices import profile
 
-TOP_KEYS = ["device", "calibrated", "assumptions", "cases", "models"]
-CASE_KEYS = ["bench", "case", "shape", "backend", "candidate", "launches", "floor_us", "est_us", "bw_fraction",
-             "kernels"]
+TOP_KEYS = ["device", "calibrated", "profile", "assumptions", "cases", "models"]
+CASE_KEYS = ["bench", "case", "shape", "backend", "candidate", "launches", "floor_us", "est_us", "est_low_us",
+             "est_high_us", "bw_fraction", "kernels"]
 MODEL_KEYS = ["model", "launches_per_forward", "host_syncs_per_forward"]
 
 
@@ -36,6 +36,29 @@ def test_the_json_has_exactly_the_agreed_keys(lstm_report):
     assert report["device"] == "h200" and report["calibrated"] is False and report["assumptions"]
     assert report["cases"] and all(list(case) == CASE_KEYS for case in report["cases"])
     assert [list(model) for model in report["models"]] == [MODEL_KEYS, MODEL_KEYS]
+
+
+def test_the_profile_block_states_the_achievable_bandwidth_and_the_latency_constants(lstm_report):
+    from rlx_triton.devices import LATENCY_KEYS
+
+    block = lstm_report[1]["profile"]
+    assert block["achievable_bw"] == 4.3e12 and block["bandwidth"] == 4.8e12 and block["calibrated"] is False
+    assert list(block["latency"]) == list(LATENCY_KEYS)
+    assert all(low <= nominal <= high for low, nominal, high in block["latency"].values())
+    assert all(block["sources"][f"latency.{key}"] for key in LATENCY_KEYS) and block["sources"]["achievable_bandwidth"]
+
+
+def test_the_onchip_recurrence_is_latency_bound_with_its_barrier_poll_apart(lstm_report):
+    routed = lstm_report[1]["cases"][0]
+    recurrence = [k for k in routed["kernels"] if k["name"] == "_lstm_onchip_kernel"]
+    assert len(recurrence) == 4
+    for kernel in recurrence:
+        # the counts are the 589-step loop's (its FFMA), not the dozen-instruction poll's
+        assert kernel["bound"] == "latency" and kernel["trips_rule"] == "table"
+        assert len(kernel["spin_loops"]) == 1 and kernel["spin_loops"][0]["size"] <= 32
+        assert kernel["chain_steps"]["atomic"] == 3 * 589 and kernel["chain_us"] > kernel["issue_us"] > 0
+        assert kernel["est_low_us"] < kernel["est_us"] < kernel["est_high_us"]
+    assert routed["est_low_us"] < routed["est_us"] < routed["est_high_us"]
 
 
 def test_every_case_of_the_bench_is_reported(lstm_report):

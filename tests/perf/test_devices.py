@@ -42,6 +42,25 @@ def test_every_apple_profile_states_its_sourced_figures(gpu):
     assert gpu.peak["fp32_fma"] > 0 and gpu.sources["peak.fp32_fma"] and gpu.arch is None
 
 
+@pytest.mark.parametrize("gpu", [p for p in PROFILES.values() if p.kind == "cuda"], ids=lambda p: p.key)
+def test_every_cuda_profile_states_sourced_achievable_bandwidth_clock_and_latency_ranges(gpu):
+    from rlx_triton.devices import LATENCY_KEYS
+
+    assert 0 < gpu.achievable_bw <= gpu.bandwidth and gpu.sources["achievable_bandwidth"]
+    lanes = 64 if gpu.capability == (8, 0) else 128   # the FP32 peak is SMs x lanes x 2 FLOPs x clock
+    assert gpu.clock_hz == pytest.approx(gpu.peak["fp32_fma"] / (gpu.sm_count * lanes * 2))
+    assert gpu.schedulers_per_sm == 4 and not gpu.calibrated
+    for key in LATENCY_KEYS:
+        low, nominal, high = gpu.latency[key]
+        assert 0 < low <= nominal <= high and gpu.sources[f"latency.{key}"], key
+
+
+def test_the_h200s_achievable_bandwidth_is_the_measured_copy():
+    h200 = profile("h200")
+    assert h200.achievable_bw == 4.3e12 and "measured" in h200.sources["achievable_bandwidth"]
+    assert "assumption" in profile("a100").sources["achievable_bandwidth"]   # others: the H200's ratio, said so
+
+
 def test_the_h200_figures():
     h200 = profile("H200")
     assert (h200.sm_count, h200.capability, h200.bandwidth, h200.shared_per_sm) == (132, (9, 0), 4.8e12, 233472)
