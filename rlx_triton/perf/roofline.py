@@ -283,13 +283,18 @@ def estimate(launch, compiled, profile) -> KernelEstimate:
 class LibraryKernel:
     """One kernel of a library (torch) path, as a family states it for the library path estimate: the bytes it
     must read and write at least (each byte once), the FLOPs it must execute, on `unit`, and the dependent steps
-    it cannot overlap (`chain`: latency kind -> steps, as rlx_triton.perf.structure counts them)."""
+    it cannot overlap (`chain`: latency kind -> steps, as rlx_triton.perf.structure counts them). `ctas`: the
+    CTAs its grid has where that is known from the library's launch rule (one per SM at a time; None: every SM
+    busy); `repeat`: the same kernel launched that many times one after another (a recurrence's steps), the
+    figures above being one launch's."""
     name: str
     bytes_read: int
     bytes_written: int
     flops: int = 0
     unit: str = "fp32_fma"
     chain: Mapping[str, int] = field(default_factory=dict)
+    ctas: Optional[int] = None
+    repeat: int = 1
 
     @property
     def bytes(self) -> int:
@@ -297,17 +302,23 @@ class LibraryKernel:
 
 
 def library_terms(kernel: LibraryKernel, profile) -> KernelTerms:
-    """A library kernel's terms: every SM busy in one wave, no issue term (its SASS is not read), its chain."""
-    return KernelTerms(bytes=kernel.bytes, flops=float(kernel.flops), peak=profile.peak[kernel.unit],
-                       sms=profile.sm_count, ctas=profile.sm_count, waves=[(1, profile.sm_count)],
-                       chain=dict(kernel.chain))
+    """A library kernel's terms: every SM busy in one wave (or its stated CTAs, one per SM at a time), no issue
+    term (its SASS is not read), its chain; `repeat` launches of all of it."""
+    repeat = max(1, int(kernel.repeat))
+    ctas = profile.sm_count if kernel.ctas is None else max(1, int(kernel.ctas))
+    chain = {kind: steps * repeat for kind, steps in kernel.chain.items()}
+    return KernelTerms(bytes=kernel.bytes * repeat, flops=float(kernel.flops) * repeat, peak=profile.peak[kernel.unit],
+                       sms=profile.sm_count, ctas=ctas * repeat,
+                       waves=[(count * repeat, size) for count, size in wave_shape(ctas, profile.sm_count)],
+                       chain=chain, launches=repeat)
 
 
 def library_kernel_us(kernel: LibraryKernel, profile) -> tuple:
     """(floor_us, est_us) of one library kernel: bytes at datasheet bandwidth or FLOPs at peak; and the model's
     nominal time (achievable bandwidth, every SM busy, its chain, one launch latency)."""
-    memory_s = kernel.bytes / profile.bandwidth
-    compute_s = kernel.flops / profile.peak[kernel.unit] if kernel.flops else 0.0
+    repeat = max(1, int(kernel.repeat))
+    memory_s = kernel.bytes * repeat / profile.bandwidth
+    compute_s = kernel.flops * repeat / profile.peak[kernel.unit] if kernel.flops else 0.0
     floor_us = max(memory_s, compute_s) * 1e6
     return floor_us, kernel_time(library_terms(kernel, profile), constants(profile))["est_us"]
 
@@ -318,13 +329,14 @@ def library_estimate(kernels: Sequence[LibraryKernel], profile) -> dict:
     for kernel in kernels:
         floor_us, _ = library_kernel_us(kernel, profile)
         times = priced(library_terms(kernel, profile), profile)
-        rows.append({"name": kernel.name, "bytes": kernel.bytes, "flops": int(kernel.flops), "unit": kernel.unit,
+        rows.append({"name": kernel.name, "launches": max(1, int(kernel.repeat)), "bytes": kernel.bytes,
+                     "flops": int(kernel.flops), "unit": kernel.unit,
                      "floor_us": _rounded(floor_us), "est_us": _rounded(times["est_us"]),
                      "est_low_us": _rounded(times["est_low_us"]), "est_high_us": _rounded(times["est_high_us"]),
                      "chain_steps": dict(kernel.chain), "chain_us": _rounded(times["chain_us"]),
                      "bound": times["bound"]})
     label = "library path estimate" + ("" if profile.calibrated else " (uncalibrated)")
-    return {"label": label, "launches": len(rows),
+    return {"label": label, "launches": sum(max(1, int(kernel.repeat)) for kernel in kernels),
             "floor_us": _rounded(sum(row["floor_us"] for row in rows)),
             "est_us": _rounded(sum(row["est_us"] for row in rows)),
             "est_low_us": _rounded(sum(row["est_low_us"] for row in rows)),

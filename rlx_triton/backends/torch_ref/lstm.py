@@ -55,3 +55,27 @@ def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: L
         output = output.squeeze(0 if batch_first else 1)
         h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
     return output, (h_n, c_n)
+
+
+def library_kernels(request) -> list:
+    """The kernels torch's LSTM (cuDNN's standard algorithm, TF32 off as the benches and pyannote run it) needs
+    per layer, for the library path estimate (rlx_triton.perf.roofline.LibraryKernel): the input projection of
+    every step and direction as one GEMM, then one launch per step for the recurrent GEMM and the gate update of
+    every direction, each step reading back the h row the step before wrote (one dependent L2 read). W_hh is
+    read from L2 every step (not memory traffic). At least one launch per step is a lower bound of cuDNN's."""
+    from rlx_triton.perf.roofline import LibraryKernel
+
+    fields = request.field_map
+    batch, seq, hidden = fields["batch"], fields["seq"], fields["hidden"]
+    layers, directions, features = fields["layers"], fields["directions"], fields["input_size"]
+    gates = 4 * hidden * directions
+    kernels = []
+    for layer in range(layers):
+        inputs = features if layer == 0 else hidden * directions
+        kernels.append(LibraryKernel(f"layer {layer} input projection (cuBLAS SGEMM)",
+                                     (batch * seq * inputs + gates * inputs + gates) * 4, batch * seq * gates * 4,
+                                     2 * batch * seq * inputs * gates))
+        state = batch * hidden * directions * 4
+        kernels.append(LibraryKernel(f"layer {layer} recurrence step (GEMM + gates)", batch * gates * 4 + 2 * state,
+                                     2 * state, 2 * batch * gates * hidden, chain={"l2_hit": 1}, repeat=seq))
+    return kernels

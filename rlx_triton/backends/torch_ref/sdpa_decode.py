@@ -166,3 +166,21 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         attn_mask, is_causal = lower_right_mask(query.shape[-2], key.shape[-2], query.device), False
     return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
                                                      is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def library_kernels(request) -> list:
+    """The kernel torch's SDPA runs on a GPU for a routed decode request, for the library path estimate
+    (rlx_triton.perf.roofline.LibraryKernel): one fused attention kernel (FlashAttention-2 / memory-efficient)
+    reading q, K and V once and writing the output, with the two products on the tensor cores for fp16/bf16
+    (fp32: the FMA units). Its grid is not stated (every SM busy), so the estimate bounds the library from below."""
+    from rlx_triton.perf.roofline import LibraryKernel
+
+    fields = request.field_map
+    batch, heads, kv_heads = fields["batch"], fields["num_heads"], fields["num_kv_heads"]
+    seq_q, seq_kv, dim, dim_v = fields["seq_q"], fields["seq_kv"], fields["head_dim"], fields["head_dim_v"]
+    size = {"float16": 2, "bfloat16": 2, "float64": 8}.get(request.dtype, 4)
+    unit = {"float16": "fp16_mma", "bfloat16": "bf16_mma"}.get(request.dtype, "fp32_fma")
+    read = (batch * heads * seq_q * dim + batch * kv_heads * seq_kv * (dim + dim_v)) * size
+    written = batch * heads * seq_q * dim_v * size
+    return [LibraryKernel("fused attention (torch SDPA)", read, written,
+                          2 * batch * heads * seq_q * seq_kv * (dim + dim_v), unit)]
