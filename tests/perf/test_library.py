@@ -55,3 +55,26 @@ def test_the_lstm_library_estimate_prices_every_step_launch_and_its_chain(lstm_r
     assert all(row["chain_us"] == pytest.approx(589 * nominal["l2_hit"] / 1000, abs=1e-3) for row in steps)
     assert estimate["est_us"] > 4 * 590 * H200.launch_us
     assert estimate["est_low_us"] < estimate["est_us"] < estimate["est_high_us"]
+
+
+def _conv_request(op="conv2d", **fields):
+    from rlx_triton.backends.torch_ref import conv2d
+
+    features = {"kernel": (3, 3), "padding": 1, "residual": fields.pop("residual", False),
+                "relu": fields.pop("relu", False), "weighted": fields.pop("weighted", False)}
+    request = Request.make("conv", op, device="cpu", dtype=torch.float32, fields=fields, features=features)
+    return conv2d.library_kernels(request)
+
+
+def test_cudnn_conv2d_then_the_residual_add_and_relu_eager_torch_runs_apart():
+    conv, add, relu = _conv_request(batch=3, c_in=5, c_out=7, length=11 * 13, taps=9, stride=1, tokens=11 * 13,
+                                    residual=True, relu=True)
+    output = 3 * 7 * 143 * 4
+    assert conv.bytes_read == (3 * 5 * 143 + 7 * 5 * 9 + 7) * 4 and conv.bytes_written == output
+    assert conv.flops == 2 * 3 * 7 * 143 * 5 * 9 and conv.unit == "fp32_fma"
+    assert (add.bytes_read, relu.bytes_read) == (2 * output, output)
+
+
+def test_stats_pool_reads_the_sequences_for_the_mean_and_for_the_std():
+    mean, std, cat = _conv_request("stats_pool", batch=2, c_in=256, c_out=512, length=125, taps=1, stride=1, tokens=1)
+    assert mean.bytes_read == std.bytes_read == 2 * 256 * 125 * 4 and cat.bytes_written == 2 * 2 * 256 * 4

@@ -65,3 +65,36 @@ def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candi
     v2 = torch.square(w).sum(dim=3)
     var = torch.sum(dx2 * w, dim=3) / (v1 - v2 / v1 + 1e-8)
     return torch.cat([mean, torch.sqrt(var)], dim=-1).to(x.dtype)
+
+
+def library_kernels(request) -> list:
+    """The kernels the functions above run on a GPU for a routed request, for the library path estimate
+    (rlx_triton.perf.roofline.LibraryKernel), fp32 with TF32 off as the benches and pyannote run them:
+    conv2d (and linear, a 1x1 conv2d request): cuDNN's convolution with its bias, then the residual add and the
+    ReLU as the separate elementwise kernels eager torch runs; stats_pool without weights: the mean, the standard
+    deviation (each reading the sequences once) and their concatenation."""
+    from rlx_triton.perf.roofline import LibraryKernel
+
+    fields, features = request.field_map, request.feature_map
+    batch, c_in, c_out = fields["batch"], fields["c_in"], fields["c_out"]
+    size = 8 if request.dtype == "float64" else 4
+    if request.op == "stats_pool":
+        sequences = batch * c_in * fields["length"] * size
+        stats = batch * c_in * size
+        if features.get("weighted"):   # weights: products and sums per speaker, as the function's steps
+            return [LibraryKernel("weighted mean and variance", 3 * sequences, 2 * stats, 6 * batch * c_in
+                                  * fields["length"]), LibraryKernel("concatenation", 2 * stats, 2 * stats)]
+        return [LibraryKernel("mean", sequences, stats, batch * c_in * fields["length"]),
+                LibraryKernel("std", sequences, stats, 3 * batch * c_in * fields["length"]),
+                LibraryKernel("concatenation", 2 * stats, 2 * stats)]
+    taps, tokens = fields["taps"], fields["tokens"]
+    output = batch * c_out * tokens * size
+    kernels = [LibraryKernel("convolution (cuDNN, TF32 off)" if taps > 1 or fields["length"] > 1 else
+                             "linear (cuBLAS SGEMM, TF32 off)",
+                             (batch * c_in * fields["length"] + c_out * c_in * taps + c_out) * size, output,
+                             2 * batch * c_out * tokens * c_in * taps)]
+    if features.get("residual"):
+        kernels.append(LibraryKernel("residual add", 2 * output, output, batch * c_out * tokens))
+    if features.get("relu"):
+        kernels.append(LibraryKernel("relu", output, output, batch * c_out * tokens))
+    return kernels
