@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 KB = 1024
 MB = 1024 * 1024
@@ -325,7 +325,7 @@ def calibrated(base: DeviceProfile, values: Mapping[str, float], fitted_from: st
             value = float(values[key])
             latency[key] = (value * low / nominal, value, value * high / nominal)
             sources[f"latency.{key}"] = note
-    changes = {"latency": latency, "calibrated": True}
+    changes: Dict[str, Any] = {"latency": latency, "calibrated": True}
     if "achievable_bw" in values:
         changes["achievable_bandwidth"] = float(values["achievable_bw"])
         sources["achievable_bandwidth"] = note

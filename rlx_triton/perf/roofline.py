@@ -142,7 +142,7 @@ def kernel_time(terms: KernelTerms, values: dict) -> dict:
         waves_s += count * max(wave_memory, wave_compute, wave_issue)
     chain_us = sum(steps * values[kind] for kind, steps in terms.chain.items()) / 1000.0
     parts = {"memory": memory * 1e6, "compute": compute * 1e6, "issue": issue * 1e6}
-    bound = max(parts, key=parts.get)
+    bound = max(parts, key=lambda name: parts[name])
     if chain_us > parts[bound]:
         bound = "latency"
     return {"memory_us": parts["memory"], "compute_us": parts["compute"], "issue_us": parts["issue"],
@@ -272,7 +272,7 @@ def estimate(launch, compiled, profile) -> KernelEstimate:
     times = priced(terms, profile)
     return KernelEstimate(ctas_per_sm=occ.ctas_per_sm, waves=_rounded(ctas / slots, 4), sm_fill=_rounded(sm_fill, 4),
                           est_us=_rounded(times["est_us"]), issue_us=_rounded(times["issue_us"]), chain_steps=chain,
-                          chain_us=_rounded(times["chain_us"]), bound=times["bound"],
+                          chain_us=round(times["chain_us"], 3), bound=times["bound"],
                           est_low_us=_rounded(times["est_low_us"]), est_high_us=_rounded(times["est_high_us"]),
                           warp_instructions=int(round(per_warp * compiled.num_warps * ctas)),
                           memory_us=times["memory_us"], compute_us=times["compute_us"], terms=terms,
@@ -364,4 +364,5 @@ def case_range(kernels: Sequence[KernelEstimate]) -> tuple:
     """(est_low_us, est_high_us) of a case: sums over its launches (None where any launch has no estimate)."""
     if not kernels or any(k.est_low_us is None or k.est_high_us is None for k in kernels):
         return None, None
-    return round(sum(k.est_low_us for k in kernels), 3), round(sum(k.est_high_us for k in kernels), 3)
+    return (round(sum(float(k.est_low_us or 0.0) for k in kernels), 3),
+            round(sum(float(k.est_high_us or 0.0) for k in kernels), 3))
