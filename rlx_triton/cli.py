@@ -142,9 +142,25 @@ def find_profile(name: str):
     from rlx_triton.devices import profile
 
     try:
-        return profile(name)
+        found = profile(name)
     except ValueError:
         return None
+    # a prefix must reach the end of the model number: "a" or "a1" names no GPU yet, "a100" does
+    return None if len(_plain(name)) < _model_length(found.key) else found
+
+
+def _plain(name: str) -> str:
+    return name.strip().lower().replace("-", "").replace("_", "")
+
+
+def _model_length(key: str) -> int:
+    """Characters of a profile key up to its model number, dashes aside: 4 for a100-80gb, 7 for rtx-4090."""
+    length = 0
+    for part in key.lower().replace("_", "-").split("-"):
+        length += len(part)
+        if any(character.isdigit() for character in part):
+            break
+    return length
 
 
 def _explain_device(name: str):
@@ -370,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="time every approved candidate of a model's shapes and keep the winners")
     tune.add_argument("model", help="llama3-8b, pyannote-segmentation, wespeaker")
-    tune.add_argument("--device", default="cuda")
+    tune.add_argument("--device", default="cuda", help="the CUDA device to time on: cuda or cuda:N (default cuda)")
     _add_json(tune, "the summary")
     tune.set_defaults(run=cmd_tune)
 
@@ -383,7 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--quiet", action="store_true", help="print only the summary and failures, no progress")
     audit.set_defaults(run=cmd_audit)
 
-    bench = sub.add_parser("bench", help="side-by-side benchmarks against torch (needs a source checkout)")
+    bench = sub.add_parser(
+        "bench", help="side-by-side benchmarks against torch (needs a source checkout)",
+        description="Times each routed op beside the torch op it replaces, in one process, and prints a table; "
+                    "with --out, also a dated report, a plot and rows appended to the CSV of every run.")
     bench.add_argument("--quick", action="store_true", help="small case set, fewer repetitions")
     bench.add_argument("--out", metavar="DIR", help="write <date>-<device>.md/.json/.png there (e.g. bench/results)")
     _add_json(bench, "the results")
@@ -399,6 +418,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_environment() -> None:
+    """A bad RLX_TRITON_* variable is a usage error of every command, said in one line before anything runs."""
+    from rlx_triton.config import settings
+
+    try:
+        settings()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def _terminate(signum, frame) -> None:
     raise Terminated()
 
@@ -410,6 +439,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError:  # not the main thread: SIGTERM keeps its handler
         previous = None
     try:
+        _check_environment()
         return args.run(args)
     except UsageError as error:
         print(f"rlx-triton {args.command}: {error}", file=sys.stderr)
