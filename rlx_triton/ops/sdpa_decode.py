@@ -28,7 +28,7 @@ from typing import Dict, Iterator, Optional, Tuple, Union
 import torch
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
-from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
+from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 from rlx_triton.router.request import dtype_name
@@ -510,7 +510,8 @@ def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=
                                   f"got {tuple(v_cache.shape)}")
     kv_heads, s_max = k_cache.shape[1], _decode_capacity(k_cache, block_table)
     if kv_heads == 0 or heads % kv_heads != 0:
-        raise AttentionInputError(f"{op}: the KV heads of k_cache ({kv_heads}) must divide the query heads ({heads})")
+        raise AttentionInputError(f"{op}: the KV heads of k_cache ({kv_heads}) must divide the query heads ({heads})"
+                                  + attention_layout_hint(op, query, k_cache))
     if s_max == 0 or seq_q == 0:
         raise AttentionInputError(f"{op}: query tokens and k_cache length must be >= 1, got Lq={seq_q}, S_max={s_max}")
     if cache_seqlens is not None:
