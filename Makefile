@@ -26,7 +26,7 @@ $(DEMO_STAMP): pyproject.toml Makefile
 TORCHAUDIO := torchaudio==2.11.1
 TORCHAUDIO_DIR := $(VENV)/share/rlx_triton/torchaudio
 
-# what the tests need beyond the demo, one requirement per line
+# what the tests need beyond the demo: one install per line, so another dependency is one more line
 $(STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
