@@ -49,3 +49,11 @@ def test_a_feature_with_one_value_says_so_instead_of_a_one_item_list(capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--feature mask has one value for this op (none), got 'bool'" in err
     assert "must be one of" not in err
+
+
+def test_an_unknown_audit_family_is_a_one_line_usage_error(capsys):
+    pytest.importorskip("triton", reason="the audit checks its families once triton is known to be installed")
+    code = cli.main(["audit", "--family", "attention"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "--family must be one of sdpa_decode, conv, fbank, lstm, segdense, got 'attention'" in err
