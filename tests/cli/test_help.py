@@ -1,4 +1,5 @@
 """`--help` of every command says what each option means, lists the choices it takes and shows an example."""
+import importlib
 import subprocess
 import sys
 
@@ -7,11 +8,21 @@ import pytest
 from rlx_triton import cli
 
 
-def help_of(*command):
-    result = subprocess.run([sys.executable, "-m", "rlx_triton", *command, "--help"], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return " ".join(result.stdout.split())   # argparse wraps lines at the terminal width
+def help_of(command):
+    """The --help text of a subcommand as `rlx-triton COMMAND --help` prints it, on one line."""
+    if command in cli.LAZY_COMMANDS:
+        module_name, help_text = cli.LAZY_COMMANDS[command]
+        parser = cli._Parser(prog=f"rlx-triton {command}", description=help_text)
+        importlib.import_module(module_name).add_arguments(parser)
+    else:
+        parser = cli.build_parser()._subparsers._group_actions[0].choices[command]
+    return " ".join(parser.format_help().split())   # argparse wraps lines at the terminal width
+
+
+def test_the_help_a_user_types_is_the_parsers_help():
+    result = subprocess.run([sys.executable, "-m", "rlx_triton", "tune", "--help"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and " ".join(result.stdout.split()) == help_of("tune")
 
 
 def test_tune_device_says_what_it_takes():
