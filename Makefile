@@ -1,7 +1,9 @@
-# Set-up and entry points. `make demo` and `make test` create .venv on first use.
+# Set-up and entry points. `make demo` and `make test` create .venv on first use: the demo installs what it
+# needs (torch, the package and its dependencies), the tests add the test extra on top (a second stamp).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast audit bench venv clean
@@ -10,6 +12,12 @@ venv: $(STAMP)
 
 # torch is installed on its own first: on machines that carry a CPU wheel of torch 2.13 this
 # takes it from disk; elsewhere pip resolves torch>=2.8 as usual.
+$(DEMO_STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.8"
+	$(PY) -m pip install -q -e .
+	touch $(DEMO_STAMP)
+
 # torchaudio (a parity reference for fbank) goes with --no-deps into a folder outside sys.path: each
 # release pins one torch release, its compiled extension need not load beside this torch, and
 # libraries that import torchaudio whenever it is installed (transformers) must not find it. Only its
@@ -18,16 +26,15 @@ venv: $(STAMP)
 TORCHAUDIO := torchaudio==2.11.1
 TORCHAUDIO_DIR := $(VENV)/share/rlx_triton/torchaudio
 
-$(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# what the tests need beyond the demo: one install per line, so another dependency is one more line
+$(STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.8"
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps --upgrade --target "$(TORCHAUDIO_DIR)" "$(TORCHAUDIO)"
 	$(PY) -c "from rlx_triton._torchaudio import kaldi_compliance; assert kaldi_compliance() is not None"
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m rlx_triton.demo
 
 # The interpreter runs kernels on one core: tests spread over every core (pytest-xdist), a test

@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmarks: side-by-side medians, CUDA-event timing, copy bandwidth.
+"""Timing helpers shared by the benchmarks: side-by-side medians with their spread, CUDA-event timing, copy bandwidth.
 
 On a GPU, kernels are timed with triton.testing.do_bench (median of CUDA-event timings) or, for
 microsecond kernels, with CUDA-graph replay so launch overhead does not dominate. On the CPU the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Callable, Iterable, Iterator, Tuple, TypeVar
+from typing import Callable, Iterable, Iterator, List, Sequence, Tuple, TypeVar
 
 import torch
 
@@ -44,36 +44,66 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_us(fn: Callable[[], object], device: torch.device, quick: bool = False, graph: bool = False) -> float:
-    """Median time of fn in microseconds."""
+class Timing(float):
+    """A median time in microseconds that also carries its spread: the 20th and 80th percentiles of its samples."""
+
+    p20: float
+    p80: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "Timing":
+        ordered = sorted(samples)
+        timing = cls(statistics.median(ordered))
+        timing.p20, timing.p80 = _percentile(ordered, 0.2), _percentile(ordered, 0.8)
+        return timing
+
+
+def _percentile(ordered: Sequence[float], fraction: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default), of sorted samples."""
+    position = fraction * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def time_samples(fn: Callable[[], object], device: torch.device, quick: bool = False,
+                 graph: bool = False) -> List[float]:
+    """Times of fn in microseconds, one per measured call (CUDA: triton.testing's per-repetition times)."""
     if device.type == "cuda":
         import triton.testing
 
         if graph:
-            return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=20 if quick else 100)
-        return 1e3 * triton.testing.do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
-                                             return_mode="median")
+            return [1e3 * t for t in triton.testing.do_bench_cudagraph(fn, rep=20 if quick else 100, return_mode="all")]
+        return [1e3 * t for t in triton.testing.do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
+                                                         return_mode="all")]
     fn()
     samples = []
     for _ in range(3 if quick else 15):
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
+    return samples
+
+
+def time_us(fn: Callable[[], object], device: torch.device, quick: bool = False, graph: bool = False) -> Timing:
+    """Median time of fn in microseconds, with its 20th and 80th percentiles."""
+    return Timing.of(time_samples(fn, device, quick, graph))
 
 
 def side_by_side(rlx: Callable[[], object], baseline: Callable[[], object], device: torch.device,
-                 quick: bool = False, graph: bool = False, rounds: int = 0) -> Tuple[float, float]:
-    """(rlx_us, baseline_us): warm both, then alternate rounds of each and take the median of each side."""
+                 quick: bool = False, graph: bool = False, rounds: int = 0) -> Tuple[Timing, Timing]:
+    """(rlx_us, baseline_us): warm both, then alternate rounds of each; each side's median and percentiles are
+    those of all its samples."""
     rlx()
     baseline()
     _sync(device)
     rounds = rounds or (2 if quick else 5)
-    rlx_times, base_times = [], []
+    rlx_times: List[float] = []
+    base_times: List[float] = []
     for _ in range(rounds):
-        rlx_times.append(time_us(rlx, device, quick, graph))
-        base_times.append(time_us(baseline, device, quick, graph))
-    return statistics.median(rlx_times), statistics.median(base_times)
+        rlx_times += time_samples(rlx, device, quick, graph)
+        base_times += time_samples(baseline, device, quick, graph)
+    return Timing.of(rlx_times), Timing.of(base_times)
 
 
 def copy_bandwidth_gbps(device: torch.device, quick: bool = False) -> float:
@@ -85,13 +115,25 @@ def copy_bandwidth_gbps(device: torch.device, quick: bool = False) -> float:
     return 2 * src.numel() * src.element_size() / (us * 1e-6) / 1e9
 
 
+# what a row measures: "time" compares a kernel with the op it replaces (speedup = baseline / rlx);
+# "dispatch_overhead" is the cost of a wrapper over what it wraps, which has no speedup to claim
+METRICS = ("time", "dispatch_overhead")
+
+
 def case(bench: str, shape: str, dtype, rlx_us: float, baseline: str, baseline_us: float,
-         bytes_moved: int = 0, **extra) -> dict:
-    """One result row with the keys bench/run.py writes to the results file."""
-    return {"bench": bench, "shape": shape, "dtype": str(dtype).replace("torch.", ""), "rlx_us": round(rlx_us, 3),
-            "baseline": baseline, "baseline_us": round(baseline_us, 3),
-            "speedup": round(baseline_us / rlx_us, 4) if rlx_us > 0 else None,
-            "gbps": round(bytes_moved / (rlx_us * 1e-6) / 1e9, 2) if bytes_moved and rlx_us > 0 else None, **extra}
+         bytes_moved: int = 0, metric: str = "time", **extra) -> dict:
+    """One result row with the keys bench/run.py writes to the results file; a Timing adds its percentiles
+    (rlx_p20_us, rlx_p80_us, baseline_p20_us, baseline_p80_us)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    spread = {f"{side}_{p}_us": round(getattr(value, p), 3) for side, value in (("rlx", rlx_us), ("baseline", baseline_us))
+              for p in ("p20", "p80") if hasattr(value, p)}
+    timed = metric == "time"
+    return {"bench": bench, "shape": shape, "dtype": str(dtype).replace("torch.", ""), "metric": metric,
+            "rlx_us": round(rlx_us, 3), "baseline": baseline, "baseline_us": round(baseline_us, 3),
+            "speedup": round(baseline_us / rlx_us, 4) if timed and rlx_us > 0 else None,
+            "gbps": round(bytes_moved / (rlx_us * 1e-6) / 1e9, 2) if bytes_moved and rlx_us > 0 else None,
+            **spread, **extra}
 
 
 def bench_device() -> torch.device:

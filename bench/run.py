@@ -5,17 +5,21 @@
 Each bench module exposes cases(quick) -> its case descriptions and run(quick, progress) -> list of result
 dicts (bench, shape, dtype, rlx_us, baseline, baseline_us, speedup, gbps). A markdown table goes to stdout; with --out DIR the same table goes to
 DIR/<date>-<device>.md, with a PNG of the speedup per case and DIR/<date>-<device>.json (device,
-torch, triton, the measured copy bandwidth, the cases and a summary); --json PATH writes that report
+torch, triton, the measured copy bandwidth, the cases and a summary), and the run's rows are appended to
+DIR/all_benchmark_data.csv (RECORD_FIELDS: kernel, provider, mode, metric, x value, p20/p50/p80, GPU,
+timestamp, package version, git SHA), from which DIR/latest-<bench>.png plots each bench's latest run per GPU; --json PATH writes that report
 to PATH ('-': to stdout, instead of the table). Progress goes to stderr: one unit per case of every bench
 selected, with the total and an ETA.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import importlib
 import json
 import math
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -74,6 +78,8 @@ def markdown(report: dict) -> str:
              "|---|---|---|---|---:|---|---:|---:|---:|"]
     for c in report["cases"]:
         speedup = f"{c['speedup']:.2f}x" if c.get("speedup") else "-"
+        if c.get("metric") == "dispatch_overhead":
+            speedup = f"{c['rlx_us'] - c['baseline_us']:+.2f} us overhead"
         lines.append(f"| {c['bench']} | {c['shape']} | {c['dtype']} | {c.get('backend', '-')} | {c['rlx_us']:.1f} | "
                      f"{c['baseline']} | {c['baseline_us']:.1f} | {speedup} | {c.get('gbps') or '-'} |")
     lines += ["", "## Summary", ""]
@@ -121,6 +127,103 @@ def plot(report: dict, path: Path) -> bool:
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return True
+
+
+# one row per (case, provider, metric), appended run after run, as Liger-Kernel's all_benchmark_data.csv
+RECORDS_FILE = "all_benchmark_data.csv"
+RECORD_FIELDS = ("kernel_name", "kernel_provider", "kernel_operation_mode", "metric_name", "metric_unit", "x_name",
+                 "x_value", "dtype", "route", "y_value_20", "y_value_50", "y_value_80", "gpu_name", "timestamp",
+                 "rlx_triton_version", "git_sha", "torch_version", "triton_version", "quick")
+
+
+def git_sha(root: Path = ROOT) -> Optional[str]:
+    """The checkout's commit (with "-dirty" when files differ from it), None outside a git checkout."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{sha}-dirty" if dirty else sha
+
+
+def records(report: dict) -> List[dict]:
+    """The CSV rows of a report: per case, rlx_triton's and the baseline's times (p20, p50, p80 in us), and for
+    a dispatch-overhead case the overhead itself as a metric of its own."""
+    common = {"gpu_name": report["device"], "timestamp": report["timestamp"],
+              "rlx_triton_version": report["rlx_triton"], "git_sha": report["git_sha"],
+              "torch_version": report["torch"], "triton_version": report["triton"], "quick": report["quick"]}
+    rows = []
+    for c in report["cases"]:
+        case_fields = {"kernel_name": c["bench"], "kernel_operation_mode": "forward", "x_name": "shape",
+                       "x_value": c["shape"], "dtype": c["dtype"], "route": c.get("backend", ""), **common}
+        for provider, side in (("rlx_triton", "rlx"), (c["baseline"], "baseline")):
+            rows.append({**case_fields, "kernel_provider": provider, "metric_name": "time", "metric_unit": "us",
+                         "y_value_20": c.get(f"{side}_p20_us", c[f"{side}_us"]), "y_value_50": c[f"{side}_us"],
+                         "y_value_80": c.get(f"{side}_p80_us", c[f"{side}_us"])})
+        if c.get("metric") == "dispatch_overhead":
+            overhead = round(c["rlx_us"] - c["baseline_us"], 3)
+            rows.append({**case_fields, "kernel_provider": "rlx_triton", "metric_name": "dispatch_overhead",
+                         "metric_unit": "us", "y_value_20": None, "y_value_50": overhead, "y_value_80": None})
+    return rows
+
+
+def append_records(rows: List[dict], path: Path) -> None:
+    """Appends rows to the CSV at path, writing the header when the file is new."""
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=RECORD_FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_families(path: Path, out: Path, stem: str) -> List[Path]:
+    """One PNG per kernel family of the CSV at path: the median time of each provider per case of the latest
+    run on each GPU, with its p20-p80 range as an error bar (log scale). Returns the files written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    with path.open(newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["metric_name"] == "time"]
+    latest: Dict[tuple, str] = {}
+    for row in rows:
+        key = (row["kernel_name"], row["gpu_name"])
+        latest[key] = max(latest.get(key, ""), row["timestamp"])
+    written = []
+    for family in dict.fromkeys(row["kernel_name"] for row in rows):
+        chosen = [row for row in rows if row["kernel_name"] == family
+                  and row["timestamp"] == latest[(family, row["gpu_name"])]]
+        cases = list(dict.fromkeys(f"{row['x_value']} {row['dtype']} ({row['gpu_name']})" for row in chosen))
+        providers = list(dict.fromkeys(row["kernel_provider"] for row in chosen))
+        fig, ax = plt.subplots(figsize=(10, 1.2 + 0.3 * len(cases) * len(providers)))
+        height = 0.8 / len(providers)
+        for index, provider in enumerate(providers):
+            mine = {f"{row['x_value']} {row['dtype']} ({row['gpu_name']})": row for row in chosen
+                    if row["kernel_provider"] == provider}
+            ys = [position + index * height for position, label in enumerate(cases) if label in mine]
+            values = [mine[label] for label in cases if label in mine]
+            p50 = [float(v["y_value_50"]) for v in values]
+            low = [p - float(v["y_value_20"]) for p, v in zip(p50, values)]
+            high = [float(v["y_value_80"]) - p for p, v in zip(p50, values)]
+            ax.barh(ys, p50, height=height, xerr=[low, high], label=provider, capsize=2)
+        ax.set_yticks([position + 0.4 - height / 2 for position in range(len(cases))])
+        ax.set_yticklabels(cases, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("median time per call, us (log scale; bars: 20th to 80th percentile)")
+        ax.set_title(f"{family}: latest run per GPU")
+        ax.legend(fontsize=7)
+        target = out / f"{stem}-{family}.png"
+        fig.savefig(target, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        written.append(target)
+    return written
 
 
 def _failed(errors: Dict[str, str], name: str, error: Exception) -> None:
@@ -177,7 +280,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 progress.update(finished - progress.done)
     date = datetime.date.today().isoformat()
     slug = "".join(ch if ch.isalnum() else "-" for ch in device_name).strip("-").lower()
-    report = {"date": date, "device": device_name, "torch": torch.__version__, "triton": triton_version,
+    import rlx_triton
+
+    report = {"date": date, "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": device_name, "rlx_triton": rlx_triton.__version__, "git_sha": git_sha(),
+              "torch": torch.__version__, "triton": triton_version,
               "quick": args.quick, "copy_gbps": round(copy_gbps, 2), "cases": cases,
               "summary": summarise(cases, copy_gbps, device.type), "errors": errors}
     table = markdown(report)
@@ -188,6 +295,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
         stem.with_suffix(".md").write_text(table)
         plot(report, stem.with_suffix(".png"))
+        append_records(records(report), out / RECORDS_FILE)
+        plot_families(out / RECORDS_FILE, out, "latest")
     if not write_json(args.json, report):
         print(table)
     return 1 if errors else 0

@@ -4,7 +4,8 @@ Exit codes: 0 success, 1 the command ran and found a failure (audit, a failing b
 error or nothing the command can do on this machine (e.g. tuning where no kernel backend runs),
 always with one line on stderr that says what is valid. `--json PATH` means the same in every
 command: the machine-readable result goes to PATH, or to stdout alone with `--json -`.
-Progress of tune, audit and bench goes to stderr (rlx_triton/progress.py).
+Progress of tune, audit and bench goes to stderr (rlx_triton/progress.py). The first Ctrl-C (or a
+SIGTERM, as `timeout` sends) stops a command: what had finished is summarised, exit code 130 (143).
 
 This module imports neither torch nor triton at import time, so `--version` and `--help` are quick.
 """
@@ -14,6 +15,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -21,6 +23,13 @@ from typing import Any, Callable, Dict, List, Optional
 from rlx_triton.cli_explain import UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, stopping a command the way Ctrl-C does (partial summary, workers terminated)."""
+
+    exit_code = 128 + signal.SIGTERM
 
 # subcommands whose module is imported only when the subcommand runs: name -> (module, help)
 LAZY_COMMANDS = {
@@ -133,9 +142,25 @@ def find_profile(name: str):
     from rlx_triton.devices import profile
 
     try:
-        return profile(name)
+        found = profile(name)
     except ValueError:
         return None
+    # a prefix must reach the end of the model number: "a" or "a1" names no GPU yet, "a100" does
+    return None if len(_plain(name)) < _model_length(found.key) else found
+
+
+def _plain(name: str) -> str:
+    return name.strip().lower().replace("-", "").replace("_", "")
+
+
+def _model_length(key: str) -> int:
+    """Characters of a profile key up to its model number, dashes aside: 4 for a100-80gb, 7 for rtx-4090."""
+    length = 0
+    for part in key.lower().replace("_", "-").split("-"):
+        length += len(part)
+        if any(character.isdigit() for character in part):
+            break
+    return length
 
 
 def _explain_device(name: str):
@@ -226,6 +251,11 @@ def cmd_audit(args) -> int:
         raise UsageError(f"--arch must be one of {', '.join(ARCHS)}, got {error.args[0]!r}") from None
     if importlib.util.find_spec("triton") is None:
         raise UsageError("triton is not installed (the audit compiles with the ptxas in its wheel)")
+    from rlx_triton.backends.triton import FAMILIES
+
+    unknown = [name for name in args.family or () if name not in FAMILIES]
+    if unknown:
+        raise UsageError(f"--family must be one of {', '.join(FAMILIES)}, got {unknown[0]!r}")
     from rlx_triton.backends.triton import audit
     from rlx_triton.progress import Progress
 
@@ -234,8 +264,21 @@ def cmd_audit(args) -> int:
             progress.set_label(f"{record.kernel} {record.candidate} {record.dtype} {record.arch}")
             progress.update()
 
-        records = audit.run_audit(archs, workers=args.workers, progress=advance, on_total=progress.set_total)
+        try:
+            records = audit.run_audit(archs, workers=args.workers, progress=advance, on_total=progress.set_total,
+                                      families=args.family)
+        except audit.Interrupted as stop:
+            interrupted: Optional[audit.Interrupted] = stop
+            records = stop.done
+        else:
+            interrupted = None
     bad = audit.failures(records)
+    if interrupted is not None:
+        print(f"rlx-triton audit: interrupted after {len(records)} of {interrupted.total} variants; "
+              f"{len(bad)} of those failing", file=sys.stderr)
+        for record, why in bad:
+            print(f"  FAIL {record.kernel} {record.candidate} {record.dtype} {record.arch}: {why}", file=sys.stderr)
+        return interrupted.exit_code
     if not write_json(args.json, [r.as_dict() for r in records]):
         if not args.quiet:
             print(audit.format_table(records))
@@ -343,18 +386,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="time every approved candidate of a model's shapes and keep the winners")
     tune.add_argument("model", help="llama3-8b, pyannote-segmentation, wespeaker")
-    tune.add_argument("--device", default="cuda")
+    tune.add_argument("--device", default="cuda", help="the CUDA device to time on: cuda or cuda:N (default cuda)")
     _add_json(tune, "the summary")
     tune.set_defaults(run=cmd_tune)
 
     audit = sub.add_parser("audit", help="compile every Triton candidate ahead of time (no GPU needed)")
     audit.add_argument("--arch", action="append", help="sm_80 and/or sm_90 (repeatable; default both)")
+    audit.add_argument("--family", action="append", metavar="NAME",
+                       help="audit this kernel family only: sdpa_decode, conv, fbank, lstm, segdense (repeatable)")
     _add_json(audit, "one record per compiled variant")
     audit.add_argument("--workers", type=int, default=None, help="compile processes (default: one per core)")
     audit.add_argument("--quiet", action="store_true", help="print only the summary and failures, no progress")
     audit.set_defaults(run=cmd_audit)
 
-    bench = sub.add_parser("bench", help="side-by-side benchmarks against torch (needs a source checkout)")
+    bench = sub.add_parser(
+        "bench", help="side-by-side benchmarks against torch (needs a source checkout)",
+        description="Times each routed op beside the torch op it replaces, in one process, and prints a table; "
+                    "with --out, also a dated report, a plot and rows appended to the CSV of every run.")
     bench.add_argument("--quick", action="store_true", help="small case set, fewer repetitions")
     bench.add_argument("--out", metavar="DIR", help="write <date>-<device>.md/.json/.png there (e.g. bench/results)")
     _add_json(bench, "the results")
@@ -370,16 +418,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_environment() -> None:
+    """A bad RLX_TRITON_* variable is a usage error of every command, said in one line before anything runs."""
+    from rlx_triton.config import settings
+
+    try:
+        settings()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: SIGTERM keeps its handler
+        previous = None
+    try:
+        _check_environment()
         return args.run(args)
     except UsageError as error:
         print(f"rlx-triton {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"rlx-triton {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        done = getattr(stop, "done", None)
+        after = f" after {len(done)} of {stop.total} compiles" if done is not None else ""
+        print(f"rlx-triton {args.command}: interrupted{after}", file=sys.stderr)
+        return getattr(stop, "exit_code", EXIT_INTERRUPTED)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,8 @@ def _feature_value(name: str, raw: str, feature: Feature) -> Hashable:
                              f"{'x'.join(map(str, default))}, got {raw!r}")
     else:
         value = raw
+    if len(feature.choices) == 1 and value not in feature.choices:
+        raise UsageError(f"--feature {name} has one value for this op ({_show(feature.choices[0])}), got {raw!r}")
     if feature.choices and value not in feature.choices:
         raise UsageError(f"--feature {name} must be one of {', '.join(map(_show, feature.choices))}, got {raw!r}")
     return value
@@ -312,9 +314,34 @@ def check_dtype(name: str) -> str:
 
 # ------------------------------------------------------------------------------------------ help and legend
 
+# launch field -> what it counts, for `explain --help`
+FIELD_MEANINGS: Dict[str, str] = {
+    "batch": "sequences (or waveforms) in the call",
+    "num_heads": "query heads", "num_kv_heads": "key/value heads (fewer than num_heads: grouped-query attention)",
+    "head_dim": "size of one head of q and k", "head_dim_v": "size of one head of v",
+    "seq_q": "query tokens (1: a decode step)", "seq_kv": "tokens in the KV cache",
+    "m": "query rows per KV head", "tokens": "the length the planner buckets on",
+    "c_in": "input channels", "c_out": "output channels", "length": "input samples or frames (conv2d: pixels)",
+    "taps": "kernel size", "stride": "kernel stride",
+    "samples": "samples per waveform", "bins": "mel bins", "window": "FFT size", "frames": "output frames",
+    "seq": "timesteps", "input_size": "features per timestep", "hidden": "hidden units",
+    "layers": "stacked layers", "directions": "1, or 2 for a bidirectional LSTM",
+    "rows": "frames x batch", "in_features": "input features", "classes": "output classes",
+}
+
+EXAMPLES = (
+    "rlx-triton explain sdpa_decode --device h200 --dtype float16 --field batch=1 --field num_heads=32 "
+    "--field num_kv_heads=8 --field head_dim=128 --field seq_kv=4096",
+    "rlx-triton explain fbank --field batch=1 --field samples=160000 --field bins=80 --feature window_type=hamming",
+)
+
+
 def help_text() -> str:
     """The families, ops, fields and features for `explain --help`."""
-    lines = ["families and their ops (the first is the default), fields and features:"]
+    names = dict.fromkeys(name for specs in FAMILY_OPS.values() for spec in specs for name in spec.field_names)
+    lines = ["fields (--field NAME=INT):"]
+    lines += [f"  {name:13} {FIELD_MEANINGS.get(name, '')}".rstrip() for name in names]
+    lines += ["", "families and their ops (the first is the default), fields and features:"]
     for family, specs in FAMILY_OPS.items():
         lines.append(f"  {family}")
         for spec in specs:
@@ -325,6 +352,7 @@ def help_text() -> str:
             lines.append(f"      features (a plain call's): {features}")
     lines.append("A route names its candidate by a tag (e.g. skp4_tg256_..._f16kv_partial); the output "
                  "ends with a legend of the tag's parts.")
+    lines += ["", "examples:"] + [f"  {example}" for example in EXAMPLES]
     return "\n".join(lines)
 
 

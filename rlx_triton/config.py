@@ -90,7 +90,10 @@ def settings_from(env: Mapping[str, str]) -> Settings:
 
 @functools.lru_cache(maxsize=1)
 def _environment_settings() -> Settings:
-    return settings_from(os.environ)
+    try:
+        return settings_from(os.environ)
+    except ValueError as error:  # said once, where the user set it: not as a failure of the op being called
+        raise ValueError(f"environment variable {error}") from None
 
 
 _overrides: list = []

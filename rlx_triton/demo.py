@@ -22,6 +22,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import rlx_triton as rt  # noqa: E402
 from rlx_triton._torchaudio import kaldi_compliance  # noqa: E402
+from rlx_triton.router.route import DEVICE_DEFAULT, IMPLEMENTED, LIBRARY, PINNED, RECIPE, TUNE_FILE  # noqa: E402
 from rlx_triton.router.device import device_facts  # noqa: E402
 
 
@@ -146,6 +147,17 @@ def route_rows(device: torch.device):
     return rows
 
 
+# the router's evidence labels (rlx_triton/router/route.py) in a new user's words
+EVIDENCE_WORDS = {
+    TUNE_FILE: "the fastest candidate timed on this GPU (the winner table rlx-triton tune writes)",
+    RECIPE: "a candidate chosen ahead of time for this kind of device and shape",
+    DEVICE_DEFAULT: "the plan's default candidate for this device (not timed)",
+    IMPLEMENTED: "the only kernel that covers the call",
+    PINNED: "a candidate forced with use_candidate",
+    LIBRARY: "torch's own op (no kernel covers the call; the reason follows)",
+}
+
+
 def print_route_table(device: torch.device) -> None:
     print("\n3. route table (automatic choice on this device, inference mode)")
     with torch.inference_mode():
@@ -159,6 +171,13 @@ def print_route_table(device: torch.device) -> None:
         else:
             detail = decided.candidate_tag
         print(f"   {name:{width}}  {decided.backend:7}  {decided.evidence:13}  {detail}")
+    print("\n   evidence: why this backend and candidate (strongest first)")
+    shown = {decided.evidence for _, decided in rows}
+    for label, words in EVIDENCE_WORDS.items():
+        if label in shown:
+            print(f"   {label:13}  {words}")
+    print("   candidate: the kernel's settings as a tag, e.g. tg256 = 256 threads per program; "
+          "`rlx-triton explain` prints a legend of each part")
 
 
 def main() -> int:

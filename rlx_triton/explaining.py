@@ -2,10 +2,13 @@
 
 An op answers with the Route of its call (router.route.explain); an rt.nn module with the Route of its
 forward (its own `explain`); any other nn.Module, such as a model after
-rt.integrations.pyannote.optimize, with {module path: Route} for every rlx module its forward runs.
+rt.integrations.pyannote.optimize, with {module path: Route} for every rlx module its forward runs (a
+warning says so when that is none).
 """
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import TYPE_CHECKING, Any, Dict, Union
 
 if TYPE_CHECKING:
@@ -22,7 +25,12 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
 
     Returns:
         a Route for an op or an rt.nn module (nothing runs); for another nn.Module, {module path: Route} for
-        every rlx module its forward runs (the forward runs once, under torch.no_grad()).
+        every rlx module its forward runs (the forward runs once, under torch.no_grad()); {} with a
+        UserWarning when it runs none.
+
+    Raises:
+        TypeError: target is neither an rlx_triton op nor an nn.Module, or the call does not fit the op's
+            signature (the message names the op).
 
     Example:
         >>> import torch, rlx_triton as rt
@@ -35,6 +43,7 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
     if getattr(target, "__rlx_request__", None) is not None:
         from rlx_triton.router.route import explain as explain_op
 
+        _check_call(target, args, kwargs)
         return explain_op(target, *args, **kwargs)
     from torch import nn
 
@@ -43,9 +52,27 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
             return target.explain(*args, **kwargs)
         from rlx_triton.integrations.pyannote import explain as explain_model
 
-        return explain_model(target, *args, **kwargs)
+        routes = explain_model(target, *args, **kwargs)
+        if not routes:
+            warnings.warn(f"explain: the forward of this {type(target).__name__} runs no rlx_triton module, so no "
+                          "route is taken: rt.integrations.pyannote.optimize(model) swaps them into a pyannote "
+                          "model; attention registered with rt.integrations.transformers is routed per call "
+                          "(rt.explain(rt.scaled_dot_product_attention, q, k, v) shows one)", stacklevel=2)
+        return routes
     raise TypeError(f"explain: {getattr(target, '__name__', type(target).__name__)!r} is not an rlx_triton op "
                     "or a torch.nn.Module")
+
+
+def _check_call(op: Any, args: tuple, kwargs: dict) -> None:
+    """TypeError naming the public op when the call does not fit its signature (not the op's request builder)."""
+    try:
+        inspect.signature(op).bind(*args, **kwargs)
+    except TypeError as error:
+        name = getattr(op, "__name__", repr(op))
+        raise TypeError(f"explain: {name}() {error} (rt.explain(op, *args, **kwargs) explains the call "
+                        "op(*args, **kwargs))") from None
+    except ValueError:  # no signature to read: the op's own checks say what is wrong
+        pass
 
 
 def explains_itself(module: Any) -> bool:

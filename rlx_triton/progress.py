@@ -12,11 +12,15 @@ last: a log keeps a readable record instead of carriage-return redraws.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import IO, Optional
 
 LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+# on a terminal: the narrowest bar worth drawing, the width assumed when the terminal does not say, the room
+# kept for counts and times that grow, and the shortest clipped label worth showing
+MIN_BAR, DEFAULT_COLUMNS, TIMING_SLACK, MIN_LABEL = 20, 80, 10, 8
 
 
 class Progress:
@@ -44,10 +48,25 @@ class Progress:
             self._bar.refresh()
 
     def set_label(self, label: str) -> None:
-        """What is being worked on now (shown after the counts)."""
+        """What is being worked on now (shown after the counts; on a terminal, clipped so the bar keeps
+        MIN_BAR columns of the terminal's width)."""
         self.label = label
         if self._bar is not None:
-            self._bar.set_postfix_str(label, refresh=True)
+            self._bar.set_postfix_str(self._fitted(label), refresh=True)
+
+    def _fitted(self, label: str) -> str:
+        from tqdm import tqdm
+
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):
+            columns = DEFAULT_COLUMNS
+        # the line without bar and label, as it is drawn now; counts and times may grow by a few characters
+        meter = tqdm.format_meter(**{**self._bar.format_dict, "bar_format": "{l_bar}{r_bar}", "postfix": None})
+        room = columns - len(meter) - len(", ") - MIN_BAR - TIMING_SLACK
+        if len(label) <= room:
+            return label
+        return label[:room - 1] + "…" if room >= MIN_LABEL else ""
 
     def update(self, n: int = 1) -> None:
         self.done += n

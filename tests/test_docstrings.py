@@ -43,3 +43,32 @@ def test_docstring_example_runs_as_shown(module_name, name):
     with rt.use_backend("torch"):
         runner.run(test)
     assert runner.failures == 0, f"{module_name}.{name}: {runner.failures} example(s) print something else"
+
+
+# the public functions a new user reads first, in the one format: Args / Returns / Raises / Example, in that order
+FORMATTED = ["explain", "fbank", "scaled_dot_product_attention", "sdpa_decode", "patch_sdpa", "use_backend"]
+SECTIONS = ("Args:", "Returns:", "Raises:", "Example:")
+
+
+@pytest.mark.parametrize("name", FORMATTED)
+def test_public_docstring_has_args_returns_raises_and_example_in_order(name):
+    import inspect
+
+    lines = [line.strip() for line in inspect.getdoc(getattr(rt, name)).splitlines()]
+    found = [line for line in lines if line in SECTIONS]
+    assert found == [s for s in SECTIONS if s in found] and {"Returns:", "Example:"} <= set(found), (name, found)
+    if name not in ("patch_sdpa",):
+        assert "Args:" in found, name
+    summary = lines[0]
+    assert summary and len(summary) <= 110 and lines[1] == "", f"{name}: one summary line, then a blank one"
+
+
+@pytest.mark.parametrize("name", FORMATTED)
+def test_help_renders_the_sections_as_written(name):
+    import inspect
+    import pydoc
+
+    text = pydoc.render_doc(getattr(rt, name), renderer=pydoc.plaintext)
+    for section in SECTIONS:
+        if section in inspect.getdoc(getattr(rt, name)):
+            assert f"\n    {section}\n" in text, (name, section)

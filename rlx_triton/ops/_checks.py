@@ -98,6 +98,24 @@ def check_input_channels(input: torch.Tensor, weight: torch.Tensor, channel_dim:
     return input
 
 
+# the two attention layouts: rt.sdpa_decode (like torch's SDPA) puts heads before tokens, FlashAttention's API
+# (rt.flash_attn_with_kvcache) tokens before heads
+ATTENTION_LAYOUTS = {"sdpa_decode": ("(B, H, S, D)", 1, "flash_attn_with_kvcache"),
+                     "flash_attn_with_kvcache": ("(B, S, H, D)", 2, "sdpa_decode")}
+
+
+def attention_layout_hint(op: str, query: torch.Tensor, k_cache: torch.Tensor) -> str:
+    """What to add to a head-count error of `op`: the layout it takes and, where the tensors would fit the other
+    op's layout, that they look like it (the usual mix-up between the two)."""
+    layout, heads_dim, other = ATTENTION_LAYOUTS[op]
+    hint = f" ({op} takes {layout} tensors"
+    heads, kv_heads = query.shape[3 - heads_dim], k_cache.shape[3 - heads_dim]
+    if kv_heads and heads % kv_heads == 0:
+        hint += (f"; these look like rt.{other}'s {ATTENTION_LAYOUTS[other][0]}: call rt.{other}, or "
+                 f".transpose(1, 2) each of them")
+    return hint + ")"
+
+
 def check_int(name: str, value, low: int, *, op: str = "") -> int:
     """An int (not a bool) >= low."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -22,7 +22,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from rlx_triton.backends.torch_ref import flash_attn as reference
-from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
+from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
 from rlx_triton.ops.sdpa_decode import (_decided, _decision_key, _values_readable, attention_option_features,
                                         check_attention_options)
 from rlx_triton.planner import KernelFamily
@@ -86,7 +86,7 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
         raise _fail(f"v_cache must have shape {tuple(k_cache.shape[:3])} + (Dv,), got {tuple(v_cache.shape)}")
     if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
         raise _fail(f"number of heads in key/value ({num_kv_heads}) must divide number of heads in query "
-                    f"({num_heads})")
+                    f"({num_heads})" + attention_layout_hint(_OP, q, k_cache))
     if slots == 0 or rows == 0:
         raise _fail(f"k_cache must hold at least one position, got shape {tuple(k_cache.shape)}")
     if block_table is not None:

@@ -28,7 +28,7 @@ from typing import Dict, Iterator, Optional, Tuple, Union
 import torch
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
-from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
+from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 from rlx_triton.router.request import dtype_name
@@ -352,11 +352,22 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Decode-shaped calls (up to 16 query tokens, head dims up to 256, fp16/bf16/fp32, bool or float mask,
     top-left is_causal or a CausalBias, GQA/MQA, matching leading dims) run the split-K Triton decode
     kernel when the router picks it; everything else (dropout, long queries, broadcast batch dims, nested
-    tensors, key and value head counts that differ, ...) runs torch's op, and strict mode raises
-    MissingKernel for it. scale may be a float or a 0-dim tensor, as in torch. On the kernel, NaN and Inf
-    land where torch's math backend puts them (masks are additive: a NaN key under a False mask still
-    gives NaN), except that keys no query token can reach under top-left is_causal (past the last token)
-    are not read.
+    tensors, key and value head counts that differ, ...) runs torch's op. On the kernel, NaN and Inf land
+    where torch's math backend puts them (masks are additive: a NaN key under a False mask still gives
+    NaN), except that keys no query token can reach under top-left is_causal are not read.
+
+    Args:
+        query, key, value: (..., H, L, D) as torch takes them (heads before tokens).
+        attn_mask: bool or float, broadcastable to (..., Hq, Lq, S); None for no mask.
+        dropout_p, is_causal, enable_gqa: as in torch (dropout runs torch's op).
+        scale: a float or a 0-dim tensor, as in torch (default 1/sqrt(D)).
+
+    Returns:
+        the attention output (..., Hq, Lq, Dv) in query's dtype, torch's values.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: where torch raises for the same call.
+        rt.MissingKernel: in strict mode, for a call no kernel covers.
 
     Example:
         >>> import torch, rlx_triton as rt
@@ -510,7 +521,8 @@ def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=
                                   f"got {tuple(v_cache.shape)}")
     kv_heads, s_max = k_cache.shape[1], _decode_capacity(k_cache, block_table)
     if kv_heads == 0 or heads % kv_heads != 0:
-        raise AttentionInputError(f"{op}: the KV heads of k_cache ({kv_heads}) must divide the query heads ({heads})")
+        raise AttentionInputError(f"{op}: the KV heads of k_cache ({kv_heads}) must divide the query heads ({heads})"
+                                  + attention_layout_hint(op, query, k_cache))
     if s_max == 0 or seq_q == 0:
         raise AttentionInputError(f"{op}: query tokens and k_cache length must be >= 1, got Lq={seq_q}, S_max={s_max}")
     if cache_seqlens is not None:
@@ -664,28 +676,40 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of Lq new tokens against a KV cache, one valid length per sequence.
 
-    Layout (torch SDPA's): query (B, Hq, Lq, D); k_cache (B, Hkv, S_max, D); v_cache (B, Hkv, S_max, Dv),
-    Hkv dividing Hq (query head h reads KV head h // (Hq // Hkv)). cache_seqlens: int32/int64 (B,), each
-    in [1, S_max] (None: every sequence uses all S_max positions); keys at or past a sequence's length
-    are never read. The Lq query tokens are the last Lq positions of each sequence's valid part: causal
-    masking is bottom-right within the valid length (the FlashAttention kv-cache convention), so token i
-    sees keys j <= i + L_b - Lq and a token with none gives 0. scale defaults to 1/sqrt(D).
-    Paged cache: block_table (B, pages) int32/int64 lists each sequence's pages in order, k_cache is
-    (num_pages, Hkv, page_size, D) and v_cache (num_pages, Hkv, page_size, Dv) for any page size >= 1, and
-    S_max = pages x page_size (sequence b's key n is slot n % page_size of page block_table[b, n // page_size];
-    only the pages a sequence's length reaches are read, so the rest of its row may hold anything).
-    FlashAttention's options (keyword-only, as in flash_attn_with_kvcache with causal=True): window_size
-    (left, right) keeps the keys within left positions before each token's diagonal i + L_b - Lq (-1:
-    unbounded; the causal mask already bounds the right side); softcap > 0 maps each scaled score s to
-    softcap * tanh(s / softcap); alibi_slopes (Hq,) or (B, Hq) float32 adds -slope * |i + L_b - Lq - j| to
-    the score of key j, in FlashAttention's form: with no window that is slope * j (the same output, and the
-    LSE FlashAttention returns). They run on the Triton kernel; Metal refuses them (the torch path runs).
-    Returns out (B, Hq, Lq, Dv) in query's dtype, and with return_lse=True also lse (B, Hq, Lq) float32
-    in natural log (-inf where a token sees no key).
-    NaN and Inf follow torch's math SDPA within each sequence's valid part: a causally hidden key still
-    takes part with score - inf, so NaN or +inf in a query row or in any valid key gives that row NaN
-    (lse NaN), and NaN or Inf in a valid value gives NaN; the positions past a sequence's length are
-    never read.
+    The Lq query tokens are the last Lq positions of each sequence's valid part: causal masking is
+    bottom-right within the valid length (the FlashAttention kv-cache convention), so token i sees keys
+    j <= i + L_b - Lq, and a token that sees none gives 0. Keys at or past a sequence's length are never read.
+    NaN and Inf follow torch's math SDPA within each valid part: NaN or +inf in a query row or a valid key
+    gives that row NaN (lse NaN), NaN or Inf in a valid value gives NaN.
+
+    Args:
+        query: (B, Hq, Lq, D), torch SDPA's layout (heads before tokens; rt.flash_attn_with_kvcache takes
+            (B, S, H, D)).
+        k_cache: (B, Hkv, S_max, D), Hkv dividing Hq (query head h reads KV head h // (Hq // Hkv)); paged:
+            (num_pages, Hkv, page_size, D) for any page size >= 1.
+        v_cache: (B, Hkv, S_max, Dv); paged: (num_pages, Hkv, page_size, Dv).
+        cache_seqlens: int32/int64 (B,), each in [1, S_max]; None: every sequence uses all S_max positions.
+        scale: the score scale (default 1/sqrt(D)).
+        return_lse: also return the log-sum-exp of each row's scores.
+        block_table: int32/int64 (B, pages), each sequence's pages in order; S_max = pages x page_size and
+            sequence b's key n is slot n % page_size of page block_table[b, n // page_size] (only the pages a
+            sequence's length reaches are read).
+        window_size: (left, right), as flash_attn_with_kvcache with causal=True: keeps the keys within left
+            positions before each token's diagonal i + L_b - Lq (-1: unbounded).
+        softcap: > 0 maps each scaled score s to softcap * tanh(s / softcap).
+        alibi_slopes: (Hq,) or (B, Hq) float32, adds -slope * |i + L_b - Lq - j| to the score of key j, in
+            FlashAttention's form. window_size, softcap and alibi_slopes run on the Triton kernel; Metal
+            refuses them (the torch path runs).
+
+    Returns:
+        out (B, Hq, Lq, Dv) in query's dtype; with return_lse=True, (out, lse) with lse (B, Hq, Lq) float32
+        in natural log (-inf where a token sees no key).
+
+    Raises:
+        TypeError: a wrong type or dtype (the message names the argument).
+        ValueError: a wrong shape, length, value or device, before any launch (a head count that fits
+            flash_attn_with_kvcache's layout says so).
+        rt.MissingKernel: in strict mode, when no kernel covers the call.
 
     Example:
         >>> import torch, rlx_triton as rt
@@ -751,6 +775,9 @@ def patch_sdpa() -> Iterator[None]:
 
     Code that calls F.scaled_dot_product_attention (most transformers and diffusers attention modules)
     then routes its decode-shaped calls to rlx_triton's kernels and the rest to torch's op.
+
+    Returns:
+        a context manager; torch's function is back in place when the block exits, also on an exception.
 
     Example:
         >>> import torch.nn.functional as F, rlx_triton as rt

@@ -52,8 +52,11 @@ BENCHES = ("sdpa_decode", "fbank", "sincnet", "lstm", "pyannote_segmentation", "
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The perf command's options on `parser` (imports nothing heavy, so a CLI can build its parser fast)."""
+    from rlx_triton.devices import cuda_profiles
+
     parser.add_argument("--device", default=DEFAULT_DEVICE,
-                        help=f"device profile (rlx_triton/devices.py; default {DEFAULT_DEVICE})")
+                        help=f"the GPU to analyse for: {', '.join(p.key for p in cuda_profiles())} "
+                             f"(default {DEFAULT_DEVICE})")
     parser.add_argument("--json", metavar="PATH", help="write the analysis as JSON to PATH ('-': stdout, nothing else)")
     parser.add_argument("--workers", type=int, default=None, help="compile processes (default: one per CPU)")
     parser.add_argument("--cache-dir", default=None,

@@ -19,7 +19,6 @@ import concurrent.futures
 import hashlib
 import importlib
 import json
-import multiprocessing
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -225,27 +224,23 @@ def default_cache_dir(env=None) -> str:
 
 def compile_all(jobs: Iterable[CompileJob], cache_dir: Optional[str] = None, workers: Optional[int] = None,
                 progress: Optional[Callable[[CompileJob, Compiled], None]] = None) -> Dict[CompileJob, Compiled]:
-    """Compiles each distinct job once, in parallel worker processes (cached jobs are read, not compiled)."""
-    from rlx_triton.backends.triton.audit import _worker_init
+    """Compiles each distinct job once, in parallel worker processes (cached jobs are read, not compiled).
+
+    Ctrl-C stops the workers at once and raises audit.Interrupted with the results that had come back."""
+    from rlx_triton.backends.triton.audit import Interrupted, compile_workers
 
     unique = list(dict.fromkeys(jobs))
     results: Dict[CompileJob, Compiled] = {}
     if not unique:
         return results
-    saved = os.environ.pop("TRITON_INTERPRET", None)
     try:
-        # workers start clean (spawn, no TRITON_INTERPRET), so they import the real @triton.jit kernels
-        context = multiprocessing.get_context("spawn")
-        workers = max(1, min(workers or os.cpu_count() or 1, len(unique)))
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
+        with compile_workers(max(1, min(workers or os.cpu_count() or 1, len(unique)))) as pool:
             futures = {pool.submit(compile_job, job, cache_dir): job for job in unique}
             for future in concurrent.futures.as_completed(futures):
                 job = futures[future]
                 results[job] = future.result()
                 if progress is not None:
                     progress(job, results[job])
-    finally:
-        if saved is not None:
-            os.environ["TRITON_INTERPRET"] = saved
+    except KeyboardInterrupt as stop:
+        raise Interrupted(list(results.values()), len(unique), getattr(stop, "exit_code", 130)) from None
     return results
-

@@ -6,6 +6,7 @@ approval in the catalogue is a claim the test suite checks.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,8 +24,18 @@ class Approval:
         return profile in self.profiles
 
     def label(self) -> str:
-        where = f", {self.where}" if self.where else ""
+        """The accuracy line a user reads (explain, the demo): a test file of the source checkout is named by
+        what it is, since a wheel does not ship tests/."""
+        where = f", {_TEST_FILE.sub(_in_words, self.where)}" if self.where else ""
         return f"max rel err {self.max_rel_err:.1e} vs {self.reference}{where}"
+
+
+# "tests/triton/test_fbank.py" or "tests/triton/test_fbank.py::test_name": a file of the source checkout's test suite
+_TEST_FILE = re.compile(r"tests/(?:[\w.]+/)*test_(\w+)\.py(?:::\w+)?")
+
+
+def _in_words(match: "re.Match[str]") -> str:
+    return f"rlx_triton's {match.group(1)} tests"
 
 
 def approval_for(approvals, tag: str, profile: str) -> Optional[Approval]:

@@ -67,7 +67,8 @@ class Coverage:
             allowed = self.features.get(name)
             if allowed is None or value not in allowed:
                 kind = WEIGHTS_OUT_OF_CONTRACT if name in self.weight_features else SHAPE_UNIMPLEMENTED
-                shown = "not implemented" if allowed is None else f"not in {sorted(map(repr, allowed))}"
+                shown = "not implemented" if allowed is None else \
+                    f"not covered (covered: {', '.join(sorted(map(repr, allowed)))})"
                 return Refusal(kind, f"{name}={value!r} is {shown}")
         return None
 

@@ -43,6 +43,13 @@ def use_backend(name: str, strict: bool = False) -> Iterator[BackendChoice]:
         strict: bool (TypeError otherwise); True raises rt.MissingKernel where no kernel of the chosen
             backend covers a call ("torch" never raises).
 
+    Returns:
+        a context manager whose value is the BackendChoice in force inside the block.
+
+    Raises:
+        ValueError: name is not one of the four.
+        TypeError: strict is not a bool.
+
     Example:
         >>> import torch, rlx_triton as rt
         >>> with rt.use_backend("torch"):

@@ -13,3 +13,8 @@ def test_demo_runs_the_kernels_checks_them_and_prints_the_route_table():
     assert "sdpa_decode max |err|" in out and "log-mel, max |err|" in out
     assert "route table" in out and "sdpa prefill (Lq=512)    torch" in out
     assert "all checks passed" in out
+    # its words come with a legend, and no Python reprs
+    assert "evidence: why this backend and candidate" in out
+    assert "DeviceDefault  the plan's default candidate for this device" in out
+    assert "Library        torch's own op" in out
+    assert "['" not in out and "dither=True is not covered (covered: False)" in out

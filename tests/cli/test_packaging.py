@@ -121,3 +121,30 @@ def test_type_checkers_see_the_public_surface(tmp_path):
         "-> Union[rlx_triton.router.route.Route, dict[str, Any]]\"")   # the spelling of mypy releases
     assert revealed[6] == 'str"'
     assert 'Module has no attribute "not_a_public_name"' in result.stdout
+
+
+@pytest.mark.slow  # the whole demo under the interpreter: about a minute on a loaded 2-core machine
+def test_the_demo_runs_from_the_installed_wheel_outside_a_checkout(built_wheel, tmp_path):
+    """What the README's first screen tells a wheel user: `python -m rlx_triton.demo`, no clone, no test extra."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(built_wheel).extractall(site)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(site)
+    result = subprocess.run([sys.executable, "-m", "rlx_triton.demo"], capture_output=True, text=True, cwd=tmp_path,
+                            env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks passed" in result.stdout
+
+
+def test_the_readme_first_screen_gives_the_two_commands_and_the_cpu_torch_install():
+    first_screen = (ROOT / "README.md").read_text().split("## Install")[0]
+    assert "make demo" in first_screen and "make test" in first_screen
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in first_screen
+    assert "python -m rlx_triton.demo" in first_screen
+
+
+def test_make_demo_installs_the_package_without_the_test_extra():
+    makefile = (ROOT / "Makefile").read_text()
+    demo_recipe = makefile.split("$(DEMO_STAMP): pyproject.toml Makefile\n", 1)[1].split("\n\n", 1)[0]
+    assert "pip install -q -e .\n" in demo_recipe + "\n" and "[test]" not in demo_recipe
+    assert "demo: $(DEMO_STAMP)\n" in makefile and "$(STAMP): $(DEMO_STAMP)\n" in makefile

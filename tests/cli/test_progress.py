@@ -60,3 +60,36 @@ def test_a_jump_of_several_units_is_one_line_with_the_new_count():
         progress.update()
         progress.update(4)  # the cases a failed bench did not reach, counted at once
     assert [line.split(" [")[0] for line in log.getvalue().splitlines()] == ["bench: 1/5 case", "bench: 5/5 case"]
+
+
+def bar_widths(output: str):
+    """(line length, bar width) of each redraw of a tqdm bar in a terminal's output."""
+    redraws = [part for line in output.split("\r\n") for part in line.split("\r") if "%|" in part]
+    return [(len(part), len(part.split("|")[1])) for part in redraws]
+
+
+def test_on_an_80_column_terminal_the_label_is_clipped_and_the_bar_keeps_its_width():
+    import sys
+
+    from tests.cli.terminal import run_in_terminal
+
+    run = run_in_terminal([sys.executable, "-m", "rlx_triton", "bench", "--quick", "fbank"], columns=80)
+    assert run.exit_code == 0, run.output
+    widths = bar_widths(run.output)
+    assert widths and all(length <= 80 for length, _ in widths), widths
+    assert all(bar >= 15 for _, bar in widths), widths
+    assert ", fbank b" in run.output and "…" in run.output
+
+
+def test_a_wide_terminal_shows_the_whole_label(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((160, 24)))
+    terminal = Terminal()
+    terminal.fileno = lambda: 2
+    label = "sdpa_decode label=gqa batch=16 heads=32 kv_heads=8 dtype=float16 seq=4096"
+    with Progress(2, "bench", unit="case", stream=terminal) as progress:
+        progress.set_label(label)
+        progress.update()
+    assert label in terminal.getvalue()
+    assert all(length <= 160 and bar >= 20 for length, bar in bar_widths(terminal.getvalue()))

@@ -12,21 +12,25 @@ on that architecture. `run_audit` reports failures; the CLI exits non-zero on an
 any spill in a family's default candidate.
 
 Kernels compile in worker processes started without TRITON_INTERPRET: under the interpreter
-@triton.jit returns interpreted functions that the compiler cannot lower.
+@triton.jit returns interpreted functions that the compiler cannot lower. Ctrl-C stops the pool at
+once (`compile_workers`): queued variants are cancelled, the workers terminated, and `Interrupted`
+carries the records that had come back.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import importlib
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 # Largest dynamic shared memory one block may use (opt-in maximum), bytes.
 SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
@@ -152,10 +156,12 @@ def triton_family_modules() -> List[str]:
     return [f"{backend.__name__}.{name}" for name in dict.fromkeys(names)]
 
 
-def _variants(modules: Iterable[str], archs: Sequence[int]):
+def _variants(modules: Iterable[str], archs: Sequence[int], families: Optional[Sequence[str]] = None):
     for module_name in modules:
         module = importlib.import_module(module_name)
         for spec in getattr(module, "AUDIT_KERNELS", ()):
+            if families and spec.family not in families:
+                continue
             for index, _candidate in enumerate(spec.candidates):
                 for dtype in spec.dtypes:
                     for arch in archs:
@@ -166,44 +172,88 @@ def _worker_init() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     # triton 3.9 warns once per process unless the FP-fusion default is stated; fusion is what we compile with
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    # Ctrl-C reaches every process of the terminal's group: the parent stops the pool, a worker must not
+    # print a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) stopped a pool of compile workers: `done` holds what had come back, of `total` jobs.
+
+    exit_code is the shell's code for the signal that stopped it (130 for Ctrl-C)."""
+
+    def __init__(self, done: list, total: int, exit_code: int = 130) -> None:
+        super().__init__(f"interrupted after {len(done)} of {total}")
+        self.done, self.total, self.exit_code = done, total, exit_code
+
+
+@contextlib.contextmanager
+def compile_workers(workers: int) -> Iterator[concurrent.futures.ProcessPoolExecutor]:
+    """A pool of `workers` processes that compile for real: spawned, without TRITON_INTERPRET (the parent may run
+    under the interpreter; the workers must import the real @triton.jit kernels).
+
+    On normal exit the pool finishes its jobs; on an exception, Ctrl-C included, queued jobs are cancelled and the
+    workers terminated instead of waited for."""
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_worker_init)
+    try:
+        yield pool
+    except BaseException:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=10)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 def run_audit(archs: Sequence[int] = (80, 90), modules: Optional[Sequence[str]] = None,
               workers: Optional[int] = None, progress: Optional[Callable[[AuditRecord], None]] = None,
-              on_total: Optional[Callable[[int], None]] = None) -> List[AuditRecord]:
-    """Compiles every variant of every listed module (default: the whole triton backend). `on_total` is told
-    the number of variants once they are listed, `progress` gets each record as its compile ends."""
+              on_total: Optional[Callable[[int], None]] = None,
+              families: Optional[Sequence[str]] = None) -> List[AuditRecord]:
+    """Compiles every variant of every listed module (default: the whole triton backend), or of the kernels of
+    `families` only. `on_total` is told the number of variants once they are listed, `progress` gets each
+    record as its compile ends.
+
+    Raises:
+        Interrupted: Ctrl-C stopped the audit; its `done` holds the records compiled until then."""
     modules = list(modules or triton_family_modules())
-    saved = os.environ.pop("TRITON_INTERPRET", None)
+    records: List[AuditRecord] = []
+    variants: List[tuple] = []
     try:
-        # the parent may run under the interpreter; workers start clean, so they import the real @triton.jit
-        context = multiprocessing.get_context("spawn")
-        workers = workers or max(1, os.cpu_count() or 1)
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init) as pool:
-            variants = _collect(modules, archs, pool)
+        with compile_workers(workers or max(1, os.cpu_count() or 1)) as pool:
+            variants = _collect(modules, archs, pool, families)
             if on_total is not None:
                 on_total(len(variants))
             jobs = [pool.submit(audit_variant, *variant) for variant in variants]
-            records = []
             for job in concurrent.futures.as_completed(jobs):
                 record = job.result()
                 records.append(record)
                 if progress is not None:
                     progress(record)
-    finally:
-        if saved is not None:
-            os.environ["TRITON_INTERPRET"] = saved
-    records.sort(key=lambda r: (r.family, r.kernel, r.candidate, r.dtype, r.arch))
-    return records
+    except KeyboardInterrupt as stop:
+        raise Interrupted(_sorted(records), len(variants), getattr(stop, "exit_code", 130)) from None
+    return _sorted(records)
 
 
-def _collect(modules, archs, pool) -> List[tuple]:
+def _sorted(records: List[AuditRecord]) -> List[AuditRecord]:
+    return sorted(records, key=lambda r: (r.family, r.kernel, r.candidate, r.dtype, r.arch))
+
+
+def _collect(modules, archs, pool, families=None) -> List[tuple]:
     # enumerate variants in a worker too: the parent's modules may hold interpreted kernels
-    return pool.submit(_list_variants, modules, tuple(archs)).result()
+    return pool.submit(_list_variants, modules, tuple(archs), families).result()
 
 
-def _list_variants(modules, archs) -> List[tuple]:
-    return list(_variants(modules, archs))
+def _list_variants(modules, archs, families=None) -> List[tuple]:
+    return list(_variants(modules, archs, families))
 
 
 def failures(records: Iterable[AuditRecord]) -> List[Tuple[AuditRecord, str]]:
