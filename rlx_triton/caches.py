@@ -29,6 +29,8 @@ LIMITS: Dict[str, int] = {
     "op_decision_ids": 4096,    # ops: the same decisions' keys, by Route id
     "weight_packs": 1024,       # Triton lstm / segdense / conv / conv2d: packed weights per weight version
     "fbank_constants": 128,     # Triton fbank: window, mel bank and DFT tables per option set and device
+    "sinc_filters": 64,         # ops.conv: SincNet filters per parameter version
+    "sinc_banks": 256,          # ops.conv: the filter banks sinc_filters built (the symmetric kernel's test)
     "fbank_options": 256,       # ops.fbank: validated option sets (a functools.lru_cache of this size)
 }
 
