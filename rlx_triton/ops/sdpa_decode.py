@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from typing import Dict, Iterator, Optional, Tuple, Union
+from typing import Iterator, Optional, Tuple, Union
 
 import torch
 from torch.nn.attention.bias import CausalBias, CausalVariant
