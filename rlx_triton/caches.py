@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Dict, Generic, Hashable, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Tuple, TypeVar
 
 # entries kept per cache (pinned entries come on top); the one place these sizes are stated
 LIMITS: Dict[str, int] = {
@@ -125,7 +125,7 @@ class BoundedCache(Generic[K, V]):
             return len(self._entries), len(self._pinned) + len(self._retired)
 
 
-_MISSING: object = object()
+_MISSING: Any = object()  # "no entry": None may be a stored value
 _registry: Dict[str, BoundedCache] = {}
 _registry_lock = threading.Lock()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import threading
 
+import pytest
 import torch
 
 import rlx_triton as rt
@@ -16,6 +17,16 @@ from rlx_triton.ops.conv import conv1d
 from rlx_triton.ops.lstm import lstm as rt_lstm
 
 THREADS = 8
+
+
+@pytest.fixture(autouse=True)
+def one_intra_op_thread():
+    """Each caller thread runs its tiny ops on one intra-op thread: OpenMP's barriers, with 8 callers on a
+    loaded machine, cost ~10 ms per op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _attention_jobs(generator):
