@@ -16,13 +16,14 @@ groups are typed refusals (Request features, coverage) that fall back to torch.
 from __future__ import annotations
 
 import math
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from rlx_triton.backends.triton.device_cache import capturing
+from rlx_triton.caches import BoundedCache
 from rlx_triton.ops._checks import (FLOAT_DTYPES, call_signature, check_device, check_dtype, check_input_channels,
                                     check_int, check_is_tensor, check_shape, check_tensor, needs_grad)
 from rlx_triton.router import Request, routed_op
@@ -73,8 +74,9 @@ def _conv_len(length: int, taps: int, stride: int, padding: int, dilation: int) 
 
 # ------------------------------------------------------------------------------------ sinc filters
 
-_FILTER_CACHE: dict = {}
-_FILTER_LOCK = threading.Lock()
+# (parameter versions, options) -> (weak refs to low_hz_ and band_hz_, filters); pinned when a CUDA graph
+# capture reads it, and a miss during capture is built in the graph and not cached (its values exist only there)
+_FILTER_CACHE: BoundedCache[tuple, tuple] = BoundedCache("sinc_filters")
 
 
 def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Optional[torch.Tensor] = None,
@@ -109,7 +111,10 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
         # a freed parameter's memory can be reused at version 0: the entry holds weak references to
         # the parameters it was built from and counts only for those very tensors
         if cached is not None and cached[0]() is low_hz_ and cached[1]() is band_hz_:
+            if capturing(low_hz_.device):
+                _FILTER_CACHE.pin(key)
             return cached[2]
+        cacheable = not capturing(low_hz_.device)
     half = kernel_size // 2
     if window_ is None:
         n = torch.arange(kernel_size, dtype=torch.float64)
@@ -138,24 +143,21 @@ def sinc_filters(low_hz_: torch.Tensor, band_hz_: torch.Tensor, *, window_: Opti
                              (sin_bp / (2 * band[:, None])).view(pairs, 1, kernel_size)], dim=0)
         filters = filters.to(low_hz_.dtype)
     if cacheable:
-        with _FILTER_LOCK:
-            if len(_FILTER_CACHE) > 64:
-                _FILTER_CACHE.clear()
-            _FILTER_CACHE[key] = (weakref.ref(low_hz_), weakref.ref(band_hz_), filters)
+        filters = _FILTER_CACHE.put(key, (weakref.ref(low_hz_), weakref.ref(band_hz_), filters),
+                                    replace_stale=lambda held: held[0]() is None or held[1]() is None)[2]
     _remember_sinc_bank(filters)
     return filters
 
 
 # filter banks sinc_filters built: id -> (weak reference, data_ptr, version or None for inference tensors)
-_SINC_BANKS: dict = {}
+_SINC_BANKS: BoundedCache[int, tuple] = BoundedCache("sinc_banks")
 
 
 def _remember_sinc_bank(filters: torch.Tensor) -> None:
     version = None if filters.is_inference() else filters._version
-    with _FILTER_LOCK:
-        if len(_SINC_BANKS) > 256:
-            _SINC_BANKS.clear()
-        _SINC_BANKS[id(filters)] = (weakref.ref(filters), filters.data_ptr(), version)
+    entry = (weakref.ref(filters), filters.data_ptr(), version)
+    # an id outlives its tensor: an entry of a dead bank is replaced, a live one is the same bank
+    _SINC_BANKS.put(id(filters), entry, replace_stale=lambda held: held[0]() is not filters)
 
 
 def is_sinc_filter_bank(filters: torch.Tensor) -> bool:

@@ -34,6 +34,7 @@ from typing import Tuple
 import torch
 
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
+from rlx_triton.caches import LIMITS
 from rlx_triton.ops._checks import FLOAT_DTYPES, call_signature, check_dtype, check_is_tensor, needs_grad
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import Route, routed_call
@@ -51,7 +52,7 @@ def make_options(**kwargs) -> FbankOptions:
         return _validated_options(kwargs)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=LIMITS["fbank_options"])  # functools' LRU is thread-safe
 def _cached_options(names: Tuple[str, ...], values: tuple, _types: tuple) -> FbankOptions:
     return _validated_options(dict(zip(names, values)))
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import threading
-from typing import Dict, Iterator, Optional, Tuple, Union
+from typing import Iterator, Optional, Tuple, Union
 
 import torch
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
+from rlx_triton.caches import BoundedCache
 from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
@@ -59,29 +59,26 @@ def _scale_value(scale, op: str):
 
 def _decision_key(decided: Route) -> str:
     """The key the custom op receives for a decision made in the wrapper (eager mode routes once)."""
-    key = _decision_keys.get(id(decided))
-    if key is None:
-        with _decisions_lock:
-            if len(_decisions) >= _DECISION_LIMIT:
-                _decisions.clear()
-                _decision_keys.clear()
-            key = str(next(_decision_ids))
-            _decisions[key] = decided
-            _decision_keys[id(decided)] = key
+    remembered = _decision_keys.get(id(decided))
+    # an id outlives its Route once the decision is evicted: its key counts only while it still names it
+    if remembered is not None and remembered[1] is decided:
+        return remembered[0]
+    key = str(next(_decision_ids))  # itertools.count: one atomic step under the GIL, so keys never repeat
+    _decisions.put(key, decided)
+    _decision_keys.put(id(decided), (key, decided))
     return key
 
 
 def _decided(key: Optional[str]) -> Optional[Route]:
-    """The wrapper's decision for the custom op, or None (under torch.compile, or forgotten: route again)."""
+    """The wrapper's decision for the custom op, or None (under torch.compile, or evicted: route again)."""
     return _decisions.get(key) if key else None
 
 
-# decisions handed from the wrappers to the custom ops: key -> Route (each Route kept alive, so ids stay unique)
-_decisions: Dict[str, Route] = {}
-_decision_keys: Dict[int, str] = {}
+# decisions handed from the wrappers to the custom ops: key -> Route, and Route id -> (key, Route). Bounded
+# LRUs: a decision evicted between a wrapper and its op only makes the op route again (the same route)
+_decisions: BoundedCache[str, Route] = BoundedCache("op_decisions")
+_decision_keys: BoundedCache[int, Tuple[str, Route]] = BoundedCache("op_decision_ids")
 _decision_ids = itertools.count()
-_decisions_lock = threading.Lock()
-_DECISION_LIMIT = 4096
 
 
 def _check_same_dtype_and_device(op: str, **tensors: torch.Tensor) -> None:

@@ -9,7 +9,9 @@ environment (settings arrive as a `rlx_triton.config.Settings` or as arguments).
 Robustness: a missing, corrupt, truncated or foreign file never raises; unreadable rows are skipped
 with one logged warning per table. Writes go to a temp file renamed over the table (atomic), under
 an exclusive `fcntl.flock` on `<path>.lock` where available, and merge the rows on disk at that
-moment, so concurrent processes keep each other's winners except where the bound evicts them.
+moment, so concurrent processes keep each other's winners except where the bound evicts them. A writer
+killed mid-write leaves the table as it was (its temp file is never renamed) and the lock free (the
+kernel drops a dead process's flock); the next writer deletes the temp file it left.
 """
 from __future__ import annotations
 
@@ -322,6 +324,7 @@ class TuneCache:
             directory = os.path.dirname(os.path.abspath(self._path))
             os.makedirs(directory, exist_ok=True)
             with _exclusive_lock(self._path + ".lock"):
+                _remove_dead_writers_files(self._path, directory)
                 merged = self._read_disk()
                 # the new winner must be the newest row, whatever other processes ticked meanwhile
                 newest_on_disk = max((e.tick for e in merged.values()), default=0)
@@ -354,6 +357,19 @@ def _exclusive_lock(lock_path: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_dead_writers_files(path: str, directory: str) -> None:
+    """Deletes the temp files of writers killed before their rename. Writers create temp files only while
+    holding the exclusive lock, so under it every one left is a dead writer's (without fcntl nothing is
+    removed: another process may be writing)."""
+    if fcntl is None:
+        return
+    prefix = os.path.basename(path) + "."
+    for name in os.listdir(directory):
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
 
 
 def _atomic_write(path: str, directory: str, text: str) -> None:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar
 
+from rlx_triton.caches import BoundedCache
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
 from rlx_triton.router.coverage import (BACKEND_UNAVAILABLE, NOT_APPROVED, NOT_SELECTED, SHAPE_UNIMPLEMENTED,
@@ -136,20 +136,17 @@ class Route:
 
 
 # bucketed signature + backend choice -> (route, range checks that must still hold for an exact request)
-_cache: Dict[tuple, Tuple[Route, Tuple[Tuple[Coverage, str, bool], ...]]] = {}
-_cache_lock = threading.Lock()
+_cache: BoundedCache[tuple, Tuple[Route, Tuple[Tuple[Coverage, str, bool], ...]]] = BoundedCache("route_buckets")
 
 
 # exact call signature (what an op's validation reads) + backend choice -> route: lets a repeated call
-# skip validation and request building; bounded, and cleared with the bucketed cache
-_exact: Dict[tuple, Route] = {}
-_EXACT_LIMIT = 4096
+# skip validation and request building; cleared with the bucketed cache
+_exact: BoundedCache[tuple, Route] = BoundedCache("route_signatures")
 
 
 def clear_route_cache() -> None:
-    with _cache_lock:
-        _cache.clear()
-        _exact.clear()
+    _cache.clear()
+    _exact.clear()
 
 
 def exact_route(signature: tuple) -> Optional[Route]:
@@ -166,11 +163,8 @@ def exact_route(signature: tuple) -> Optional[Route]:
 
 
 def remember_exact_route(signature: tuple, decided: Route) -> None:
-    with _cache_lock:
-        if len(_exact) >= _EXACT_LIMIT:
-            _exact.clear()
-        choice = current_choice()
-        _exact[(signature, choice.name, choice.strict, choice.candidate)] = decided
+    choice = current_choice()
+    _exact.put((signature, choice.name, choice.strict, choice.candidate), decided)
 
 
 def routed_call(signature: Optional[tuple], build_request: Callable[[], Request]) -> Route:
@@ -254,9 +248,7 @@ def _route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
             return decided
         return _decide(request, choice)  # the bucket straddles a range bound: decide this one exactly
     decided = _decide(request, choice)
-    with _cache_lock:
-        _cache[key] = (decided, _range_checks(decided))
-    return decided
+    return _cache.put(key, (decided, _range_checks(decided)))[0]
 
 
 def _decide(request: Request, choice: BackendChoice) -> Route:

@@ -832,3 +832,49 @@ def test_sdpa_decode_fa_options_under_torch_compile():
                              fullgraph=True, backend="aot_eager")
     expected, _ = fa_options_reference(q, k, v, lengths, window_size=(4, 0), softcap=3.0, alibi_slopes=slopes)
     torch.testing.assert_close(compiled(q, k, v, lengths, slopes).double(), expected, rtol=1e-5, atol=4e-5)
+
+
+# --- whole rows of non-finite scores (no mask made them -inf) ----------------------------------------
+def _non_finite_rows(case, dtype):
+    """The reported shapes: query (1, 2, 1, 16) x keys (1, 2, 5, 16), one query row all NaN or every key +-inf."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=generator) for n in (1, 5, 5))
+    if case == "nan_query_row":
+        q[0, 0] = float("nan")
+    else:
+        k.fill_(float("inf") if case == "inf_keys" else float("-inf"))
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _math_sdpa64(q, k, v, **kw):
+    with sdpa_kernel([SDPBackend.MATH]):
+        return torch_sdpa64(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("masking", ["none", "causal", "bool_mask", "float_mask"])
+@pytest.mark.parametrize("case", ["nan_query_row", "inf_keys", "neg_inf_keys"])
+def test_rows_of_non_finite_scores_are_nan_on_the_kernel_path_as_in_torch_math_sdpa(case, masking, dtype):
+    """Only a mask's -inf drops a key: a NaN query row or +-inf keys give NaN, never the 0 of a masked row."""
+    q, k, v = _non_finite_rows(case, dtype)
+    kwargs = {"causal": {"is_causal": True},
+              "bool_mask": {"attn_mask": torch.tensor([True, False, True, True, True])},
+              "float_mask": {"attn_mask": torch.tensor([0.0, -1.5, 0.25, 0.0, 2.0]).to(dtype)}}.get(masking, {})
+    with rt.use_backend("triton", strict=True):
+        out = rt.scaled_dot_product_attention(q, k, v, **kwargs)
+    expected = _math_sdpa64(q, k, v, **kwargs)
+    assert expected.isnan().any()
+    torch.testing.assert_close(out.double(), expected, rtol=TOL[dtype], atol=TOL[dtype] * 4, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", ["nan_query_row", "inf_keys", "neg_inf_keys"])
+def test_rows_of_non_finite_scores_are_nan_through_a_paged_cache(case):
+    q, k, v = _non_finite_rows(case, torch.float32)
+    pages = torch.randn(4, 2, 2, 16)   # page size 2: keys 0-1 in page 3, 2-3 in page 0, 4 in page 2
+    v_pages = torch.randn(4, 2, 2, 16)
+    table = torch.tensor([[3, 0, 2]], dtype=torch.int32)
+    for slot, (page, offset) in enumerate([(3, 0), (3, 1), (0, 0), (0, 1), (2, 0)]):
+        pages[page, :, offset], v_pages[page, :, offset] = k[0, :, slot], v[0, :, slot]
+    with rt.use_backend("triton", strict=True):
+        out = rt.sdpa_decode(q, pages, v_pages, torch.tensor([5], dtype=torch.int32), block_table=table)
+    torch.testing.assert_close(out.double(), _math_sdpa64(q, k, v), rtol=1e-5, atol=1e-5, equal_nan=True)

@@ -293,3 +293,112 @@ def test_concurrent_processes_leave_a_parseable_bounded_file(path):
     # records were serialised: every row got its own tick, newer than all rows on disk at that time
     assert len({row.tick for row in rows}) == 64
     assert not [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".tmp")]
+
+
+def _record_distinct(path, worker, count, max_entries, eviction):
+    table = TuneCache(path, max_entries=max_entries, eviction=eviction)
+    for index in range(count):
+        table.record(key(worker * count + index, index, device=f"worker{worker}"), BASE if index % 2 else PARTIAL)
+
+
+def _read_until(path, done, report):
+    """Reads the table until `done` exists; writes 'ok', or what it saw wrong, to `report`."""
+    import time
+
+    seen, problem = 0, None
+    while problem is None:
+        finished = os.path.exists(done)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            text = None
+        if text is not None:
+            parsed = tc.parse_table(text)
+            if not text.startswith(tc.HEADER + "\n") or parsed.skipped_rows or parsed.foreign_version is not None:
+                problem = f"torn table: {text!r}"
+            elif len(parsed.entries) < seen:
+                problem = f"{seen} winners, then {len(parsed.entries)}"
+            seen = len(parsed.entries)
+        if finished:
+            break
+        time.sleep(0.001)
+    with open(report, "w") as handle:
+        handle.write(problem or f"ok {seen}")
+
+
+def _processes(target, argument_lists):
+    context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    processes = [context.Process(target=target, args=args) for args in argument_lists]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def _joined(processes):
+    for process in processes:
+        process.join(60)
+    return [process.exitcode for process in processes]
+
+
+def test_four_writers_lose_no_winner_and_a_reader_never_sees_a_torn_table(path, tmp_path):
+    done, report = str(tmp_path / "done"), str(tmp_path / "report")
+    reader = _processes(_read_until, [(path, done, report)])
+    writers = _processes(_record_distinct, [(path, w, 30, 1000, TuneCacheEviction.KEEP_LOW_BUCKETS)
+                                            for w in range(4)])
+    assert _joined(writers) == [0, 0, 0, 0]
+    open(done, "w").close()
+    assert _joined(reader) == [0]
+    assert open(report).read() == "ok 120"
+    rows = {row.key: row.tag for row in read_rows(path)}
+    assert rows == {key(w * 30 + i, i, device=f"worker{w}"): BASE if i % 2 else PARTIAL
+                    for w in range(4) for i in range(30)}
+
+
+def test_keep_low_eviction_holds_across_processes(path):
+    writers = _processes(_record_distinct, [(path, w, 25, 32, TuneCacheEviction.KEEP_LOW_BUCKETS) for w in range(4)])
+    assert _joined(writers) == [0, 0, 0, 0]
+    # every writer merges the rows on disk before trimming, so the table is the 32 lowest of all 100
+    assert sorted(row.key.token_bucket for row in read_rows(path)) == list(range(32))
+
+
+def _hang_in_the_middle_of_a_write(path, ready):
+    import time
+
+    table = TuneCache(path)
+    table.record(key(1), PARTIAL)
+    real_fdopen = os.fdopen
+
+    def half_then_hang(fd, *args, **kwargs):
+        handle = real_fdopen(fd, *args, **kwargs)
+        write = handle.write
+
+        def write_half(text):
+            write(text[:len(text) // 2])
+            handle.flush()
+            open(ready, "w").close()
+            time.sleep(60)
+
+        handle.write = write_half
+        return handle
+
+    os.fdopen = half_then_hang
+    table.record(key(2), BASE)
+
+
+def test_a_writer_killed_mid_write_leaves_the_table_intact_and_the_lock_free(path, tmp_path):
+    import signal
+    import time
+
+    ready = str(tmp_path / "ready")
+    (writer,) = _processes(_hang_in_the_middle_of_a_write, [(path, ready)])
+    deadline = time.monotonic() + 30
+    while not os.path.exists(ready) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(ready)
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join(10)
+    assert [(row.key, row.tag) for row in read_rows(path)] == [(key(1), PARTIAL)]
+    TuneCache(path).record(key(3), BASE)     # the dead writer's lock is gone: this does not wait
+    assert {row.key for row in read_rows(path)} == {key(1), key(3)}
+    assert not [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".tmp")]

@@ -125,6 +125,17 @@ DEGENERATE_CASES = {
     "nan_past_the_last_token_top_left": (lambda q, k, v: {**_set(k, (0, 0, 2, 4), NAN), **_set(v, (0, 1, 9, 0), NAN),
                                                            "causal": "top_left"}, "finite"),
     "kv_length_one": (None, "finite"),
+    # whole rows and whole caches: no score of the row is finite, and none of them is a mask's -inf
+    "nan_query_row_everywhere": (lambda q, k, v: _set(q, (0, 1, 0), NAN), "nan"),
+    "nan_query_row_under_causal": (lambda q, k, v: {**_set(q, (0, 2, 1), NAN), "causal": "bottom_right"}, "nan"),
+    "nan_query_row_under_a_bool_mask": (lambda q, k, v: {**_set(q, (0, 3, 0), NAN),
+                                                          "attn_mask": _bool_mask(false_at=(..., 5))}, "nan"),
+    "every_key_inf": (lambda q, k, v: _set(k, (...,), INF), "nan"),
+    "every_key_neg_inf": (lambda q, k, v: _set(k, (...,), -INF), "nan"),
+    "every_key_inf_under_causal": (lambda q, k, v: {**_set(k, (...,), INF), "causal": "bottom_right"}, "nan"),
+    "every_key_inf_under_a_float_mask": (lambda q, k, v: {**_set(k, (...,), INF),
+                                                           "attn_mask": _float_mask(-2.0, (0, 1, 0, 3))}, "nan"),
+    "every_value_nan": (lambda q, k, v: _set(v, (...,), NAN), "nan"),
 }
 
 

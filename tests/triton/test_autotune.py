@@ -117,3 +117,50 @@ def test_no_tuning_while_a_cuda_graph_is_captured(tmp_path):
     graph.replay()
     torch.cuda.synchronize()
     assert ran == MARK3 and torch.all(out == 3)
+
+
+def test_concurrent_calls_for_one_bucket_each_run_the_candidate_they_were_routed_to():
+    """8 threads routed to three candidates of one bucket: no call runs a config another call injected."""
+    import threading
+
+    tuned = make_tuned()
+    failures, start = [], threading.Barrier(8)
+
+    def caller(index):
+        candidate = CANDIDATES[index % 3]
+        start.wait()
+        for _ in range(6):
+            ran, out = launch(tuned, fbank_route(candidate), n=40)
+            if ran != candidate.tag() or not torch.all(out == index % 3 + 1):
+                failures.append((index, ran, out.unique().tolist()))
+
+    with override_settings(tune=False):
+        threads = [threading.Thread(target=caller, args=(index,)) for index in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert failures == []
+
+
+def test_a_config_that_does_not_fit_its_launch_is_refused_before_anything_runs():
+    def fits(config, grid, args):
+        return "MARK 3 is refused" if config.kwargs["MARK"] == 3 else None
+
+    tuned = TunedKernel(mark_kernel, CANDIDATES,
+                        lambda c: triton.Config({"MARK": CANDIDATES.index(c) + 1, "BLOCK": 32}, num_warps=1),
+                        key=["n_bucket"], check=fits)
+    with override_settings(tune=False):
+        with pytest.raises(RuntimeError, match="MARK 3 is refused"):
+            launch(tuned, fbank_route(CANDIDATES[2]))
+        ran, out = launch(tuned, fbank_route(CANDIDATES[1]))
+    assert ran == MARK2 and torch.all(out == 2)
+
+
+def test_the_decode_bridge_refuses_a_grid_wider_than_its_partial_buffers():
+    from rlx_triton.backends.triton.sdpa_decode import _partials_hold_the_grid
+
+    args = [None] * 7 + [torch.empty(1, 2, 1, 4, 16)]
+    assert _partials_hold_the_grid(None, (3, 4), tuple(args)) is None
+    assert "5 KV splits" in _partials_hold_the_grid(None, (3, 5), tuple(args))
+    assert _partials_hold_the_grid(None, (3, 2), tuple([None] * 7 + [torch.empty(1, 2, 1, 16)])) is not None

@@ -2,8 +2,9 @@
 
 - The autotune key holds bucket arguments only (token bucket and the shape buckets a family needs),
   never raw lengths and never tensors, so decode steps with a growing KV length do not re-tune.
-- The route's candidate (winner table > recipe > plan default, accuracy-approved) is injected into
-  the autotuner's cache before the launch, so nothing is benchmarked on a routed call.
+- The route's candidate (winner table > recipe > plan default, accuracy-approved) is launched with its
+  own config and recorded in the autotuner's cache, so nothing is benchmarked on a routed call and a
+  concurrent call for the same bucket cannot swap the config another call checked.
 - A cold bucket is benchmarked only when tuning is on for this call: the tune policy allows it, the
   profile is not DETERMINISTIC, no CUDA graph is being captured, and the route's candidate came from
   neither the winner table nor a built-in recipe (both are evidence; `rlx-triton tune` refines them).
@@ -22,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import triton
 
+from rlx_triton.backends.triton.launches import one_interpreted_launch_at_a_time
 from rlx_triton.config import settings
 
 
@@ -81,15 +83,23 @@ def tuning_allowed(route, device: torch.device) -> bool:
 
 
 class TunedKernel:
-    """One @triton.jit kernel under `triton.autotune`, with configs made from a family's candidates."""
+    """One @triton.jit kernel under `triton.autotune`, with configs made from a family's candidates.
+
+    Safe for concurrent callers: a routed call launches its own candidate's config directly (the shared
+    autotuner cache only records it for the bucket, it never decides what another call runs), and a cold
+    bucket is tuned under the kernel's lock. `check(config, grid, args)` (optional) says why a config does
+    not fit a launch's buffers, or None: every config a call may run is checked before anything launches.
+    """
 
     def __init__(self, kernel, candidates: Sequence[Any], to_config: Callable[[Any], triton.Config],
-                 key: Sequence[str], **autotune_kwargs):
+                 key: Sequence[str], check: Optional[Callable[[triton.Config, tuple, tuple], Optional[str]]] = None,
+                 **autotune_kwargs):
         self.kernel = kernel
         self.candidates = list(candidates)
         self.tags = [candidate.tag() for candidate in self.candidates]
         self.configs = [to_config(candidate) for candidate in self.candidates]
         self.key = list(key)
+        self.check = check
         self.autotuner = triton.autotune(configs=self.configs, key=self.key, do_bench=_bench,
                                          **autotune_kwargs)(kernel)
         self.arg_names = list(self.autotuner.arg_names)
@@ -99,7 +109,7 @@ class TunedKernel:
         return self.configs[self.tags.index(candidate.tag())]
 
     def inject(self, key: tuple, candidate) -> None:
-        """Puts a chosen candidate in the autotuner's cache, so the launch runs it without benchmarking."""
+        """Records a chosen candidate as the bucket's config in the autotuner's cache (no benchmark for it)."""
         self.autotuner.cache[key] = self.config_of(candidate)
 
     def winner(self, key: tuple) -> Optional[str]:
@@ -117,19 +127,36 @@ class TunedKernel:
         device = next((value.device for value in list(args) + list(kwargs.values()) if isinstance(value, torch.Tensor)),
                       torch.device("cpu"))
         if tuning_allowed(route, device) and key not in self.autotuner.cache:
-            with self.lock:
+            for config in self.configs:
+                self._check(config, grid, args, kwargs)
+            with self.lock, one_interpreted_launch_at_a_time():
                 cold = key not in self.autotuner.cache
                 self.autotuner[grid](*args, **kwargs)
-            winner = self.winner(key)
+                winner = self.winner(key)
             if cold and winner is not None:
                 _record_winner(route, winner)
             return winner
         if route is not None and route.candidate is not None and route.candidate.tag() in self.tags:
+            tag = route.candidate.tag()
             self.inject(key, route.candidate)
-        elif key not in self.autotuner.cache:
-            self.autotuner.cache[key] = self.configs[0]
-        self.autotuner[grid](*args, **kwargs)
-        return self.winner(key)
+        else:
+            tag = self.winner(key) or self.tags[0]
+            self.autotuner.cache.setdefault(key, self.configs[self.tags.index(tag)])
+        config = self.configs[self.tags.index(tag)]
+        self._check(config, grid, args, kwargs)
+        with one_interpreted_launch_at_a_time():
+            self.kernel[grid](*args, **kwargs, **config.all_kwargs())
+        return tag
+
+    def _check(self, config: triton.Config, grid, args: tuple, kwargs: Dict[str, Any]) -> None:
+        if self.check is None:
+            return
+        if callable(grid):
+            grid = grid({**dict(zip(self.arg_names, args)), **kwargs, **config.all_kwargs()})
+        why = self.check(config, tuple(grid), args)
+        if why is not None:
+            raise RuntimeError(f"autotune bridge: config {config} of {getattr(self.kernel, '__name__', 'the kernel')} does not fit this "
+                               f"launch ({why}); nothing was launched")
 
 
 def _record_winner(route, tag: str) -> None:

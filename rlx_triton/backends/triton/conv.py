@@ -85,7 +85,6 @@ batch and length buckets, channels, stride, taps, pool).
 """
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import torch
@@ -95,6 +94,7 @@ import triton.language as tl
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.device_cache import packed_weights
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.config import settings
 from rlx_triton.planner.candidates.conv import DEFAULT_VARIANT, ConvCandidate, ConvVariant
@@ -607,13 +607,10 @@ def _nbytes(tensor) -> int:
     return tensor.numel() * tensor.element_size() if tensor is not None else 0
 
 
-_PACKED: dict = {}
-
-
 def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """(C_out, C_in, taps) -> (C_in * taps, C_out) contiguous, so weight tiles load along C_out; cached per
     weight version (cached_weight)."""
-    return cached_weight(weight, lambda w: w.reshape(w.shape[0], -1).t().contiguous(), _PACKED)
+    return cached_weight(weight, lambda w: w.reshape(w.shape[0], -1).t().contiguous(), "conv_packed")
 
 
 def split_tf32(tensor: torch.Tensor):
@@ -633,25 +630,11 @@ def split_terms(matrix: torch.Tensor) -> torch.Tensor:
     return torch.stack((hi, lo, hi, lo), dim=-1).reshape(matrix.shape[0], -1).contiguous()
 
 
-def cached_weight(weight: torch.Tensor, make, cache: dict):
-    """make(weight) cached per weight version (data_ptr + `_version`, tied to the tensor by a weak
-    reference): an inference loop prepares each weight once and an in-place update (optimizer step,
-    load_state_dict) prepares it again. Inference tensors have no version counter and can still be
-    changed in place inside torch.inference_mode(), so they are prepared on every call."""
-    if weight.is_inference():
-        return make(weight)
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(weight.stride()), weight.dtype,
-           weight.device)
-    hit = cache.get(key)
-    if hit is not None and hit[0]() is weight:
-        return hit[1]
-    # built as normal tensors even inside inference mode: the cache outlives the call
-    with torch.inference_mode(False):
-        value = make(weight.detach())
-    if len(cache) > 256:
-        cache.clear()
-    cache[key] = (weakref.ref(weight), value)
-    return value
+def cached_weight(weight: torch.Tensor, make, kind: str):
+    """make(weight) cached per weight version under `kind` (device_cache.packed_weights): an inference loop
+    prepares each weight once, an in-place update (optimizer step, load_state_dict) prepares it again, and
+    inference tensors are prepared on every call."""
+    return packed_weights(kind, [weight], lambda: make(weight.detach()))
 
 
 class RowNorm(NamedTuple):
@@ -810,9 +793,6 @@ def _epilogue_record(y, bias, out, *, pool, abs_, out_slope) -> Launch:
         flops=_EPILOGUE_FLOPS * pooled)
 
 
-_SINC: dict = {}
-
-
 def _sinc_bank(filters: torch.Tensor):
     """(w_half, w_split, tap_sum) of a symmetric sinc filter bank (C, 1, taps): w_half (HALF + 1, C) with
     w[c, HALF - t] at row t, its split terms (C, 4 (HALF + 1)) for tf32x3, and each filter's sum over all
@@ -822,7 +802,7 @@ def _sinc_bank(filters: torch.Tensor):
         w_half = w[:, 0, :half + 1].flip(-1).t().float().contiguous()
         return w_half, split_terms(w_half.t()), w[:, 0].double().sum(-1).float()
 
-    return cached_weight(filters, make, _SINC)
+    return cached_weight(filters, make, "conv_sinc")
 
 
 def symmetric_bank(filters: torch.Tensor, c_in: int) -> bool:
@@ -867,12 +847,9 @@ def _conv_block_plan(x, weight, bias, *, stride, padding, dilation, pool, abs_, 
     return [conv, _epilogue_record(target, bias, out, pool=pool, abs_=abs_, out_slope=out_slope)], out
 
 
-_SPLIT: dict = {}
-
-
 def _split_weight(weight: torch.Tensor) -> torch.Tensor:
     """(C_out, C_in, taps) -> split_terms of (C_out, C_in * taps): the tf32x3 operand; cached per weight version."""
-    return cached_weight(weight, lambda w: split_terms(w.reshape(w.shape[0], -1)), _SPLIT)
+    return cached_weight(weight, lambda w: split_terms(w.reshape(w.shape[0], -1)), "conv_split")
 
 
 def _split_rows(length: int) -> bool:

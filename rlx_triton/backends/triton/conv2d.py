@@ -369,13 +369,10 @@ def tuned_kernel():
     return _tuned_kernel
 
 
-_SPLIT: dict = {}
-
-
 def split_weights(weight: torch.Tensor) -> torch.Tensor:
     """The (c_out, c_in, kh, kw) weight for the tf32x3 GEMM: split_terms of its (c_out, kh * kw * c_in) form,
     k = tap * c_in + ci; cached per weight version."""
-    return cached_weight(weight, lambda w: split_terms(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), _SPLIT)
+    return cached_weight(weight, lambda w: split_terms(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), "conv2d_split")
 
 
 def _nbytes(tensor) -> int:

@@ -62,6 +62,7 @@ from rlx_triton.backends.torch_ref import fbank as _ref
 from rlx_triton.backends.torch_ref.fbank import FbankOptions
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.device_cache import device_constants
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.fbank import DEFAULT_VARIANT, FbankCandidate, FbankVariant
 from rlx_triton.router.coverage import Coverage
@@ -488,7 +489,7 @@ def _window_padded(window_size: int) -> int:
     return triton.cdiv(window_size, WINDOW_STEP) * WINDOW_STEP
 
 
-@functools.lru_cache(maxsize=32)
+@device_constants
 def _dft_basis(window_size: int, padded_window_size: int, device: torch.device) -> torch.Tensor:
     """(4, WIN_P, NFREQ_P) float32 planes: cos hi, cos lo, -sin hi, -sin lo of 2*pi*j*k/N.
 
@@ -513,7 +514,7 @@ def _dft_basis(window_size: int, padded_window_size: int, device: torch.device) 
     return torch.stack(planes).contiguous().to(device)
 
 
-@functools.lru_cache(maxsize=32)
+@device_constants
 def _mel_transposed(options: FbankOptions, device: torch.device) -> torch.Tensor:
     """(NFREQ_P, MEL_P) float32: torchaudio's mel weights, transposed and zero padded."""
     weights = _ref.mel_banks(options)  # (num_mel_bins, N/2) float32
@@ -524,7 +525,7 @@ def _mel_transposed(options: FbankOptions, device: torch.device) -> torch.Tensor
     return melt.contiguous().to(device)
 
 
-@functools.lru_cache(maxsize=32)
+@device_constants
 def _window(options: FbankOptions, device: torch.device) -> torch.Tensor:
     return _ref.window_function(options, torch.float32).contiguous().to(device)
 
@@ -575,7 +576,7 @@ def _dft_matrix(rows: int, rows_p: int, cols: int, cols_p: int, size: int) -> Tu
     return torch.where(valid, torch.cos(angle), 0.0), torch.where(valid, -torch.sin(angle), 0.0)
 
 
-@functools.lru_cache(maxsize=32)
+@device_constants
 def _split_dft(dft_size: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float32 (rounded once from float64) matrices of the two-stage DFT: stage 1 (2, N1P, N1P) [k1, n1]
     planes cos, -sin of 2*pi*n1*k1/N1; twiddles (2, N1P, N2P) [k1, n2] of 2*pi*n2*k1/N; stage 2
@@ -589,7 +590,7 @@ def _split_dft(dft_size: int, device: torch.device) -> Tuple[torch.Tensor, torch
     return tuple(t.to(torch.float32).contiguous().to(device) for t in (stage1, twiddle, stage2))
 
 
-@functools.lru_cache(maxsize=32)
+@device_constants
 def _split_mel(options: FbankOptions, device: torch.device) -> torch.Tensor:
     """(MEL_A + MEL_B, K2P * N1P) float32: torchaudio's mel weights with column k2 * N1P + k1 holding bin
     k1 + N1 * k2 (the two-stage kernel's spectrum rows); padding rows, columns and bins >= N/2 are zero."""

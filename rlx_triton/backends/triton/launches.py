@@ -401,7 +401,23 @@ def planning() -> contextlib.AbstractContextManager:
     return recording(execute=False)
 
 
+# the Triton interpreter patches triton.language while a kernel runs, so interpreted launches from several
+# threads run one at a time (compiled launches take no lock)
+_interpreted_launch = threading.RLock()
+
+
+def one_interpreted_launch_at_a_time() -> contextlib.AbstractContextManager:
+    from rlx_triton.config import settings
+
+    return _interpreted_launch if settings().interpret else contextlib.nullcontext()
+
+
 def _launch(record: Launch) -> None:
+    with one_interpreted_launch_at_a_time():
+        _launch_record(record)
+
+
+def _launch_record(record: Launch) -> None:
     kernel = record.kernel
     if record.route is not None and getattr(kernel, "autotuner", None) is not None:
         config_keys = set(kernel.config_of(record.route.candidate).kwargs) if record.route.candidate is not None \

@@ -36,7 +36,6 @@ proj_size > 0, packed sequences, autograd, hidden > 512, dtypes other than float
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -46,6 +45,7 @@ import triton.language as tl
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.device_cache import packed_weights
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton import devices
 from rlx_triton.planner.candidates.lstm import DEFAULT_VARIANT, LstmCandidate, LstmVariant
@@ -422,9 +422,6 @@ def _bucket(value: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # packed weights
 # ---------------------------------------------------------------------------------------------
-_PACKED: Dict[tuple, tuple] = {}
-
-
 def _pack_layer(tensors: Sequence[torch.Tensor], has_biases: bool, directions: int, unit_major: bool):
     """(W_ih_cat (D*4H, I), W_hh stack (D, 4H, H), bias (D*4H,) or None) in fp32.
 
@@ -452,26 +449,12 @@ def _pack_layer(tensors: Sequence[torch.Tensor], has_biases: bool, directions: i
 
 def _layer_weights(flat_weights: Sequence[torch.Tensor], has_biases: bool, layer: int, directions: int,
                    unit_major: bool = False):
-    """The packed weights of one layer, cached per weight version.
-
-    The key is every source tensor's storage, version counter, layout and dtype (tied to the tensors by
-    weak references), so an inference loop packs once and an in-place update or load_state_dict repacks.
-    Inference tensors have no version counter and can still change in place inside torch.inference_mode(),
-    so they are packed on every call (device copies, which a captured CUDA graph replays)."""
+    """The packed weights of one layer, cached per weight version (device_cache.packed_weights: an inference
+    loop packs once, an in-place update or load_state_dict repacks, inference tensors pack on every call)."""
     per = 4 if has_biases else 2
     tensors = list(flat_weights[layer * directions * per:(layer + 1) * directions * per])
-    if any(t.is_inference() for t in tensors):
-        return _pack_layer(tensors, has_biases, directions, unit_major)
-    key = (unit_major, has_biases, directions) + tuple(
-        (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in tensors)
-    hit = _PACKED.get(key)
-    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
-        return hit[1]
-    packed = _pack_layer(tensors, has_biases, directions, unit_major)
-    if len(_PACKED) > 256:
-        _PACKED.clear()
-    _PACKED[key] = (tuple(weakref.ref(t) for t in tensors), packed)
-    return packed
+    return packed_weights("lstm", tensors, lambda: _pack_layer(tensors, has_biases, directions, unit_major),
+                          unit_major, has_biases, directions)
 
 
 # ---------------------------------------------------------------------------------------------

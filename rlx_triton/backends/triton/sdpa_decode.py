@@ -595,9 +595,17 @@ def tuned_kernel(*, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtyp
                     return triton.Config({name: meta[name] for name in _CONFIG_KEYS}, num_warps=meta["num_warps"],
                                          num_stages=meta["num_stages"])
 
-                tuned = TunedKernel(_sdpa_decode_kernel, candidates, to_config, key=_TUNE_KEY)
+                tuned = TunedKernel(_sdpa_decode_kernel, candidates, to_config, key=_TUNE_KEY,
+                                    check=_partials_hold_the_grid)
                 _tuned[key] = tuned
     return tuned
+
+
+def _partials_hold_the_grid(config, grid: tuple, args: tuple) -> Optional[str]:
+    """Why a config's grid would write more splits than the launch's partial buffers hold, or None."""
+    part_o = args[7]  # (B, H, Lq, splits held, Dv), or the output itself where the launch holds one split
+    held = part_o.shape[3] if part_o.dim() == 5 else 1
+    return None if grid[1] <= held else f"{grid[1]} KV splits, the partial buffers hold {held}"
 
 
 def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,

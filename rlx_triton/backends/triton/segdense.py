@@ -13,7 +13,6 @@ and the layer widths are constexprs, so a call makes no host-to-device copy (CUD
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -23,6 +22,7 @@ import triton.language as tl
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.audit import AuditSpec
+from rlx_triton.backends.triton.device_cache import packed_weights
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.planner.candidates.segdense import DEFAULT_VARIANT, SegdenseCandidate
 from rlx_triton.router.coverage import Coverage
@@ -168,9 +168,6 @@ def _meta(candidate, classes: int = MIN_DOT) -> dict:
 _UNITS = {"ieee": "fp32_fma", "tf32x3": "tf32x3", "tf32": "tf32"}
 
 
-_PACKED: dict = {}
-
-
 def _pack_head(weights, biases, classifier_weight, classifier_bias, f_in: int):
     """(w_stack (L, D, D), b_stack (L, D), classifier weight (C, K), classifier bias (C,)) in fp32, the linear
     layers zero-padded to the widest width D."""
@@ -190,24 +187,12 @@ def _pack_head(weights, biases, classifier_weight, classifier_bias, f_in: int):
 
 
 def _packed_head(weights, biases, classifier_weight, classifier_bias, f_in: int):
-    """The packed head, cached per parameter version: keyed on every tensor's storage, version counter,
-    layout and dtype (tied to the tensors by weak references), so an inference loop packs once and an
-    in-place update or load_state_dict repacks. Inference tensors have no version counter and can still
-    change in place inside torch.inference_mode(), so they are packed on every call (device copies, which
-    a captured CUDA graph replays)."""
+    """The packed head, cached per parameter version (device_cache.packed_weights: an inference loop packs
+    once, an in-place update or load_state_dict repacks, inference tensors pack on every call)."""
     tensors = [t for t in (*weights, *biases, classifier_weight, classifier_bias) if t is not None]
-    if any(t.is_inference() for t in tensors):
-        return _pack_head(weights, biases, classifier_weight, classifier_bias, f_in)
-    key = (f_in, tuple(b is None for b in biases), classifier_bias is None) + tuple(
-        (t.data_ptr(), t._version, tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in tensors)
-    hit = _PACKED.get(key)
-    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
-        return hit[1]
-    packed = _pack_head(weights, biases, classifier_weight, classifier_bias, f_in)
-    if len(_PACKED) > 256:
-        _PACKED.clear()
-    _PACKED[key] = (tuple(weakref.ref(t) for t in tensors), packed)
-    return packed
+    return packed_weights("segdense", tensors,
+                          lambda: _pack_head(weights, biases, classifier_weight, classifier_bias, f_in),
+                          f_in, tuple(b is None for b in biases), classifier_bias is None)
 
 
 def segdense_plan(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor],
