@@ -5,7 +5,7 @@ torch.backends.mps.is_available() says so.
 """
 from rlx_triton.router.registry import BackendSpec, register_backend
 
-FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
+FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense", "varlen_attention")
 
 
 def probe(facts) -> "str | None":
