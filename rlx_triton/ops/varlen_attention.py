@@ -178,8 +178,10 @@ def _request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causa
                                               softcap=softcap, alibi_slopes=alibi_slopes))
     if s_aux is not None:
         features["sinks"] = True
+    # a bound of 0 (no sequence has a query token, or a key) routes as 1: the kernel runs it all the same
     fields = {"tokens": total_q, "batch": cu_seqlens_q.shape[0] - 1, "num_heads": num_heads, "head_dim": head_dim,
-              "seq_q": max_seqlen_q, "seq_kv": max_seqlen_k, "num_kv_heads": k.shape[-2], "head_dim_v": v.shape[-1]}
+              "seq_q": max(1, max_seqlen_q), "seq_kv": max(1, max_seqlen_k), "num_kv_heads": k.shape[-2],
+              "head_dim_v": v.shape[-1]}
     if block_table is not None:
         fields["page_size"] = k.shape[1]
     return Request.make(KernelFamily.VARLEN_ATTENTION, _OP, tensor=q, fields=fields, features=features)

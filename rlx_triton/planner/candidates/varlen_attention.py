@@ -45,7 +45,7 @@ VarlenAttentionVariant = base.define_variants(
         ("PREFILL_M128_F16", VarlenAttentionCandidate(128, 64, 256, 3, True)),
     ),
     fp32="BASE_F32",
-    default="PREFILL_F16",
+    default="DECODE_F16",
 )
 
 FP32_VARIANT = VarlenAttentionVariant.FP32
@@ -103,10 +103,10 @@ SPEC = base.FamilySpec(
     launch_fields=(
         base.LaunchField("tokens", "tok"),
         base.LaunchField("batch", "b", bucket="batch_bucket"),
-        base.LaunchField("num_heads", "h", bucket="heads_bucket"),
+        base.LaunchField("num_heads", "h", bucket="num_heads_bucket"),
         base.LaunchField("head_dim", "d", high=512, bucket="head_dim_bucket"),
-        base.LaunchField("seq_q", "sq", low=0, bucket="seq_q_bucket"),
-        base.LaunchField("seq_kv", "sk", low=0, bucket="seq_kv_bucket"),
+        base.LaunchField("seq_q", "sq", bucket="seq_q_bucket", error_name="seq_q/seq_kv"),
+        base.LaunchField("seq_kv", "sk", bucket="seq_kv_bucket", error_name="seq_q/seq_kv"),
         # optional: not part of the kernel name or the shape bucket
         base.LaunchField("num_kv_heads", required=False),
         base.LaunchField("head_dim_v", high=512, required=False),

@@ -12,7 +12,7 @@ COVERAGE = Coverage(
     devices=frozenset({"cuda", "cpu"}),
     dtypes=frozenset({"float32", "float16", "bfloat16"}),
     ranges={"head_dim": (1, MAX_HEAD_DIM), "head_dim_v": (1, MAX_HEAD_DIM), "tokens": (1, _INT32),
-            "batch": (1, _INT32), "num_heads": (1, _INT32), "seq_q": (0, _INT32), "seq_kv": (0, _INT32),
+            "batch": (1, _INT32), "num_heads": (1, _INT32), "seq_q": (1, _INT32), "seq_kv": (1, _INT32),
             "page_size": (1, _INT32)},
     features={
         "dropout": frozenset({False}),
