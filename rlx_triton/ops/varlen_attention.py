@@ -40,6 +40,14 @@ def _check_flag(op: str, name: str, value) -> None:
         raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
 
 
+def _length(value):
+    """A max_seqlen argument as an int: 0-d integer tensors (what transformers may compute) are read once."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        return int(value)
+    return value
+
+
 def _check_int(op: str, name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else VarlenAttentionInputError)(
@@ -267,8 +275,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     max_num_blocks) int32, paged k/v (num_blocks, page_block_size, Hkv, D/Dv) holding sequence s's
     cu_seqlens_k[s + 1] - cu_seqlens_k[s] keys in its pages in order (any page size >= 1). Hkv divides H (query
     head h reads KV head h // (H // Hkv)). cu_seqlens_q/_k: (num_seqs + 1,) int32 offsets from 0;
-    max_seqlen_q/_k: ints at least every sequence's length (FA normalizes causal and the window against
-    them). causal is aligned bottom-right within each sequence; window_size (left, right) keeps keys within
+    max_seqlen_q/_k: ints (or 0-d integer tensors) at least every sequence's length (FA normalizes causal
+    and the window against them). causal is aligned bottom-right within each sequence; window_size (left, right) keeps keys within
     left before and right after a row's diagonal (-1: unbounded); softcap > 0 maps each scaled score s to
     softcap * tanh(s / softcap); alibi_slopes (H,) or (num_seqs, H) float32 add -slope * |distance| (slope *
     key index under causal attention, as FA2's kernels do); dropout_p drops probabilities (the torch path);
@@ -279,6 +287,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     max_seqlen_k) probabilities with the dropped ones negated, FA's sign encoding). A row that sees no key
     gives 0 and LSE +inf, as in FA2.
     """
+    max_seqlen_q, max_seqlen_k = _length(max_seqlen_q), _length(max_seqlen_k)
     _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux)
     _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
