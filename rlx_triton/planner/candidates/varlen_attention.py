@@ -40,7 +40,7 @@ VarlenAttentionVariant = base.define_variants(
     VarlenAttentionCandidate,
     (
         ("BASE_F32", VarlenAttentionCandidate(16, 32, 128, 1, False)),
-        ("DECODE_F16", VarlenAttentionCandidate(16, 64, 128, 2, True)),
+        ("DECODE_F16", VarlenAttentionCandidate(16, 32, 128, 2, True)),
         ("PREFILL_F16", VarlenAttentionCandidate(64, 64, 128, 3, True)),
         ("PREFILL_M128_F16", VarlenAttentionCandidate(128, 64, 256, 3, True)),
     ),

@@ -38,9 +38,8 @@ def _interpreting() -> bool:
 
 def kernel_meta(candidate, *, group: int, head_dim: int, head_dim_v: int, dtype: torch.dtype) -> dict:
     """Candidate -> meta-parameters. block_m -> BLOCK_M (at least 16 and the group's next power of two),
-    BLOCK_Q = BLOCK_M // group query tokens; block_n -> BLOCK_N, halved for head dims past 128 (and for
-    fp32 operands, which the FMA units multiply from registers) so a K/V tile pair stays within the
-    registers; BLOCK_D / BLOCK_DV the head dims' next powers of two (masked). use_f16_dot -> 16-bit dot
+    BLOCK_Q = BLOCK_M // group query tokens; block_n -> BLOCK_N, halved for head dims past 128 so a K/V
+    tile pair stays within the registers (fp32 operands: one group's rows, 32 keys, 8 warps); BLOCK_D / BLOCK_DV the head dims' next powers of two (masked). use_f16_dot -> 16-bit dot
     operands for fp16/bf16 inputs (tensor cores; bf16 under the interpreter takes fp32 operands: it
     computes on raw bf16 bits); fp32 operands use input_precision "ieee"."""
     lowp = bool(candidate.use_f16_dot) and dtype in (torch.float16, torch.bfloat16)
@@ -52,10 +51,15 @@ def kernel_meta(candidate, *, group: int, head_dim: int, head_dim_v: int, dtype:
     block_n = max(MIN_DOT, triton.next_power_of_2(candidate.block_n))
     if max(block_d, block_dv) > 128:
         block_n = max(MIN_DOT, block_n // 2)
+    num_warps = max(1, candidate.tg_size // 32)
     if not lowp:
-        block_m, block_n = min(block_m, max(64, triton.next_power_of_2(group))), min(block_n, 32)
+        # fp32 operands multiply on the FMA units from registers: one GQA group's rows (at least 16), 32 keys
+        # a tile and 8 warps keep q, the accumulator and a K/V tile pair unspilled at D 128 (audit, sm_80/sm_90)
+        block_m = max(MIN_DOT, triton.next_power_of_2(group))
+        block_n = min(block_n, 32)
+        num_warps = max(num_warps, 8)
     return dict(BLOCK_M=block_m, BLOCK_Q=max(1, block_m // group), BLOCK_N=block_n, BLOCK_D=block_d,
-                BLOCK_DV=block_dv, DOT_LOWP=lowp, num_warps=max(1, candidate.tg_size // 32),
+                BLOCK_DV=block_dv, DOT_LOWP=lowp, num_warps=num_warps,
                 num_stages=1 if _interpreting() else max(1, candidate.stages))
 
 
