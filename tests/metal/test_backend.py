@@ -33,6 +33,7 @@ def test_backend_registers_as_metal_with_every_family():
     spec = registry.backend("metal")
     assert spec.package == "rlx_triton.backends.metal"
     assert sorted(spec.families) == sorted(FAMILIES + REFUSED_FAMILIES) == sorted(metal_backend.FAMILIES)
+    assert sorted(metal_backend.SHADER_FAMILIES) == sorted(FAMILIES)
     assert not spec.is_library
 
 
