@@ -32,6 +32,7 @@ if str(ROOT) not in sys.path:
 BENCHES = {
     "dispatch_overhead": "bench.dispatch_overhead",
     "sdpa_decode": "bench.sdpa_decode",
+    "attention_serving": "bench.attention_serving",
     "fbank": "bench.fbank",
     "sincnet": "bench.sincnet",
     "lstm": "bench.lstm",

@@ -16,6 +16,8 @@ _EXPORTS = {
     "sdpa_decode": ("rlx_triton.ops.sdpa_decode", "sdpa_decode"),
     "patch_sdpa": ("rlx_triton.ops.sdpa_decode", "patch_sdpa"),
     "flash_attn_with_kvcache": ("rlx_triton.ops.flash_attn", "flash_attn_with_kvcache"),
+    "flash_attn_varlen_func": ("rlx_triton.ops.varlen_attention", "flash_attn_varlen_func"),
+    "flash_attn_func": ("rlx_triton.ops.varlen_attention", "flash_attn_func"),
     "fbank": ("rlx_triton.ops.fbank", "fbank"),
     "explain": ("rlx_triton.explaining", "explain"),
     "use_backend": ("rlx_triton.router.settings", "use_backend"),

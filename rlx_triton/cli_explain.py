@@ -388,6 +388,10 @@ TAG_MEANINGS: Dict[str, object] = {
     "row_tile": "rows (frames x batch) per program (BLOCK_R)",
     "fused_activation": {"fusedact": "the final log-softmax or sigmoid in the same kernel",
                          "splitact": "the final activation as a separate pass"},
+    "block_m": "packed query rows per program (query tokens x GQA group; at least 16 for tl.dot)",
+    "block_n": "keys loaded per loop iteration (BLOCK_N)",
+    "use_f16_dot": {"f16dot": "QK^T and PV dots on fp16/bf16 operands (tensor cores)",
+                    "f32dot": "operands upcast to fp32, ieee dots"},
 }
 
 

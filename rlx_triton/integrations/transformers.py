@@ -60,3 +60,73 @@ def register(name: str = "rlx_triton") -> str:
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
+
+
+# ---------------------------------------------------------------------------------------------------
+# transformers' flash-attention path, continuous batching included
+# ---------------------------------------------------------------------------------------------------
+# The attention implementation name continuous batching takes (transformers accepts "paged|eager", "sdpa" or
+# names containing "flash" there); "flash...2" also opens its decode fast path on CUDA (flash_attn_with_kvcache).
+CONTINUOUS_BATCHING_ATTENTION = "rlx_triton_flash_attention_2"
+
+
+def _flash_functions():
+    """rt's FlashAttention 2 API, in the order transformers' flash loader returns it (with its own pad/unpad)."""
+    from transformers import modeling_flash_attention_utils as fa_utils
+
+    from rlx_triton.ops.flash_attn import flash_attn_with_kvcache
+    from rlx_triton.ops.varlen_attention import flash_attn_func, flash_attn_varlen_func
+
+    return flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, fa_utils._pad_input, fa_utils._unpad_input
+
+
+def _install_flash_resolver(name: str) -> None:
+    """Makes transformers' flash loader (`modeling_flash_attention_utils._lazy_imports`, which resolves
+    "flash_attention_2/3/4" to the flash_attn packages and any other name to a `kernels` hub repo) resolve
+    `name` to rt's functions, and hand every other name on to the loader it replaces. Installed once."""
+    from transformers import modeling_flash_attention_utils as fa_utils
+
+    loader = fa_utils._lazy_imports
+    names = getattr(loader, "rlx_triton_names", None)
+    if names is None:
+        previous = loader
+
+        def resolve(implementation, attention_wrapper=None, allow_all_kernels=False):
+            if implementation in resolve.rlx_triton_names:
+                return _flash_functions()
+            return previous(implementation, attention_wrapper, allow_all_kernels=allow_all_kernels)
+
+        resolve.rlx_triton_names = names = set()
+        fa_utils._lazy_imports = resolve
+    names.add(name)
+
+
+def register_flash(name: str = CONTINUOUS_BATCHING_ATTENTION) -> str:
+    """Register rt's FlashAttention 2 API with transformers' own flash-attention path under `name` (it must
+    contain "flash"); returns the name.
+
+    After it, `attn_implementation=name` runs transformers' flash integration with rt.flash_attn_func,
+    rt.flash_attn_varlen_func and rt.flash_attn_with_kvcache in place of the flash_attn package: padded
+    `generate` (unpad -> varlen), and continuous batching (`model.generate_batch(...)`), whose prefill chunks
+    and decodes run as one ragged varlen call per layer (rt's varlen kernel), and whose CUDA decode fast path
+    runs rt.flash_attn_with_kvcache on the paged cache. Sliding windows, softcap and attention sinks (s_aux)
+    pass through. The mask function registered beside it is transformers' flash_attention_mask.
+    transformers resolves flash implementation names through `kernels` hub repos; this resolves `name`
+    in its flash loader instead, so no `kernels` package is needed. Needs transformers >= 5.
+
+    Example:
+        >>> import rlx_triton as rt
+        >>> rt.integrations.transformers.register_flash()
+        'rlx_triton_flash_attention_2'
+    """
+    if not isinstance(name, str) or "flash" not in name:
+        raise ValueError(f"register_flash: name must be a str containing 'flash' (transformers' test for a flash "
+                         f"implementation), got {name!r}")
+    from transformers import AttentionInterface
+    from transformers.integrations.flash_attention import flash_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    _install_flash_resolver(name)
+    AttentionInterface.register(name, flash_attention_forward)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name

@@ -187,10 +187,9 @@ def _check_values(q, k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cac
     if rotary_cos is not None:
         mask = reference.masking(causal, tuple(window_size), q.shape[1], capacity, alibi_slopes is not None)
         span = max(seqlen_new, q.shape[1] if mask.is_causal or mask.is_local else 1)
-        start = lengths if cache_leftpad is None else lengths - cache_leftpad.to(torch.int64)
-        if int(start.max()) + span > rotary_cos.shape[0]:
+        if high + span > rotary_cos.shape[0]:
             raise _fail(f"rotary_cos/rotary_sin hold {rotary_cos.shape[0]} positions, but the rotary positions "
-                        f"reach {int(start.max()) + span - 1} (cache_seqlens - cache_leftpad + token)")
+                        f"reach {high + span - 1} (cache_seqlens + token)")
     if cache_batch_idx is not None and cache_batch_idx.numel() and (
             int(cache_batch_idx.min()) < 0 or int(cache_batch_idx.max()) >= k_cache.shape[0]):
         raise _fail(f"cache_batch_idx entries must index k_cache's batch dim [0, {k_cache.shape[0]})")
@@ -300,8 +299,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     sequence (through block_table when paged, at row cache_batch_idx[b] otherwise), with rotary embedding
     applied to k when rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2) are given (pairs (2i, 2i+1) when
     rotary_interleaved, halves otherwise; rotary_dim <= D); q then gets it at positions cache_seqlens + t
-    under causal or local attention, at cache_seqlens for every token otherwise (positions count from
-    cache_leftpad). cache_seqlens: an int or (B,) int tensor (None: the full cache); sequence b reads keys
+    under causal or local attention, at cache_seqlens for every token otherwise (absolute cache slots, left
+    padding included, as in FA2). cache_seqlens: an int or (B,) int tensor (None: the full cache); sequence b reads keys
     [cache_leftpad[b], cache_seqlens[b] + S_new). causal is bottom-right aligned; window_size (left, right)
     keeps keys within left before and right after the query's diagonal (-1: unbounded); softcap > 0 maps
     each scaled score s to softcap * tanh(s / softcap); alibi_slopes (H,) or (B, H) float32 add

@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_DEVICE = "h200"
 # the benches in bench/ whose cases launch kernels (bench/<name>.py states cases(quick, gpu))
-BENCHES = ("sdpa_decode", "fbank", "sincnet", "lstm", "pyannote_segmentation", "embedding")
+BENCHES = ("sdpa_decode", "attention_serving", "fbank", "sincnet", "lstm", "pyannote_segmentation", "embedding")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

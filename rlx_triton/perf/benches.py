@@ -95,6 +95,32 @@ def _sdpa_decode(facts, quick: bool) -> List[PerfCase]:
     return rows
 
 
+def _attention_serving(facts, quick: bool) -> List[PerfCase]:
+    import rlx_triton as rt
+    from rlx_triton.backends.triton import launches
+
+    module = bench_module("attention_serving")
+    rows = []
+    for spec in module.cases(quick, gpu=True):
+        def call(spec=spec):
+            kw = module.build_inputs(spec, META, make=torch.empty)
+            route = rt.explain(rt.flash_attn_varlen_func, **kw)
+            if route.backend != "triton":
+                return None
+            # the routed launch, its counts from the case's lengths (the device holds them, the bench knows them)
+            plan, outputs = route.module.varlen_attention_plan(
+                kw["q"], kw["k"], kw["v"], kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["max_seqlen_q"],
+                kw["max_seqlen_k"], scale=spec["head_dim"] ** -0.5, block_table=kw.get("block_table"),
+                candidate=route.candidate, lengths=module.case_lengths(spec),
+                **route.module.kernel_options(True, (-1, -1), kw["max_seqlen_q"], kw["max_seqlen_k"], None))
+            launches.run(plan)
+            return outputs
+
+        label = f"{spec['label']} h{spec['heads']}/{spec['kv_heads']} d{spec['head_dim']}"
+        rows.append(PerfCase("attention_serving", label, _dtype_name(spec["dtype"]), call))
+    return rows
+
+
 def _waveform_case(bench: str, module, spec: dict, describe_output: Callable[[Any], str], **extra) -> PerfCase:
     """A bench case that runs `module` on (batch, 1, samples) waveforms; its label names the input and the output."""
     batch, samples = spec["batch"], spec["samples"]
@@ -229,7 +255,7 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
     return rows
 
 
-_ADAPTERS = {"sdpa_decode": _sdpa_decode, "fbank": _fbank, "sincnet": _sincnet, "lstm": _lstm,
+_ADAPTERS = {"sdpa_decode": _sdpa_decode, "attention_serving": _attention_serving, "fbank": _fbank, "sincnet": _sincnet, "lstm": _lstm,
              "pyannote_segmentation": _pyannote_segmentation, "embedding": _embedding}
 
 

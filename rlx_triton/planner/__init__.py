@@ -22,6 +22,8 @@ from .candidates import (
     SdpaDecodeVariant,
     SegdenseCandidate,
     SegdenseVariant,
+    VarlenAttentionCandidate,
+    VarlenAttentionVariant,
 )
 from .errors import (
     CandidateNotPresent,
@@ -106,6 +108,8 @@ __all__ = [
     "SdpaDecodeVariant",
     "SegdenseCandidate",
     "SegdenseVariant",
+    "VarlenAttentionCandidate",
+    "VarlenAttentionVariant",
     "ShapeBucket",
     "ThreadPolicy",
     "TokenBucketStrategy",

@@ -20,6 +20,7 @@ class KernelFamily(enum.Enum):
     FBANK = "fbank"
     LSTM = "lstm"
     SEGDENSE = "segdense"
+    VARLEN_ATTENTION = "varlen_attention"
 
     @property
     def debug_name(self) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import pytest
 import torch
@@ -58,3 +59,83 @@ def test_attention_output_layout_is_batch_tokens_heads_dim():
     q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
     out, weights = rt_transformers.attention_forward(module, q, k, v, None, scaling=0.25)
     assert out.shape == (1, 3, 4, 16) and weights is None
+
+
+# --- transformers' flash path: continuous batching and padded generate through rt's FA2 API ---------------
+def tiny_model(kind: str):
+    """Tiny random models with GQA: Llama; Mistral with a sliding window shorter than the prompts; Gemma-2 with
+    logit softcapping and its alternating sliding / full attention layers."""
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**common)
+        model_class = transformers.LlamaForCausalLM
+    elif kind == "mistral":
+        config = transformers.MistralConfig(**common, sliding_window=4)
+        model_class = transformers.MistralForCausalLM
+    else:
+        config = transformers.Gemma2Config(**common, head_dim=16, sliding_window=4, attn_logit_softcapping=5.0,
+                                           final_logit_softcapping=None)
+        model_class = transformers.Gemma2ForCausalLM
+    torch.manual_seed(0)
+    return model_class(config).eval()
+
+
+PROMPT_LENGTHS = (5, 9, 3)
+
+
+def generate_batch(model, implementation):
+    model.set_attn_implementation(implementation)
+    torch.manual_seed(1)
+    prompts = [torch.randint(1, 96, (n,)).tolist() for n in PROMPT_LENGTHS]
+    config = transformers.GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)
+    # a small paged cache (16 pages of 16) and at most 64 tokens a step, so prefills and decodes share steps
+    batching = transformers.ContinuousBatchingConfig(num_blocks=16, block_size=16, max_batch_tokens=64)
+    outputs = model.generate_batch(prompts, generation_config=config, continuous_batching_config=batching,
+                                   progress_bar=False, warmup=False)
+    return {request: output.generated_tokens for request, output in outputs.items()}
+
+
+def test_register_flash_makes_a_flash_implementation_that_resolves_to_rt():
+    from transformers import modeling_flash_attention_utils as fa_utils
+
+    name = rt_transformers.register_flash()
+    assert name == rt_transformers.CONTINUOUS_BATCHING_ATTENTION and "flash" in name
+    assert name in transformers.AttentionInterface()
+    (flash_fn, varlen_fn, kvcache_fn, _, _), _ = fa_utils.lazy_import_flash_attention(name)
+    # transformers wraps the kv-cache function in torch.compiler.disable
+    assert (flash_fn, varlen_fn, inspect.unwrap(kvcache_fn)) == (rt.flash_attn_func, rt.flash_attn_varlen_func,
+                                                                 rt.flash_attn_with_kvcache)
+    with pytest.raises(ValueError, match="flash"):
+        rt_transformers.register_flash("rlx_triton_paged")
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+def test_continuous_batching_on_the_kernel_gives_sdpas_tokens(kind):
+    model = tiny_model(kind)
+    # Gemma-2 has no SDPA path in transformers (softcapping): its reference is continuous batching's eager one
+    expected = generate_batch(model, "paged|eager" if kind == "gemma2" else "sdpa")
+    name = rt_transformers.register_flash()
+    with rt.use_backend("triton", strict=True):   # every attention call of every step runs the ragged kernel
+        got = generate_batch(model, name)
+    assert got == expected and len(got) == len(PROMPT_LENGTHS)
+
+
+def test_continuous_batching_on_the_torch_path_gives_sdpas_tokens():
+    model = tiny_model("mistral")
+    expected = generate_batch(model, "sdpa")
+    with rt.use_backend("torch"):
+        got = generate_batch(model, rt_transformers.register_flash())
+    assert got == expected
+
+
+def test_padded_generate_through_the_flash_path_matches_sdpa():
+    model = tiny_model("llama")
+    input_ids = torch.randint(1, 96, (2, 6))
+    attention_mask = torch.ones(2, 6, dtype=torch.long)
+    attention_mask[1, :2] = 0  # left padding: transformers unpads to a varlen call
+    input_ids[1, :2] = 0
+    expected = generate(model, "sdpa", input_ids, attention_mask)
+    with rt.use_backend("triton", strict=True):
+        got = generate(model, rt_transformers.register_flash(), input_ids, attention_mask)
+    assert torch.equal(got, expected)

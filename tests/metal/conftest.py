@@ -71,7 +71,7 @@ def cpu_shader_libraries(tmp_path_factory):
         pytest.skip("g++ not found")
     build_dir = Path(tmp_path_factory.mktemp("metal_cpu"))
     return {family: (lib, msl_source.kernels((shader_exec.REPO / "metal" / f"{family}.metal").read_text()))
-            for family, lib in shader_exec.build(metal_backend.FAMILIES, build_dir).items()}
+            for family, lib in shader_exec.build(metal_backend.SHADER_FAMILIES, build_dir).items()}
 
 
 @pytest.fixture

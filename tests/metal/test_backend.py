@@ -19,6 +19,8 @@ from rlx_triton.router.coverage import BACKEND_UNAVAILABLE, Coverage
 from rlx_triton.router.device import clear_device_cache
 
 FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
+# families Metal has no shader for: its coverage refuses them by name, so the router sends them elsewhere
+REFUSED_FAMILIES = ("varlen_attention",)
 # each family's launcher functions, and the module whose signatures they match
 LAUNCHERS = {"sdpa_decode": ("torch_ref", ["sdpa_decode", "scaled_dot_product_attention"]), "fbank": ("torch_ref", ["fbank"]),
              "lstm": ("torch_ref", ["lstm"]), "segdense": ("torch_ref", ["segdense"]),
@@ -30,7 +32,8 @@ needs_no_apple_gpu = pytest.mark.skipif(torch.backends.mps.is_available(),
 def test_backend_registers_as_metal_with_every_family():
     spec = registry.backend("metal")
     assert spec.package == "rlx_triton.backends.metal"
-    assert sorted(spec.families) == sorted(FAMILIES) == sorted(metal_backend.FAMILIES)
+    assert sorted(spec.families) == sorted(FAMILIES + REFUSED_FAMILIES) == sorted(metal_backend.FAMILIES)
+    assert sorted(metal_backend.SHADER_FAMILIES) == sorted(FAMILIES)
     assert not spec.is_library
 
 
@@ -164,6 +167,18 @@ def test_metal_coverage_takes_the_requests_the_public_ops_build_on_mps():
         module = importlib.import_module(f"rlx_triton.backends.metal.{request.family}")
         refusal = module.COVERAGE.check(request.op, "mps", request.dtype, request.field_map, request.feature_map)
         assert refusal is None, f"{request.op}: {refusal}"
+
+
+def test_metal_coverage_refuses_ragged_attention_with_a_typed_refusal():
+    from rlx_triton.backends.metal import varlen_attention as metal
+    from rlx_triton.ops import varlen_attention as varlen_op
+
+    q, k = torch.randn(5, 4, 16), torch.randn(9, 2, 16)
+    offsets = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    for request in (varlen_op.flash_attn_varlen_func.__rlx_request__(q, k, k, *offsets, 3, 5, causal=True),
+                    varlen_op.flash_attn_func.__rlx_request__(q[None], k[None], k[None])):
+        refusal = metal.COVERAGE.check(request.op, "mps", request.dtype, request.field_map, request.feature_map)
+        assert refusal is not None and refusal.kind == "shape-unimplemented" and request.op in refusal.reason
 
 
 def _decode_option_requests():

@@ -19,7 +19,7 @@ from tests.metal import msl_source
 REPO = Path(__file__).resolve().parents[2]
 SHADER_DIR = REPO / "metal"
 SHIM_DIR = SHADER_DIR / "shim"
-FAMILIES = metal_backend.FAMILIES
+FAMILIES = metal_backend.SHADER_FAMILIES
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ not found")
 

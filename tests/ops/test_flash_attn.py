@@ -222,6 +222,23 @@ def test_new_keys_are_appended_in_place_at_cache_seqlens_through_the_block_table
             assert torch.equal(k_cache[page, position % 4], kw["k"][b, t])
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_rotary_positions_with_left_padding_are_absolute_cache_slots(backend):
+    # FA2 rotates new key t at cos/sin row cache_seqlens + t and causal query row i at cache_seqlens + i,
+    # counting the left padding (its test reference: apply_rotary_emb(..., seqlen_offsets=cache_seqlens))
+    kw = make_inputs(Case(2, 12, 8, heads=(2, 2), new_kv=2, causal=True, rotary=(8, False), lengths=(5, 7)))
+    kw["cache_leftpad"] = torch.tensor([3, 4], dtype=torch.int32)
+    k_cache, cos, sin = kw["k_cache"], kw["rotary_cos"].double(), kw["rotary_sin"].double()
+    with rt.use_backend(backend, strict=backend != "torch"):
+        rt.flash_attn_with_kvcache(**kw)
+    for b, length in enumerate((5, 7)):
+        for t in range(2):
+            key, row = kw["k"][b, t].double(), length + t
+            first, second = key[:, :4], key[:, 4:]
+            rotated = torch.cat((first * cos[row] - second * sin[row], first * sin[row] + second * cos[row]), -1)
+            torch.testing.assert_close(k_cache[b, row].double(), rotated, rtol=1e-6, atol=1e-6)
+
+
 def test_an_int_cache_seqlens_is_every_sequence_at_that_length():
     kw = make_inputs(Case(2, 10, 16, new_kv=1, causal=True))
     as_tensor = rt.flash_attn_with_kvcache(**dict(kw, k_cache=kw["k_cache"].clone(), v_cache=kw["v_cache"].clone(),

@@ -54,4 +54,5 @@ def test_enum_values_match_the_settings_names():
 
     assert tuple(e.value for e in planner.TuneCacheEviction) == EVICTION_NAMES
     assert tuple(p.value for p in planner.PrecisionProfile) == PROFILE_NAMES
-    assert [f.value for f in planner.KernelFamily] == ["sdpa_decode", "conv", "fbank", "lstm", "segdense"]
+    assert [f.value for f in planner.KernelFamily] == ["sdpa_decode", "conv", "fbank", "lstm", "segdense",
+                                                      "varlen_attention"]

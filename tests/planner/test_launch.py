@@ -29,6 +29,7 @@ FIELDS = {  # CONTRACT.md, "Launch fields", in declared order
     KernelFamily.FBANK: dict(batch=1, samples=16000, frames=98, window=512, bins=80, tokens=98),
     KernelFamily.LSTM: dict(batch=3, seq=589, input_size=60, hidden=128, layers=4, directions=2, tokens=589),
     KernelFamily.SEGDENSE: dict(rows=1767, in_features=256, hidden=128, classes=7, tokens=1767),
+    KernelFamily.VARLEN_ATTENTION: dict(tokens=64, batch=64, num_heads=32, head_dim=128, seq_q=1, seq_kv=4096),
 }
 families = pytest.mark.parametrize("family", list(KernelFamily), ids=lambda f: f.value)
 

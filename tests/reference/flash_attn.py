@@ -61,13 +61,14 @@ def naive_flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_co
         start = 0 if cache_leftpad is None else int(cache_leftpad[b])
         query = q[b].double()
         if rotary_cos is not None:
-            first = length - start
-            query = rotate(query, [first + t if (is_causal or is_local) else first for t in range(seqlen_q)],
+            # FA2's rule: cos/sin rows are absolute cache slots, left padding included (its test reference
+            # rotates with seqlen_offsets=cache_seqlens)
+            query = rotate(query, [length + t if (is_causal or is_local) else length for t in range(seqlen_q)],
                            rotary_cos, rotary_sin, rotary_interleaved)
         if k is not None:
             new_k = k[b].double()
             if rotary_cos is not None:
-                new_k = rotate(new_k, [length - start + t for t in range(seqlen_new)], rotary_cos, rotary_sin,
+                new_k = rotate(new_k, [length + t for t in range(seqlen_new)], rotary_cos, rotary_sin,
                                rotary_interleaved)
             for t in range(seqlen_new):
                 row, index = slot(b, length + t)

@@ -5,7 +5,10 @@ torch.backends.mps.is_available() says so.
 """
 from rlx_triton.router.registry import BackendSpec, register_backend
 
-FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
+# families with a shader in metal/<family>.metal
+SHADER_FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
+# every family the router asks Metal about: ragged attention has no shader, its coverage refuses it by name
+FAMILIES = SHADER_FAMILIES + ("varlen_attention",)
 
 
 def probe(facts) -> "str | None":

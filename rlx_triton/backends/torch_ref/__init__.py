@@ -4,7 +4,7 @@ It runs wherever torch runs and covers every request, so the router can always f
 """
 from rlx_triton.router.registry import BackendSpec, register_backend
 
-FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
+FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense", "varlen_attention")
 # the 2-D convolutions of the conv family live in their own module
 OP_MODULES = (("conv2d", "conv2d"), ("stats_pool", "conv2d"))
 

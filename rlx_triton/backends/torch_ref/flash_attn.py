@@ -5,7 +5,8 @@ sdpa_decode for the attention) shares (`rotate_and_append`, `rotated_query`) or 
 - new keys and values are written into the cache in place at each sequence's `cache_seqlens`, through
   the block table when the cache is paged, after rotary embedding of the new keys;
 - the query gets rotary embedding at the positions FA2 gives it: one position per token under causal or
-  local attention, every token at `cache_seqlens` otherwise;
+  local attention, every token at `cache_seqlens` otherwise; rotary positions are absolute cache slots
+  (new key t at `cache_seqlens + t`), left padding included, as FA2's kernel reads its cos/sin rows;
 - attention of the query against keys [cache_leftpad, cache_seqlens + new) of each sequence, with FA2's
   bottom-right causal and local-window masks, tanh softcap, ALiBi and its LSE (+inf for a row that sees
   no key, whose output is 0).
@@ -88,19 +89,20 @@ def _rotary_at(x: torch.Tensor, positions: torch.Tensor, rotary_cos, rotary_sin,
     return apply_rotary(x.to(compute), cos, sin, interleaved).to(x.dtype)
 
 
-def _rotary_start(cache_seqlens: torch.Tensor, cache_leftpad: Optional[torch.Tensor]) -> torch.Tensor:
-    """The rotary position of each sequence's first new token: its length counted from its left padding."""
-    start = cache_seqlens.to(torch.int64)
-    return start if cache_leftpad is None else start - cache_leftpad.to(torch.int64)
+def _rotary_start(cache_seqlens: torch.Tensor) -> torch.Tensor:
+    """The rotary position of each sequence's first new token: its cache slot, cache_seqlens. Positions are
+    absolute slots, left padding included, as FA2's kernel reads its cos/sin rows (`row_offset_cossin` starts
+    at leftpad_k + seqlen_k_cache, where seqlen_k_cache = cache_seqlens - leftpad_k)."""
+    return cache_seqlens.to(torch.int64)
 
 
-def rotated_query(q: torch.Tensor, rotary_cos, rotary_sin, cache_seqlens: torch.Tensor,
-                  cache_leftpad: Optional[torch.Tensor], interleaved: bool, mask: Masking) -> torch.Tensor:
-    """q (B, Sq, H, D) with FA2's rotary: token t at position start + t under causal or local masking, every
-    token at the start position otherwise. q itself when no rotary is given."""
+def rotated_query(q: torch.Tensor, rotary_cos, rotary_sin, cache_seqlens: torch.Tensor, interleaved: bool,
+                  mask: Masking) -> torch.Tensor:
+    """q (B, Sq, H, D) with FA2's rotary: token t at position cache_seqlens + t under causal or local masking,
+    every token at cache_seqlens otherwise. q itself when no rotary is given."""
     if rotary_cos is None:
         return q
-    start = _rotary_start(cache_seqlens, cache_leftpad)
+    start = _rotary_start(cache_seqlens)
     steps = torch.arange(q.shape[1], device=q.device) if (mask.is_causal or mask.is_local) \
         else torch.zeros(q.shape[1], dtype=torch.int64, device=q.device)
     return _rotary_at(q, start[:, None] + steps[None, :], rotary_cos, rotary_sin, interleaved)
@@ -121,14 +123,15 @@ def _cache_slots(cache_seqlens: torch.Tensor, seqlen_new: int, cache_batch_idx: 
 
 def rotate_and_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                       v: Optional[torch.Tensor], rotary_cos, rotary_sin, cache_seqlens: torch.Tensor,
-                      cache_batch_idx: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor],
-                      block_table: Optional[torch.Tensor], interleaved: bool) -> None:
-    """Writes k (rotated when rotary is given) and v into the caches in place at cache_seqlens."""
+                      cache_batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                      interleaved: bool) -> None:
+    """Writes k (rotated when rotary is given, new token t at position cache_seqlens + t) and v into the caches
+    in place at cache_seqlens."""
     if k is None:
         return
     seqlen_new = k.shape[1]
     if rotary_cos is not None:
-        start = _rotary_start(cache_seqlens, cache_leftpad)
+        start = _rotary_start(cache_seqlens)
         positions = start[:, None] + torch.arange(seqlen_new, device=k.device)[None, :]
         k = _rotary_at(k, positions, rotary_cos, rotary_sin, interleaved)
     rows, slots = _cache_slots(cache_seqlens, seqlen_new, cache_batch_idx, block_table, k_cache.shape[1])
@@ -212,9 +215,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
     mask = masking(causal, window_size, seqlen_q, capacity, alibi_slopes is not None)
     if cache_seqlens is None:
         cache_seqlens = torch.full((batch,), capacity, dtype=torch.int64, device=q.device)
-    rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                      cache_leftpad, block_table, rotary_interleaved)
-    q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, cache_leftpad, rotary_interleaved, mask)
+    rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, block_table,
+                      rotary_interleaved)
+    q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved, mask)
     lengths = cache_seqlens.to(torch.int64) + (0 if k is None else k.shape[1])
     keys = sequence_view(k_cache, lengths, cache_batch_idx, block_table)
     values = sequence_view(v_cache, lengths, cache_batch_idx, block_table)
@@ -235,8 +238,8 @@ def through_decode(sdpa_decode_fn, q, k_cache, v_cache, k, v, rotary_cos, rotary
         block_table.shape[1] if block_table is not None else 1), alibi_slopes is not None)
     if cache_seqlens is not None:
         rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                          cache_leftpad, block_table, rotary_interleaved)
-        q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, cache_leftpad, rotary_interleaved, mask)
+                          block_table, rotary_interleaved)
+        q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved, mask)
     lengths = None if cache_seqlens is None else cache_seqlens.to(torch.int64) + (0 if k is None else k.shape[1])
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     for name, given in (("block_table", block_table), ("cache_batch_idx", cache_batch_idx),

@@ -7,16 +7,17 @@ from __future__ import annotations
 from typing import Dict
 
 from ..policy import KernelFamily
-from . import conv, fbank, lstm, sdpa_decode, segdense
+from . import conv, fbank, lstm, sdpa_decode, segdense, varlen_attention
 from .base import Candidate, CandidateVariant, FamilySpec, LaunchField
 from .conv import ConvCandidate, ConvVariant
 from .fbank import FbankCandidate, FbankVariant
 from .lstm import LstmCandidate, LstmVariant
 from .sdpa_decode import SdpaDecodeCandidate, SdpaDecodeVariant
 from .segdense import SegdenseCandidate, SegdenseVariant
+from .varlen_attention import VarlenAttentionCandidate, VarlenAttentionVariant
 
 FAMILIES: Dict[KernelFamily, FamilySpec] = {
-    module.SPEC.family: module.SPEC for module in (sdpa_decode, conv, fbank, lstm, segdense)
+    module.SPEC.family: module.SPEC for module in (sdpa_decode, conv, fbank, lstm, segdense, varlen_attention)
 }
 
 __all__ = [
@@ -35,4 +36,6 @@ __all__ = [
     "LstmVariant",
     "SegdenseCandidate",
     "SegdenseVariant",
+    "VarlenAttentionCandidate",
+    "VarlenAttentionVariant",
 ]

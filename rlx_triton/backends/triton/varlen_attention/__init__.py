@@ -1,0 +1,45 @@
+"""Triton ragged attention: one launch over a batch of packed prefill chunks and decodes, contiguous or paged KV.
+
+The family module the router reads (`backends/triton/varlen_attention`): `kernels.py` holds the @triton.jit
+code, `launch.py` the launch record with its byte and FLOP model, `routing.py` the coverage, approvals and
+recipes, `audit.py` the audit specs. `flash_attn_varlen_func` here is what a routed call runs.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from rlx_triton.backends.torch_ref.flash_attn import masking
+from rlx_triton.backends.triton import launches
+from rlx_triton.backends.triton.varlen_attention.audit import AUDIT_KERNELS
+from rlx_triton.backends.triton.varlen_attention.launch import launch_count, softmax_scale, varlen_attention_plan
+from rlx_triton.backends.triton.varlen_attention.routing import APPROVALS, COVERAGE, RECIPES, SPEED_EVIDENCE
+
+__all__ = ["APPROVALS", "AUDIT_KERNELS", "COVERAGE", "RECIPES", "SPEED_EVIDENCE", "flash_attn_varlen_func",
+           "launch_count", "varlen_attention_plan"]
+
+
+def kernel_options(causal: bool, window_size: Tuple[int, int], max_seqlen_q: int, max_seqlen_k: int,
+                   alibi_slopes: Optional[torch.Tensor]) -> dict:
+    """FlashAttention 2's masking of a varlen call (normalized against max_seqlen_q / max_seqlen_k) as the
+    kernel's window (causal is (-1, 0)) and ALiBi form."""
+    mask = masking(causal, tuple(window_size), max_seqlen_q, max_seqlen_k, alibi_slopes is not None)
+    window = (mask.left, mask.right) if mask.is_local or mask.is_causal else (-1, -1)
+    alibi = "none" if alibi_slopes is None else ("key_index" if mask.is_causal else "distance")
+    return dict(window=window, alibi=alibi)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_, causal,
+                           window_size, softcap, alibi_slopes, block_table, s_aux, dropout_p=0.0, *,
+                           return_probs: bool = False, candidate, route=None):
+    """The validated call in one launch: (out (total_q, H, Dv), lse (H, total_q), None). dropout_p is 0 (the
+    coverage takes no dropout)."""
+    plan, (out, lse) = varlen_attention_plan(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        scale=softmax_scale(softmax_scale_, q.shape[-1]), softcap=float(softcap), alibi_slopes=alibi_slopes,
+        block_table=block_table, sinks=None if s_aux is None else s_aux.float().contiguous(),
+        candidate=candidate, route=route,
+        **kernel_options(causal, window_size, max_seqlen_q, max_seqlen_k, alibi_slopes))
+    launches.run(plan)
+    return out, lse, None

@@ -1,0 +1,45 @@
+"""Ragged attention routing data, read by rlx_triton.router: COVERAGE, APPROVALS, RECIPES, SPEED_EVIDENCE."""
+from __future__ import annotations
+
+from rlx_triton.backends.candidates import plan_candidates
+from rlx_triton.backends.triton.varlen_attention.launch import MAX_HEAD_DIM
+from rlx_triton.router.approvals import Approval
+from rlx_triton.router.coverage import Coverage
+
+_INT32 = 2**31 - 1
+COVERAGE = Coverage(
+    ops=frozenset({"flash_attn_varlen_func"}),
+    devices=frozenset({"cuda", "cpu"}),
+    dtypes=frozenset({"float32", "float16", "bfloat16"}),
+    ranges={"head_dim": (1, MAX_HEAD_DIM), "head_dim_v": (1, MAX_HEAD_DIM), "tokens": (1, _INT32),
+            "batch": (1, _INT32), "num_heads": (1, _INT32), "seq_q": (1, _INT32), "seq_kv": (1, _INT32),
+            "page_size": (1, _INT32)},
+    features={
+        "dropout": frozenset({False}),
+        "requires_grad": frozenset({False}),  # forward-only: autograd calls run torch
+        # "packed": flash_attn_varlen_func's (total, H, D); "batched": flash_attn_func's (B, S, H, D) as its
+        # equal-length varlen call
+        "layout": frozenset({"packed", "batched"}),
+        "causal": frozenset({"none", "bottom_right"}),
+        # FlashAttention's options (requests without them carry none of these features)
+        "paged": frozenset({True}),
+        "window": frozenset({True}),
+        "softcap": frozenset({True}),
+        "alibi": frozenset({"per_head", "per_batch_head"}),
+        "sinks": frozenset({True}),
+    },
+)
+
+# Largest relative error against float64 in the interpreter, re-measured by
+# tests/triton/test_varlen_attention.py::test_approved_candidates_hold_their_error_bound: the fp32 candidate
+# on fp32 inputs (every profile); the 16-bit dot candidates on fp16 inputs, not for high_fidelity, where the
+# router takes the fp32 candidate instead.
+_WHERE = "interpreter, tests/triton/test_varlen_attention.py::test_approved_candidates_hold_their_error_bound"
+_F16_DOT_PROFILES = frozenset({"ultra_low_latency", "balanced", "deterministic"})
+APPROVALS = {
+    candidate.tag(): (Approval(max_rel_err=1e-3, reference="float64", where=_WHERE, profiles=_F16_DOT_PROFILES)
+                      if candidate.use_f16_dot else Approval(max_rel_err=1e-5, reference="float64", where=_WHERE))
+    for candidate in plan_candidates("varlen_attention")
+}
+RECIPES: dict = {}
+SPEED_EVIDENCE: dict = {}

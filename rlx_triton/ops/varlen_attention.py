@@ -1,0 +1,348 @@
+"""rt.flash_attn_varlen_func and rt.flash_attn_func: FlashAttention 2's ragged and batched entry points, with
+its signatures, shapes, semantics and return values.
+
+flash_attn_varlen_func: q (total_q, H, D) packed by cu_seqlens_q (num_seqs + 1,); k/v (total_k, Hkv, D/Dv)
+packed by cu_seqlens_k, or paged (num_pages, page_size, Hkv, D/Dv) with block_table (num_seqs, pages) and
+the key lengths in cu_seqlens_k. flash_attn_func: q (B, Sq, H, D), k/v (B, Sk, Hkv, D/Dv), run as the
+varlen call of its equal-length batch. Beyond FA2: any page size >= 1, float32 (and float64 on the torch
+path), Dv != D, and attention sinks (`s_aux`, per-head logits, as transformers passes them).
+
+Routing: one Triton launch over the whole ragged batch (backends/triton/varlen_attention) where its coverage
+takes the request; what no kernel covers (dropout, autograd, float64, head dims past 256; Metal, whose
+coverage refuses the family) runs the torch path (backends/torch_ref/varlen_attention.py) with the reason in
+explain, and strict mode raises MissingKernel naming it. Every argument is checked before a launch, with a
+ValueError or TypeError naming it.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from rlx_triton.backends.torch_ref import varlen_attention as reference
+from rlx_triton.backends.torch_ref.flash_attn import masking
+from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
+from rlx_triton.ops.sdpa_decode import (_decided, _decision_key, _values_readable, attention_option_features,
+                                        check_attention_options)
+from rlx_triton.planner import KernelFamily
+from rlx_triton.router import Request, route, routed_op
+
+_OP = "flash_attn_varlen_func"
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class VarlenAttentionInputError(ValueError):
+    """A flash_attn_varlen_func / flash_attn_func argument with the wrong shape, value or device."""
+
+
+def _check_flag(op: str, name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+
+
+def _length(value):
+    """A max_seqlen argument as an int: 0-d integer tensors (what transformers may compute) are read once."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        return int(value)
+    return value
+
+
+def _check_int(op: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else VarlenAttentionInputError)(
+            f"{op}: {name} must be an int >= 0, got {value!r}")
+
+
+def _check_options(op: str, q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, s_aux, batch: int) -> None:
+    """The options both entry points share: flags, numbers, window, softcap, ALiBi slopes and sinks."""
+    num_heads = q.shape[-2]
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"{op}: dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise VarlenAttentionInputError(f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
+        raise TypeError(f"{op}: softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    for name, flag in (("causal", causal), ("deterministic", deterministic), ("return_attn_probs", return_attn_probs)):
+        _check_flag(op, name, flag)
+    check_attention_options(op, VarlenAttentionInputError, window_size=window_size, softcap=softcap,
+                            alibi_slopes=alibi_slopes, batch=batch, num_heads=num_heads, device=q.device)
+    if s_aux is not None:
+        check_is_tensor("s_aux", s_aux, op=op)
+        if not s_aux.is_floating_point():
+            raise TypeError(f"{op}: s_aux must be a floating-point tensor, got {s_aux.dtype}")
+        if tuple(s_aux.shape) != (num_heads,) or s_aux.device != q.device:
+            raise VarlenAttentionInputError(f"{op}: s_aux must have shape ({num_heads},) on {q.device}, got "
+                                            f"{tuple(s_aux.shape)} on {s_aux.device}")
+
+
+def _check_qkv(op: str, q, k, v, q_dims: int, kv_dims: int) -> None:
+    for name, tensor, dims in (("q", q, q_dims), ("k", k, kv_dims), ("v", v, kv_dims)):
+        check_is_tensor(name, tensor, op=op)
+        if tensor.dim() != dims:
+            raise VarlenAttentionInputError(f"{op}: {name} must be {dims}-D, got shape {tuple(tensor.shape)}")
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{op}: {name} must be a floating-point tensor, got {tensor.dtype}")
+        if tensor.dtype != q.dtype:
+            raise TypeError(f"{op}: {name} must have the dtype of q ({q.dtype}), got {tensor.dtype}")
+        if tensor.device != q.device:
+            raise VarlenAttentionInputError(f"{op}: {name} must be on q's device {q.device}, got {tensor.device}")
+    num_heads, head_dim = q.shape[-2], q.shape[-1]
+    num_kv_heads = k.shape[-2]
+    if head_dim == 0 or num_heads == 0 or v.shape[-1] == 0:
+        raise VarlenAttentionInputError(f"{op}: q and v must have nonzero heads and head dims, got q "
+                                        f"{tuple(q.shape)} and v {tuple(v.shape)}")
+    if k.shape[-1] != head_dim:
+        raise VarlenAttentionInputError(f"{op}: k's head dim must equal q's ({head_dim}), got shape {tuple(k.shape)}")
+    if tuple(v.shape[:-1]) != tuple(k.shape[:-1]):
+        raise VarlenAttentionInputError(f"{op}: v must have shape {tuple(k.shape[:-1])} + (Dv,), got "
+                                        f"{tuple(v.shape)}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
+        raise VarlenAttentionInputError(f"{op}: number of heads in key/value ({num_kv_heads}) must divide number "
+                                        f"of heads in query ({num_heads})")
+
+
+def _check_offsets(name: str, value, batch_plus_one: Optional[int], device: torch.device) -> None:
+    check_is_tensor(name, value, op=_OP)
+    if value.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{_OP}: {name} must have dtype torch.int32 (or torch.int64), got {value.dtype}")
+    if value.dim() != 1 or value.shape[0] < 2 or (batch_plus_one is not None and value.shape[0] != batch_plus_one):
+        expected = "(batch_size + 1,)" if batch_plus_one is None else f"({batch_plus_one},)"
+        raise VarlenAttentionInputError(f"{_OP}: {name} must have shape {expected}, batch_size >= 1, got "
+                                        f"{tuple(value.shape)}")
+    if value.device != device:
+        raise VarlenAttentionInputError(f"{_OP}: {name} must be on {device}, got {value.device}")
+
+
+def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                     causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
+                     s_aux) -> None:
+    """FlashAttention's argument checks for the varlen call, without reading tensor data."""
+    paged = block_table is not None
+    _check_qkv(_OP, q, k, v, 3, 4 if paged else 3)
+    _check_offsets("cu_seqlens_q", cu_seqlens_q, None, q.device)
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_offsets("cu_seqlens_k", cu_seqlens_k, batch + 1, q.device)
+    _check_int(_OP, "max_seqlen_q", max_seqlen_q)
+    _check_int(_OP, "max_seqlen_k", max_seqlen_k)
+    if paged:
+        check_is_tensor("block_table", block_table, op=_OP)
+        if block_table.dtype not in _INDEX_DTYPES:
+            raise TypeError(f"{_OP}: block_table must have dtype torch.int32, got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+            raise VarlenAttentionInputError(f"{_OP}: block_table must have shape (batch_size, max_num_blocks) = "
+                                            f"({batch}, >= 1), got {tuple(block_table.shape)}")
+        if block_table.device != q.device:
+            raise VarlenAttentionInputError(f"{_OP}: block_table must be on {q.device}, got {block_table.device}")
+        if k.shape[0] == 0 or k.shape[1] == 0:
+            raise VarlenAttentionInputError(f"{_OP}: a paged k must hold at least one page of one slot, got "
+                                            f"shape {tuple(k.shape)}")
+    _check_options(_OP, q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, s_aux, batch)
+
+
+def _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table) -> None:
+    """The checks that read the offsets and the block table (a host sync): skipped while compiling, tracing
+    fakes or capturing a CUDA graph, where they are the caller's contract."""
+    if not _values_readable(cu_seqlens_q):
+        return
+    for name, offsets, bound, rows in (("cu_seqlens_q", cu_seqlens_q, max_seqlen_q, q.shape[0]),
+                                       ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k, None)):
+        lengths = offsets[1:] - offsets[:-1]
+        if int(offsets[0]) != 0 or bool((lengths < 0).any()):
+            raise VarlenAttentionInputError(f"{_OP}: {name} must start at 0 and never decrease")
+        if int(lengths.max()) > bound:
+            raise VarlenAttentionInputError(f"{_OP}: a sequence of {name} is longer ({int(lengths.max())}) than "
+                                            f"max_seqlen_{name[-1]} ({bound})")
+        if rows is not None and int(offsets[-1]) > rows:
+            raise VarlenAttentionInputError(f"{_OP}: {name}[-1] ({int(offsets[-1])}) exceeds q's {rows} tokens")
+    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
+    if block_table is None:
+        if int(cu_seqlens_k[-1]) > k.shape[0]:
+            raise VarlenAttentionInputError(f"{_OP}: cu_seqlens_k[-1] ({int(cu_seqlens_k[-1])}) exceeds k's "
+                                            f"{k.shape[0]} tokens")
+        return
+    page_size = k.shape[1]
+    if int(lengths_k.max()) > block_table.shape[1] * page_size:
+        raise VarlenAttentionInputError(f"{_OP}: a sequence's keys ({int(lengths_k.max())}) exceed its "
+                                        f"block_table's {block_table.shape[1]} pages of {page_size}")
+    needed = (lengths_k + page_size - 1) // page_size
+    used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < needed[:, None]
+    pages = block_table[used]
+    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= k.shape[0]):
+        raise VarlenAttentionInputError(f"{_OP}: block_table entries of the pages a sequence uses must be in "
+                                        f"[0, {k.shape[0]}) (k's pages)")
+
+
+def _request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
+             alibi_slopes, block_table, s_aux, layout: str) -> Request:
+    """The routing request: the kernel's fields, and each FA option in use as a feature the coverage must name."""
+    total_q, num_heads, head_dim = q.shape
+    mask = masking(causal, tuple(window_size), max_seqlen_q, max_seqlen_k, alibi_slopes is not None)
+    features = {"dropout": dropout_p > 0, "layout": layout, "causal": "bottom_right" if mask.is_causal else "none",
+                "requires_grad": needs_grad(q, k, v, s_aux)}
+    features.update(attention_option_features(paged=block_table is not None, local_window=mask.is_local,
+                                              softcap=softcap, alibi_slopes=alibi_slopes))
+    if s_aux is not None:
+        features["sinks"] = True
+    # a bound of 0 (no sequence has a query token, or a key) routes as 1: the kernel runs it all the same
+    fields = {"tokens": total_q, "batch": cu_seqlens_q.shape[0] - 1, "num_heads": num_heads, "head_dim": head_dim,
+              "seq_q": max(1, max_seqlen_q), "seq_kv": max(1, max_seqlen_k), "num_kv_heads": k.shape[-2],
+              "head_dim_v": v.shape[-1]}
+    if block_table is not None:
+        fields["page_size"] = k.shape[1]
+    return Request.make(KernelFamily.VARLEN_ATTENTION, _OP, tensor=q, fields=fields, features=features)
+
+
+def _run(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+         window_size, softcap, alibi_slopes, block_table, s_aux, return_probs=False):
+    options = {"route": chosen} if chosen.backend == "triton" else {}
+    return chosen.module.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                softmax_scale, causal, tuple(window_size), float(softcap),
+                                                alibi_slopes, block_table, s_aux, float(dropout_p),
+                                                return_probs=return_probs, candidate=chosen.candidate, **options)
+
+
+@torch.library.custom_op("rlx_triton::flash_attn_varlen", mutates_args=())
+def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
+               causal: bool, window_left: int, window_right: int, softcap: float,
+               alibi_slopes: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+               s_aux: Optional[torch.Tensor], layout: str,
+               decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    window_size = (window_left, window_right)
+    chosen = _decided(decision)
+    if chosen is None:  # under torch.compile (or a forgotten decision): route now
+        chosen = route(_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, 0.0, causal, window_size,
+                                softcap, alibi_slopes, block_table, s_aux, layout))
+    out, lse, _ = _run(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
+                       causal, window_size, softcap, alibi_slopes, block_table, s_aux)
+    return out.contiguous(), lse.contiguous()
+
+
+@_varlen_op.register_fake
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                 window_right, softcap, alibi_slopes, block_table, s_aux, layout, decision=None):
+    total_q, num_heads, _ = q.shape
+    return q.new_empty((total_q, num_heads, v.shape[-1])), q.new_empty((num_heads, total_q), dtype=torch.float32)
+
+
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+               window_size, softcap, alibi_slopes, block_table, s_aux, return_attn_probs, layout: str):
+    """(out, lse, S_dmask) of a validated varlen call: routed once, the torch path outside the custom op."""
+    softmax_scale = None if softmax_scale is None else float(softmax_scale)
+    left, right = window_size
+    if q.shape[0] == 0:  # no query token: nothing to launch
+        return (q.new_empty((0, q.shape[1], v.shape[-1])),
+                q.new_empty((q.shape[1], 0), dtype=torch.float32), None)
+    decided = None
+    if not torch.compiler.is_compiling():
+        decided = route(_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size,
+                                 softcap, alibi_slopes, block_table, s_aux, layout))
+    if decided is not None and decided.backend == "torch":
+        # the library path outside the custom op: no dispatch cost, and autograd through its torch ops
+        return _run(decided, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                    softmax_scale, causal, (left, right), softcap, alibi_slopes, block_table, s_aux,
+                    return_probs=return_attn_probs)
+    out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          left, right, float(softcap), alibi_slopes, block_table, s_aux, layout,
+                          None if decided is None else _decision_key(decided))
+    return out, lse, None
+
+
+def _explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    deterministic=False, return_attn_probs=False, block_table=None, s_aux=None) -> Request:
+    _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                     causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux)
+    return _request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
+                    alibi_slopes, block_table, s_aux, "packed")
+
+
+@routed_op(_explain_varlen)
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Optional[torch.Tensor] = None, deterministic: bool = False,
+                           return_attn_probs: bool = False, block_table: Optional[torch.Tensor] = None,
+                           s_aux: Optional[torch.Tensor] = None):
+    """FlashAttention 2's flash_attn_varlen_func: attention over a ragged batch of sequences.
+
+    q (total_q, H, D), sequence s owning rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]); k/v (total_k, Hkv, D/Dv)
+    with sequence s's keys at rows [cu_seqlens_k[s], cu_seqlens_k[s + 1]), or, with block_table (num_seqs,
+    max_num_blocks) int32, paged k/v (num_blocks, page_block_size, Hkv, D/Dv) holding sequence s's
+    cu_seqlens_k[s + 1] - cu_seqlens_k[s] keys in its pages in order (any page size >= 1). Hkv divides H (query
+    head h reads KV head h // (H // Hkv)). cu_seqlens_q/_k: (num_seqs + 1,) int32 offsets from 0;
+    max_seqlen_q/_k: ints (or 0-d integer tensors) at least every sequence's length (FA normalizes causal
+    and the window against them). causal is aligned bottom-right within each sequence; window_size (left, right) keeps keys within
+    left before and right after a row's diagonal (-1: unbounded); softcap > 0 maps each scaled score s to
+    softcap * tanh(s / softcap); alibi_slopes (H,) or (num_seqs, H) float32 add -slope * |distance| (slope *
+    key index under causal attention, as FA2's kernels do); dropout_p drops probabilities (the torch path);
+    softmax_scale defaults to D ** -0.5; deterministic is accepted (the forward is deterministic). s_aux
+    (beyond FA2): (H,) attention-sink logits, each joining its head's softmax denominator.
+    Returns out (total_q, H, Dv) in q's dtype; with return_attn_probs=True, (out, softmax_lse (H, total_q)
+    float32 natural-log LSE, S_dmask), S_dmask None unless dropout_p > 0 (then (num_seqs, H, max_seqlen_q,
+    max_seqlen_k) probabilities with the dropped ones negated, FA's sign encoding). A row that sees no key
+    gives 0 and LSE +inf, as in FA2.
+    """
+    max_seqlen_q, max_seqlen_k = _length(max_seqlen_q), _length(max_seqlen_k)
+    _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                     causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux)
+    _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
+    out, lse, s_dmask = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                   softmax_scale, causal, window_size, softcap, alibi_slopes, block_table, s_aux,
+                                   return_attn_probs, "packed")
+    return (out, lse, s_dmask) if return_attn_probs else out
+
+
+def _validate_batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs, s_aux) -> None:
+    op = "flash_attn_func"
+    _check_qkv(op, q, k, v, 4, 4)
+    if k.shape[0] != q.shape[0]:
+        raise VarlenAttentionInputError(f"{op}: k must have q's batch size {q.shape[0]}, got shape {tuple(k.shape)}")
+    _check_options(op, q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                   return_attn_probs, s_aux, q.shape[0])
+
+
+def _as_varlen(q, k, v):
+    """flash_attn_func's (B, S, H, D) tensors as the varlen call of B equal-length sequences (no host sync)."""
+    batch, seqlen_q = q.shape[:2]
+    seqlen_k = k.shape[1]
+    steps = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
+    return (q.reshape(batch * seqlen_q, *q.shape[2:]), k.reshape(batch * seqlen_k, *k.shape[2:]),
+            v.reshape(batch * seqlen_k, *v.shape[2:]), steps * seqlen_q, steps * seqlen_k)
+
+
+def _explain_batched(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                     alibi_slopes=None, deterministic=False, return_attn_probs=False, s_aux=None) -> Request:
+    _validate_batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs, s_aux)
+    packed_q, packed_k, packed_v, cu_q, _ = _as_varlen(q, k, v)
+    return _request(packed_q, packed_k, packed_v, cu_q, q.shape[1], k.shape[1], dropout_p, causal, window_size,
+                    softcap, alibi_slopes, None, s_aux, "batched")
+
+
+@routed_op(_explain_batched)
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    softmax_scale: Optional[float] = None, causal: bool = False,
+                    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[torch.Tensor] = None, deterministic: bool = False,
+                    return_attn_probs: bool = False, s_aux: Optional[torch.Tensor] = None):
+    """FlashAttention 2's flash_attn_func: q (B, Sq, H, D), k/v (B, Sk, Hkv, D/Dv), the options of
+    flash_attn_varlen_func (alibi_slopes (H,) or (B, H)). Returns out (B, Sq, H, Dv); with
+    return_attn_probs=True, (out, softmax_lse (B, H, Sq) float32, S_dmask), S_dmask None unless dropout_p > 0
+    (then (B, H, Sq, Sk))."""
+    _validate_batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs, s_aux)
+    batch, seqlen_q, num_heads = q.shape[:3]
+    packed_q, packed_k, packed_v, cu_q, cu_k = _as_varlen(q, k, v)
+    out, lse, s_dmask = _attention(packed_q, packed_k, packed_v, cu_q, cu_k, seqlen_q, k.shape[1], dropout_p,
+                                   softmax_scale, causal, window_size, softcap, alibi_slopes, None, s_aux,
+                                   return_attn_probs, "batched")
+    out = out.reshape(batch, seqlen_q, num_heads, v.shape[-1])
+    if not return_attn_probs:
+        return out
+    return out, lse.reshape(num_heads, batch, seqlen_q).transpose(0, 1), s_dmask
