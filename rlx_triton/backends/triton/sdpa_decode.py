@@ -15,8 +15,9 @@ and the program that takes the last ticket merges the live splits of its rows (i
 result does not depend on which program finishes last) and resets the counter for the next launch.
 More than MERGE_GROUP live splits merge in two levels, so no program reads more than MERGE_GROUP partials
 per row: the last of each group of MERGE_GROUP splits merges its group into the group's first slot, and
-the last group to finish merges the groups. The counters live in a per-device, per-stream workspace that
-every launch leaves at zero.
+the last group to finish merges the groups. The counters and partials are allocated with each launch
+(zeroed counters, from torch's caching allocator), so a captured CUDA graph owns its own and launches on
+several streams or graphs never share one; the launch leaves its counters at zero.
 
 The query heads sharing one KV head (GQA/MQA) and the query tokens are packed into the M rows of
 `tl.dot` (packed row r -> head `kv_head * group + r // Lq`, token `r % Lq`), at least 16 rows per tile.
@@ -25,7 +26,9 @@ read through strides, stride 0 on broadcast dimensions. A paged cache (PAGED) is
 table: logical key n of sequence b is slot n % page_size of page block_table[b, n // page_size], any
 page size >= 1, each key row still one contiguous read of D (Dv) elements. Causal masking is top-left (torch SDPA) or
 bottom-right within each sequence's valid length (the FlashAttention kv-cache convention). Rows whose
-keys are all masked produce 0 and LSE = -inf.
+keys are all masked produce 0 and LSE = -inf, as do sequences of length 0. Index values are clamped and
+masked, never trusted: lengths to [0, S], left paddings to [0, length], a cache row or page outside the
+cache reads nothing (its keys are dropped), so no value makes a launch read or write out of bounds.
 
 Non-finite values follow torch's math SDPA over the keys a call reads (keys past a sequence's valid
 length, and under top-left alignment past the last query token, are never read): masking any other
@@ -171,9 +174,11 @@ _resident: Dict[tuple, int] = {}
 @triton.jit
 def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
     """(live splits, first key, end key) of `split` for a sequence of `seqlen` valid keys: the sequence's
-    tiles are shared as evenly as whole tiles allow by at most `num_splits` programs of at least one tile."""
+    tiles are shared as evenly as whole tiles allow by at most `num_splits` programs of at least one tile
+    (one program, with an empty range, for a sequence of none)."""
     tiles = tl.cdiv(seqlen, BLOCK_N)
-    live = tl.minimum(tiles, num_splits)
+    # a sequence without keys still has split 0 run an empty range: it writes its rows as seeing no key
+    live = tl.maximum(tl.minimum(tiles, num_splits), 1)
     # int64: split x tiles passes 2^31 for the longest sequences
     first_tile = (split.to(tl.int64) * tiles) // live
     end_tile = ((split + 1).to(tl.int64) * tiles) // live
@@ -197,6 +202,7 @@ def _sdpa_decode_kernel(
     stride_btb,  # block table rows (one per sequence)
     stride_alibi_b,  # ALiBi slopes per (batch, head): 0 for slopes per head
     num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
+    cache_rows,  # k/v's dim 0: cache rows (BATCH_IDX) or pages (PAGED); an index outside it reads nothing
     qk_scale,  # softmax scale * log2(e)
     softcap, window_left, window_right,  # read under SOFTCAP / WINDOW only
     token_bucket, batch_bucket, kv_len_bucket,  # read by the autotuner's key only
@@ -215,20 +221,27 @@ def _sdpa_decode_kernel(
     kv_head = bh % num_kv_heads
     batch = bh // num_kv_heads
 
+    # index values are clamped, never trusted: a length outside [0, S], a left padding outside [0, length]
+    # or a cache row outside the cache reads and writes nothing out of bounds (the op layer checks the
+    # values only where it may read them without a host sync)
     if HAS_SEQLENS:
-        seqlen = tl.load(seqlens_ptr + batch).to(tl.int32)
+        seqlen = tl.minimum(tl.maximum(tl.load(seqlens_ptr + batch).to(tl.int32), 0), seq_kv)
     else:
         seqlen = seq_kv
+    if BATCH_IDX and not PAGED:  # the cache row of this sequence; outside the cache, the sequence has no key
+        cache_row = tl.load(batch_idx_ptr + batch).to(tl.int64)
+        seqlen = tl.where((cache_row >= 0) & (cache_row < cache_rows), seqlen, 0)
+        cache_row = tl.minimum(tl.maximum(cache_row, 0), cache_rows - 1)
+    else:
+        cache_row = batch.to(tl.int64)
     if LEFTPAD:
-        # keys [first_key, seqlen) of the sequence are its valid ones: the splits share those. A sequence with
-        # none still has its split 0 run an empty range, which writes its rows as seeing no key
-        first_key = tl.load(leftpad_ptr + batch).to(tl.int32)
-        live, lo, hi = _live_splits(tl.maximum(seqlen - first_key, 1), num_splits, split, BLOCK_N)
-        lo += first_key
-        hi = tl.minimum(hi + first_key, seqlen)
+        # keys [first_key, seqlen) of the sequence are its valid ones: the splits share those
+        first_key = tl.minimum(tl.maximum(tl.load(leftpad_ptr + batch).to(tl.int32), 0), seqlen)
     else:
         first_key = 0
-        live, lo, hi = _live_splits(seqlen, num_splits, split, BLOCK_N)
+    live, lo, hi = _live_splits(seqlen - first_key, num_splits, split, BLOCK_N)
+    lo += first_key
+    hi += first_key
     if split >= live:
         return  # an empty split: it takes no ticket and the merge never reads it
 
@@ -258,10 +271,6 @@ def _sdpa_decode_kernel(
         v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
         table_row = block_table_ptr + batch64 * stride_btb
     else:
-        if BATCH_IDX:  # the cache row of this sequence
-            cache_row = tl.load(batch_idx_ptr + batch).to(tl.int64)
-        else:
-            cache_row = batch64
         k_base = k_ptr + cache_row * stride_kb + kv_head.to(tl.int64) * stride_kh
         v_base = v_ptr + cache_row * stride_vb + kv_head.to(tl.int64) * stride_vh
     if MASK_KIND != 0:
@@ -282,6 +291,8 @@ def _sdpa_decode_kernel(
         offs_n64 = offs_n.to(tl.int64)
         if PAGED:
             pages = tl.load(table_row + offs_n // page_size, mask=n_valid, other=0).to(tl.int64)
+            # a key on a page outside the cache is not read: it is dropped like a key past the length
+            n_valid = n_valid & (pages >= 0) & (pages < cache_rows)
             slots = (offs_n % page_size).to(tl.int64)
             k_rows = pages * stride_kb + slots * stride_kn
             v_rows = pages * stride_vb + slots * stride_vn
@@ -357,7 +368,7 @@ def _sdpa_decode_kernel(
     out_mask = row_valid[:, None] & dv_valid[None, :]
     if MAX_SPLITS == 1:  # a candidate that never splits: no partials, no merge compiled in
         _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid)
-    elif num_splits == 1:
+    elif live == 1:  # one split (or one live split of a short sequence): no partials, no ticket
         _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid)
     else:
         part_rows = out_row * num_splits  # partials of a row: (split, Dv), split-major
@@ -542,24 +553,14 @@ def _sm_count(device: torch.device) -> int:
     return device_facts(device).sm_count or 1
 
 
-# ticket counters per (device, stream): zeros, and every launch leaves them at zero
-_tickets: Dict[tuple, torch.Tensor] = {}
-_tickets_lock = threading.Lock()
-
-
 def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
-    if device.type == "meta":  # a plan built from shapes only: nothing launches on these, nothing to keep
-        return torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (device, stream)
-    counters = _tickets.get(key)
-    if counters is None or counters.numel() < count:
-        with _tickets_lock:
-            counters = _tickets.get(key)
-            if counters is None or counters.numel() < count:
-                counters = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
-                _tickets[key] = counters
-    return counters
+    """Zeroed ticket counters for one launch, allocated with it from torch's caching allocator like the
+    partials: no buffer outlives the launch that uses it or is shared with another launch, so a CUDA graph
+    keeps its own counters alive (its memory pool holds them) and launches on other streams or other graphs
+    never count on each other's. The zeroing is a device-side fill, captured and replayed with the launch;
+    the launch itself leaves them at zero (the last ticket of a row block resets its counter), so a
+    benchmark that reruns it needs no zeroing in between."""
+    return torch.zeros(count, device=device, dtype=torch.int32)
 
 
 # Autotune key: the token, batch and KV-length buckets and the head shape (never raw lengths or tensors).
@@ -731,7 +732,7 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             *mask_strides,
             table.stride(0) if block_table is not None else 0,
             slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
+            num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size, key.shape[0],
             float(scale) * LOG2E,
             float(softcap) if softcap > 0 else 1.0, int(window[0]), int(window[1]),
             triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv))
