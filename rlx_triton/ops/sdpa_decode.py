@@ -28,6 +28,7 @@ from typing import Dict, Iterator, Optional, Tuple, Union
 import torch
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
+from rlx_triton.config import settings
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
@@ -568,10 +569,17 @@ def _check_cache_lengths(cache_seqlens: torch.Tensor, s_max: int) -> None:
 
 
 def _values_readable(tensor: torch.Tensor) -> bool:
-    """Whether a check may read the tensor's values (a host sync): not while compiling, tracing fakes or
-    capturing a CUDA graph, where the values are the caller's contract."""
+    """Whether a check may read the tensor's values (on a GPU a host sync, so a decode step would wait for
+    the GPU), by RLX_TRITON_CHECK_VALUES: "1" always, "0" never, "auto" (the default) only where the tensor
+    is on the CPU. Never while compiling, tracing fakes or capturing a CUDA graph. Unchecked values are the
+    caller's contract; the kernels clamp and mask them, so none reads or writes out of bounds."""
     if torch.compiler.is_compiling() or _is_fake(tensor):
         return False
+    policy = settings().check_values
+    if policy == "0":
+        return False
+    if policy == "auto":
+        return tensor.device.type == "cpu"
     return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
 
 

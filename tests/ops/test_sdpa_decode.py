@@ -2,6 +2,10 @@
 torch.library registration (opcheck, torch.compile), and the GPU checks (CUDA graphs, every dtype)."""
 from __future__ import annotations
 
+import contextlib
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -340,6 +344,73 @@ def test_sdpa_decode_rejects_bad_cache_seqlens(lengths, error, match):
     q, k, v = qkv(2, 2, 1, 16)
     with pytest.raises(error, match=match):
         rt.sdpa_decode(q, k, v, lengths)
+
+
+# --- RLX_TRITON_CHECK_VALUES: which checks read index values ---------------------------------------
+@contextlib.contextmanager
+def refusing_value_reads(monkeypatch):
+    """A block in which every way of reading a tensor's values on the host (a sync on a GPU) raises."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a check read a tensor's values")
+
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__int__", "__bool__", "__index__", "__float__"):
+            patched.setattr(torch.Tensor, name, refuse)
+        yield
+
+
+def test_check_values_0_reads_no_index_value_and_the_kernel_clamps_them(monkeypatch):
+    from rlx_triton.config import override_settings
+
+    q, k, v = qkv(2, 2, 1, 16)
+    lengths = torch.tensor([0, 30])         # outside [1, S_max=23]: checked (and refused) under auto on the CPU
+    pages = torch.randn(4, 2, 8, 16)
+    table = torch.tensor([[0, 9, 1], [2, 3, -1]])   # pages 9 and -1 are outside the cache
+    with override_settings(check_values="0"), rt.use_backend("triton", strict=True):
+        with refusing_value_reads(monkeypatch):
+            out, lse = rt.sdpa_decode(q, k, v, lengths, return_lse=True)
+            paged = rt.sdpa_decode(q, pages, pages, torch.tensor([24, 17]), block_table=table)
+    assert bool((out[0] == 0).all()) and bool((lse[0] == -math.inf).all())   # length 0: no key
+    assert_like_torch(out[1:], q[1:], k[1:], v[1:])                          # length 30: all 23 keys
+    kept = torch.cat([pages[0], pages[1]], dim=1)[None], torch.cat([pages[2], pages[3]], dim=1)[None]
+    assert_like_torch(paged[:1], q[:1], kept[0], kept[0])       # page 9 dropped: pages 0 and 1 (24 keys wanted)
+    assert_like_torch(paged[1:], q[1:], kept[1], kept[1])       # page -1 dropped: pages 2 and 3 (17 keys wanted)
+
+
+def test_check_values_auto_and_1_still_refuse_bad_lengths_on_the_cpu():
+    from rlx_triton.config import override_settings
+
+    q, k, v = qkv(2, 2, 1, 16)
+    for policy in ("auto", "1"):
+        with override_settings(check_values=policy), pytest.raises(ValueError, match="cache_seqlens entry"):
+            rt.sdpa_decode(q, k, v, torch.tensor([0, 5]))
+
+
+def test_check_values_auto_reads_only_tensors_on_the_cpu():
+    from rlx_triton.config import override_settings
+    from rlx_triton.ops.sdpa_decode import _values_readable
+
+    on_gpu = SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True)
+    with override_settings(check_values="auto"):
+        assert _values_readable(torch.zeros(2)) and not _values_readable(on_gpu)
+    with override_settings(check_values="0"):
+        assert not _values_readable(torch.zeros(2))
+
+
+def test_flash_attn_with_kvcache_under_check_values_0_reads_no_index_value(monkeypatch):
+    from rlx_triton.config import override_settings
+
+    q = torch.randn(3, 1, 2, 16)
+    k_cache, v_cache = torch.randn(3, 20, 2, 16), torch.randn(3, 20, 2, 16)
+    lengths = torch.tensor([0, 12, 20], dtype=torch.int32)
+    leftpad = torch.tensor([0, 15, 0], dtype=torch.int32)     # past its length: the sequence has no key
+    with override_settings(check_values="0"), rt.use_backend("triton", strict=True):
+        with refusing_value_reads(monkeypatch):
+            out, lse = rt.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, cache_leftpad=leftpad,
+                                                  return_softmax_lse=True)
+    assert bool((out[:2] == 0).all()) and bool((lse[:2] == math.inf).all())   # FA2's output for empty rows
+    assert_like_torch(out[2:].transpose(1, 2), q[2:].transpose(1, 2), k_cache[2:].transpose(1, 2),
+                      v_cache[2:].transpose(1, 2))
 
 
 def test_sdpa_decode_needs_4d_caches():
