@@ -87,7 +87,10 @@ MAX_LIFTED_SPLITS = 128
 # partials one program merges per row: more live splits merge in two levels of at most this many
 MERGE_GROUP = 16
 MAX_MERGE_GROUPS = MAX_LIFTED_SPLITS // MERGE_GROUP
+# partials a merge reads at once (their loads in flight together); divides MERGE_GROUP
+MERGE_CHUNK = 4
 _MERGE_GROUP, _MAX_MERGE_GROUPS = tl.constexpr(MERGE_GROUP), tl.constexpr(MAX_MERGE_GROUPS)  # the kernel's copies
+_MERGE_CHUNK = tl.constexpr(MERGE_CHUNK)
 
 
 def kv_bucket(seq_kv: int) -> int:
@@ -422,13 +425,20 @@ def _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v, fi
     m = tl.where(m == float("-inf"), 0.0, m)
     denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
     merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for i in range(0, count):
-        slot = first + i * step
-        w = tl.exp2(tl.load(part_lse_ptr + part_rows + slot, mask=row_valid, other=float("-inf"),
-                            cache_modifier=".cg") - m)
-        part = tl.load(part_o_ptr + (part_rows + slot)[:, None] * head_dim_v + offs_dv[None, :],
-                       mask=out_mask, other=0.0, cache_modifier=".cg")
-        merged += w[:, None] * part
+    # MERGE_CHUNK partials per step, all their loads issued before the first is used: one L2 round trip per
+    # chunk instead of one per partial. The adds stay one partial at a time in slot order
+    for i0 in range(0, count, _MERGE_CHUNK):
+        weights = ()
+        parts = ()
+        for c in tl.static_range(_MERGE_CHUNK):
+            slot = first + (i0 + c) * step
+            present = row_valid & ((i0 + c + tl.zeros_like(part_rows)) < count)   # per row: masks combine as vectors
+            weights = weights + (tl.load(part_lse_ptr + part_rows + slot, mask=present, other=float("-inf"),
+                                         cache_modifier=".cg"),)
+            parts = parts + (tl.load(part_o_ptr + (part_rows + slot)[:, None] * head_dim_v + offs_dv[None, :],
+                                     mask=out_mask & present[:, None], other=0.0, cache_modifier=".cg"),)
+        for c in tl.static_range(_MERGE_CHUNK):
+            merged += tl.exp2(weights[c] - m)[:, None] * parts[c]
     # as for l in the kernel: a NaN partial LSE makes denom NaN, which must not read as "no keys"
     no_keys = denom == 0.0
     denom_safe = tl.where(no_keys, 1.0, denom)
