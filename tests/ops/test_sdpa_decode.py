@@ -500,6 +500,95 @@ def test_cuda_graph_capture_after_warm_up():
 
 
 @pytest.mark.gpu
+def test_cuda_graph_capture_grow_allocate_replay_keeps_its_own_counters():
+    """A graph captured before a larger call and new allocations replays on buffers no later call freed,
+    replaced or shares: outputs against float64 after every replay, its counters back at 0."""
+    from rlx_triton.backends.triton import launches
+    from rlx_triton.backends.triton.sdpa_decode import _sdpa_decode_kernel
+
+    q, k, v = qkv(2, 8, 1, 128, kv_heads=2, seq_kv=4096, dtype=torch.float16, device="cuda")
+    lengths = torch.tensor([4096, 700], device="cuda", dtype=torch.int32)
+    with rt.use_backend("triton", strict=True):
+        rt.sdpa_decode(q, k, v, lengths)                                    # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with launches.recording() as log, torch.cuda.graph(graph):
+            out = rt.sdpa_decode(q, k, v, lengths)
+        tickets = log.records[0].args[_sdpa_decode_kernel.arg_names.index("tickets_ptr")]
+        assert log.records[0].grid[1] > 1                                   # it splits: tickets and a merge
+        big = qkv(16, 32, 1, 128, kv_heads=8, seq_kv=8192, dtype=torch.float16, device="cuda")
+        for _ in range(2):
+            rt.sdpa_decode(*big)                                            # grow: a larger call, twice
+        junk = [torch.full((1 << 22,), 7, dtype=torch.int32, device="cuda") for _ in range(8)]   # allocate
+        for new_lengths in ([5, 4096], [4096, 1], [3000, 2222]):
+            lengths.copy_(torch.tensor(new_lengths, dtype=torch.int32))
+            graph.replay()                                                  # replay
+            torch.cuda.synchronize()
+            ref, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+            torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+            assert int(tickets.abs().sum()) == 0
+    assert all(int(j[0]) == 7 for j in junk)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replayed_concurrently_on_two_streams_never_share_counters():
+    """torch.cuda.graph() captures on one shared stream: two graphs replayed at once on two streams must not
+    count each other's tickets (a miscount would leave a row block's counter wrong for good)."""
+    with rt.use_backend("triton", strict=True):
+        cases, graphs = [], []
+        for seed_lengths in ([4096, 700], [1000, 3000]):
+            q, k, v = qkv(2, 8, 1, 128, kv_heads=2, seq_kv=4096, dtype=torch.float16, device="cuda")
+            lengths = torch.tensor(seed_lengths, device="cuda", dtype=torch.int32)
+            rt.sdpa_decode(q, k, v, lengths)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = rt.sdpa_decode(q, k, v, lengths)
+            cases.append((q, k, v, lengths, out))
+            graphs.append(graph)
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        torch.cuda.synchronize()
+        for _ in range(50):
+            for graph, stream in zip(graphs, streams):
+                with torch.cuda.stream(stream):
+                    graph.replay()
+        torch.cuda.synchronize()
+    for q, k, v, lengths, out in cases:
+        ref, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+        torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+
+
+@pytest.mark.gpu
+def test_a_steady_state_decode_step_never_syncs_with_the_host():
+    """RLX_TRITON_CHECK_VALUES=auto (the default) reads no CUDA index tensor: after a warm-up call, sdpa_decode
+    (contiguous and paged), flash_attn_with_kvcache (appending one token) and scaled_dot_product_attention
+    run with torch's sync debug mode raising on any host sync."""
+    q, k, v = qkv(4, 32, 1, 128, kv_heads=8, seq_kv=2048, dtype=torch.float16, device="cuda")
+    lengths = torch.tensor([2048, 1, 700, 1500], device="cuda", dtype=torch.int32)
+    pages = torch.randn(64, 8, 128, 128, device="cuda", dtype=torch.float16)
+    table = torch.randperm(64, device="cuda").to(torch.int32).view(4, 16)
+    fa_q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.float16)
+    k_cache, v_cache = (torch.randn(4, 2048, 8, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    new_k, new_v = (torch.randn(4, 1, 8, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    fa_lengths = torch.tensor([10, 300, 2000, 0], device="cuda", dtype=torch.int32)
+
+    def step():
+        rt.sdpa_decode(q, k, v, lengths)
+        rt.sdpa_decode(q, pages, pages, lengths, block_table=table)
+        rt.flash_attn_with_kvcache(fa_q, k_cache, v_cache, new_k, new_v, cache_seqlens=fa_lengths, causal=True)
+        rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    with rt.use_backend("triton", strict=True):
+        step()                                                              # warm-up: compile, route
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
 def test_torch_compile_on_gpu():
     q, k, v = qkv(2, 8, 1, 64, kv_heads=2, seq_kv=300, dtype=torch.bfloat16, device="cuda")
     compiled = torch.compile(lambda q, k, v: rt.scaled_dot_product_attention(q, k, v, enable_gqa=True),

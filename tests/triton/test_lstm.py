@@ -493,7 +493,7 @@ def test_two_streams_of_lstm_forwards_at_batch_128_and_512_finish_or_refuse_neve
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-c", _TWO_STREAMS], capture_output=True, text=True, timeout=150,
+    done = subprocess.run([sys.executable, "-c", _TWO_STREAMS], capture_output=True, text=True, timeout=60,
                           env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "finished batch 512" in done.stdout
