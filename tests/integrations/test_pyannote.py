@@ -225,14 +225,19 @@ def test_cuda_graphs_reach_the_models_of_a_pipeline():
     assert isinstance(pipeline._segmentation.model.forward, pyannote.SegmentationGraphs)
 
 
+def graphed_segmentation():
+    """(stock, optimized with cuda_graphs=True) segmentation-3.0-shaped models on the GPU, TF32 off."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    stock = make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda()
+    return stock, pyannote.optimize(copy.deepcopy(stock), cuda_graphs=True)
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_capture_the_segmentation_forward_per_shape_and_replay_it():
     """The first call of a shape runs eagerly, the second captures, later ones replay the graph: the same
     values as the stock model; a weight edited in place is captured again; another shape runs eagerly."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    stock = make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda()
-    model = pyannote.optimize(copy.deepcopy(stock), cuda_graphs=True)
+    stock, model = graphed_segmentation()
     x = torch.randn(4, 1, 32000, device="cuda")
     with torch.inference_mode():
         want = stock(x)
@@ -260,10 +265,7 @@ def test_cuda_graphs_capture_the_segmentation_forward_per_shape_and_replay_it():
 def test_cuda_graphs_capture_grow_allocate_replay_on_memory_of_their_own():
     """A captured segmentation graph replays correctly after a larger forward ran and new tensors took the
     freed memory: nothing it uses was freed, replaced or shared."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    stock = make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda()
-    model = pyannote.optimize(copy.deepcopy(stock), cuda_graphs=True)
+    stock, model = graphed_segmentation()
     x = torch.randn(2, 1, 32000, device="cuda")
     with torch.inference_mode():
         want = stock(x)
