@@ -13,8 +13,11 @@
      group's counter), so a layer is one launch: W_hh read once per layer, every SM of a group busy.
      A barrier that waits for programs that are not resident deadlocks, so the launcher checks that
      every program of the launch fits on the device at once, from the compiled kernel's registers,
-     shared memory and warps and the device's SM count (`co_residency_refusal`), and otherwise runs
-     the persistent candidate of the same precision (`fallback_candidate`). Where programs do not
+     shared memory and warps and the tensors' GPU (`co_residency_refusal`), and launches it as a
+     cooperative grid (`launch_cooperative_grid`: the driver runs it whole or refuses it, whatever
+     other streams, MPS clients or a sanitizer hold). A refusal, at plan time or by the driver, runs
+     the persistent candidate of the same precision (`fallback_candidate`) with one warning, and
+     rt.explain's `runs` line says so and why. Where programs do not
      run concurrently (the CPU interpreter runs them one after another) a group of several
      programs runs one launch per step instead, the launch boundary as its barrier: the same
      arithmetic, which the interpreter checks.
