@@ -54,28 +54,35 @@ def test_a_plan_of_cpu_tensors_takes_no_device_guard(monkeypatch):
     assert bool((out == 2.0).all())
 
 
-def test_a_cooperative_record_is_launched_with_launch_cooperative_grid(monkeypatch):
+def test_a_cooperative_record_is_launched_with_launch_cooperative_grid_on_a_gpu(monkeypatch):
+    import dataclasses
+
+    from rlx_triton import config
+
     seen = []
-    kernel_class = type(_fill_kernel)
-    original = kernel_class.run
-
-    def spy(self, *args, **kwargs):
-        seen.append(kwargs.get("launch_cooperative_grid"))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(kernel_class, "run", spy)
+    monkeypatch.setattr(type(_fill_kernel), "run", lambda self, *args, **kwargs: seen.append(
+        kwargs.get("launch_cooperative_grid")))
+    monkeypatch.setattr(config, "settings", lambda: dataclasses.replace(config.Settings(), interpret=False))
     out = torch.zeros(20)
     plain = Launch(_fill_kernel, (2,), (out, 20), meta=dict(VALUE=1.0, BLOCK=16))
     cooperative = Launch(_fill_kernel, (2,), (out, 20), meta=dict(VALUE=3.0, BLOCK=16), cooperative=True)
     launches.run([plain, cooperative])
-    assert seen == [None, True] and bool((out == 3.0).all())
+    assert seen == [None, True]
     assert plain.config_key() != cooperative.config_key() and "cooperative" in repr(cooperative)
 
 
+def test_the_interpreter_runs_a_cooperative_record_without_the_option():
+    out = torch.zeros(20)
+    launches.run([Launch(_fill_kernel, (2,), (out, 20), meta=dict(VALUE=3.0, BLOCK=16), cooperative=True)])
+    assert bool((out == 3.0).all())
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_kernels_on_the_second_gpu_run_there_whichever_device_is_current():
     import rlx_triton as rt
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
 
     out = torch.zeros(20, device="cuda:1")
     q, k, v = (torch.randn(2, 8, 1, 64, device="cuda:1") for _ in range(3))

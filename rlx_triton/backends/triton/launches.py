@@ -412,17 +412,25 @@ def planning() -> contextlib.AbstractContextManager:
     return recording(execute=False)
 
 
+def _launch_options(record: Launch) -> Dict[str, Any]:
+    """The record's launch options, for a GPU launch only: the interpreter runs programs one after another,
+    where a cooperative grid means nothing, and older interpreters reject options they do not know."""
+    from rlx_triton.config import settings
+
+    return {} if settings().interpret else record.launch_options()
+
+
 def _launch(record: Launch) -> None:
     kernel = record.kernel
     if record.route is not None and getattr(kernel, "autotuner", None) is not None:
         config_keys = set(kernel.config_of(record.route.candidate).kwargs) if record.route.candidate is not None \
             else set()
         flags = {key: value for key, value in record.meta.items() if key not in config_keys}
-        kernel.launch(record.grid_for or record.grid, record.route, *record.args, **flags, **record.launch_options())
+        kernel.launch(record.grid_for or record.grid, record.route, *record.args, **flags, **_launch_options(record))
         return
     jit = record.jit
     jit[record.grid](*record.args, **record.meta, num_warps=record.num_warps, num_stages=record.num_stages,
-                     **record.launch_options())
+                     **_launch_options(record))
 
 
 def launch_device(plan: Sequence[Launch]):
