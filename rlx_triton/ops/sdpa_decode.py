@@ -675,7 +675,10 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Layout (torch SDPA's): query (B, Hq, Lq, D); k_cache (B, Hkv, S_max, D); v_cache (B, Hkv, S_max, Dv),
     Hkv dividing Hq (query head h reads KV head h // (Hq // Hkv)). cache_seqlens: int32/int64 (B,), each
     in [1, S_max] (None: every sequence uses all S_max positions); keys at or past a sequence's length
-    are never read. The Lq query tokens are the last Lq positions of each sequence's valid part: causal
+    are never read. The values of cache_seqlens and block_table are checked only where
+    RLX_TRITON_CHECK_VALUES allows it (by default where they are on the CPU: on a GPU it would be a host
+    sync); unchecked, the kernel clamps lengths to [0, S_max] (0: the sequence gives 0 and lse -inf) and
+    drops keys whose page is outside k_cache. The Lq query tokens are the last Lq positions of each sequence's valid part: causal
     masking is bottom-right within the valid length (the FlashAttention kv-cache convention), so token i
     sees keys j <= i + L_b - Lq and a token with none gives 0. scale defaults to 1/sqrt(D).
     Paged cache: block_table (B, pages) int32/int64 lists each sequence's pages in order, k_cache is
