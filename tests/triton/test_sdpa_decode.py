@@ -81,6 +81,15 @@ def test_head_dim_256():
     run_and_check(q, k, v)
 
 
+@pytest.mark.parametrize("head_dim_v,chunk", [(64, 4), (200, 1)])
+def test_the_merge_reads_several_partials_at_once_except_for_the_widest_value_tiles(head_dim_v, chunk):
+    # 8 splits, 5 of them live (80 keys in tiles of 16): with 4 partials per step the second holds one
+    q, k, v = make_qkv(1, 2, 1, 1, 80, 16, head_dim_v=head_dim_v)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(split_k=8), sm_count=SPLITTING_SMS)
+    assert plan[0].meta["MERGE_CHUNK"] == chunk and plan[0].grid[1] == 8
+    run_and_check(q, k, v, cand=candidate(split_k=8))
+
+
 @pytest.mark.parametrize("mask_shape", [(17,), (3, 17), (2, 1, 1, 17), (1, 4, 3, 17)],
                          ids=["keys", "tokens-keys", "batch", "heads"])
 def test_bool_mask_broadcasts_without_materialisation(mask_shape):

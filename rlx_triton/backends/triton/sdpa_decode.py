@@ -87,10 +87,15 @@ MAX_LIFTED_SPLITS = 128
 # partials one program merges per row: more live splits merge in two levels of at most this many
 MERGE_GROUP = 16
 MAX_MERGE_GROUPS = MAX_LIFTED_SPLITS // MERGE_GROUP
-# partials a merge reads at once (their loads in flight together); divides MERGE_GROUP
+# partials a merge reads at once (their loads in flight together; divides MERGE_GROUP) where Dv is at most
+# 128; at Dv 256 the tiles of several partials would cost occupancy (sm_90: 168 -> 255 registers), so one
 MERGE_CHUNK = 4
+
+
+def merge_chunk(block_dv: int) -> int:
+    """Partials the merge reads at once for Dv tiles of `block_dv`."""
+    return MERGE_CHUNK if block_dv <= 128 else 1
 _MERGE_GROUP, _MAX_MERGE_GROUPS = tl.constexpr(MERGE_GROUP), tl.constexpr(MAX_MERGE_GROUPS)  # the kernel's copies
-_MERGE_CHUNK = tl.constexpr(MERGE_CHUNK)
 
 
 def kv_bucket(seq_kv: int) -> int:
@@ -213,7 +218,7 @@ def _sdpa_decode_kernel(
     MAX_SPLITS: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr,
     SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False, ALIBI: tl.constexpr = 0,
-    BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
+    BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 4,
 ):
     pid_bhm = tl.program_id(0)
     split = tl.program_id(1)
@@ -383,7 +388,8 @@ def _sdpa_decode_kernel(
             ticket = tl.atomic_add(tickets_ptr + pid_bhm, 1, sem="acq_rel", scope="gpu")
             if ticket == live - 1:  # the last live split merges all of them
                 merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
-                                                      0, 1, live, out_mask, row_valid, BLOCK_M, BLOCK_DV)
+                                                      0, 1, live, out_mask, row_valid, BLOCK_M, BLOCK_DV,
+                                                      MERGE_CHUNK)
                 _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask, row_valid)
                 tl.store(tickets_ptr + pid_bhm, 0)  # every live split has taken its ticket: ready for the next launch
         else:
@@ -396,7 +402,8 @@ def _sdpa_decode_kernel(
             ticket = tl.atomic_add(group_counter, 1, sem="acq_rel", scope="gpu")
             if ticket == in_group - 1:  # the last split of its group merges the group into the group's first slot
                 merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
-                                                      first, 1, in_group, out_mask, row_valid, BLOCK_M, BLOCK_DV)
+                                                      first, 1, in_group, out_mask, row_valid, BLOCK_M, BLOCK_DV,
+                                                      MERGE_CHUNK)
                 tl.store(part_o_ptr + (part_rows + first)[:, None] * head_dim_v + offs_dv[None, :], merged,
                          mask=out_mask)
                 tl.store(part_lse_ptr + part_rows + first, merged_lse2, mask=row_valid)
@@ -406,7 +413,7 @@ def _sdpa_decode_kernel(
                 if ticket == groups - 1:  # the last group merges the groups (every MERGE_GROUP-th slot)
                     merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
                                                           0, _MERGE_GROUP, groups, out_mask, row_valid, BLOCK_M,
-                                                          BLOCK_DV)
+                                                          BLOCK_DV, MERGE_CHUNK)
                     _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask,
                                 row_valid)
                     tl.store(tickets_ptr + pid_bhm, 0)
@@ -414,7 +421,7 @@ def _sdpa_decode_kernel(
 
 @triton.jit
 def _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v, first, step, count, out_mask,
-                    row_valid, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    row_valid, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, MERGE_CHUNK: tl.constexpr):
     """(output, base-2 LSE) of `count` <= MERGE_GROUP normalised partials of the rows, slots first + i * step,
     merged in slot order. Partials written by other SMs are read from L2 (.cg)."""
     offs_s = tl.arange(0, _MERGE_GROUP)
@@ -426,18 +433,18 @@ def _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v, fi
     denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
     merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     # MERGE_CHUNK partials per step, all their loads issued before the first is used: one L2 round trip per
-    # chunk instead of one per partial. The adds stay one partial at a time in slot order
-    for i0 in range(0, count, _MERGE_CHUNK):
+    # chunk instead of one per partial (`merge_chunk`). The adds stay one partial at a time in slot order
+    for i0 in range(0, count, MERGE_CHUNK):
         weights = ()
         parts = ()
-        for c in tl.static_range(_MERGE_CHUNK):
+        for c in tl.static_range(MERGE_CHUNK):
             slot = first + (i0 + c) * step
             present = row_valid & ((i0 + c + tl.zeros_like(part_rows)) < count)   # per row: masks combine as vectors
             weights = weights + (tl.load(part_lse_ptr + part_rows + slot, mask=present, other=float("-inf"),
                                          cache_modifier=".cg"),)
             parts = parts + (tl.load(part_o_ptr + (part_rows + slot)[:, None] * head_dim_v + offs_dv[None, :],
                                      mask=out_mask & present[:, None], other=0.0, cache_modifier=".cg"),)
-        for c in tl.static_range(_MERGE_CHUNK):
+        for c in tl.static_range(MERGE_CHUNK):
             merged += tl.exp2(weights[c] - m)[:, None] * parts[c]
     # as for l in the kernel: a NaN partial LSE makes denom NaN, which must not read as "no keys"
     no_keys = denom == 0.0
@@ -538,6 +545,7 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
         BLOCK_DV=block_dv,
         MAX_SPLITS=max(1, triton.next_power_of_2(int(candidate.split_k))),
         DOT_LOWP=lowp,
+        MERGE_CHUNK=merge_chunk(block_dv),
         num_warps=num_warps,
         num_stages=1 if _interpreting() else NUM_STAGES,
     )
@@ -746,8 +754,8 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             float(scale) * LOG2E,
             float(softcap) if softcap > 0 else 1.0, int(window[0]), int(window[1]),
             triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv))
-    flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MASK_KIND=mask_kind,
-                 CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
+    flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MERGE_CHUNK=meta["MERGE_CHUNK"],
+                 MASK_KIND=mask_kind, CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
                  PAGED=block_table is not None, SOFTCAP=softcap > 0, WINDOW=tuple(window) != (-1, -1),
                  ALIBI=alibi_mode, BATCH_IDX=cache_batch_idx is not None, LEFTPAD=cache_leftpad is not None)
     counts = dict(bytes_read=read, bytes_written=written, flops=flops, unit=unit)
@@ -891,7 +899,7 @@ SPEED_EVIDENCE: dict = {_WIDEST_SPLITS: "estimated by rlx-triton perf (uncalibra
 
 _AUDIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "MAX_SPLITS", "MASK_KIND", "CAUSAL", "HAS_SEQLENS",
-               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD")
+               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD", "MERGE_CHUNK")
 _SIGNATURE = {name: ("constexpr" if name in _CONSTEXPRS else "i32") for name in _sdpa_decode_kernel.arg_names}
 _SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8", "seqlens_ptr": "*i32",
                    "block_table_ptr": "*i32", "alibi_ptr": "*fp32", "batch_idx_ptr": "*i32", "leftpad_ptr": "*i32",
