@@ -1,11 +1,70 @@
 #!/usr/bin/env bash
-# The whole GPU verification in one command (under 8 minutes on an H200), with the machine's own
-# torch and triton: nothing is installed. Runs the GPU-marked tests (every kernel on CUDA tensors
-# against float64 references, graph capture, torch.compile), then the benchmarks in quick mode, and
-# writes bench/results/<date>-<gpu>.{md,json,png} plus the test log. If $OUT is set (the device
-# tool's output folder), the results are copied there too.
+# The whole GPU verification in one command (under 8 minutes on an H200, from a bare machine), with the
+# machine's own torch and triton: nothing is installed. Named checks, each under its own time budget
+# (`timeout`), so one that hangs costs its budget and the others still run:
+#
+#   bash bench/gpu_check.sh             every check, in order
+#   bash bench/gpu_check.sh --list      each check with its budget, and their sum (at most 480 s)
+#   bash bench/gpu_check.sh NAME ...    only those checks
+#
+# Results go to bench/results/<date>-<gpu>.{md,json,png} plus one log per check; if $OUT is set (the device
+# tool's output folder), they are copied there too. Exit status 0 only when every check run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+CHECKS=(env gpu-tests graphs no-sync two-streams sanitizer multi-gpu bench)
+declare -A BUDGET=(
+  [env]=10 [gpu-tests]=170 [graphs]=40 [no-sync]=30 [two-streams]=70 [sanitizer]=60 [multi-gpu]=10 [bench]=90
+)
+declare -A WHAT=(
+  [env]="torch, triton, driver and GPU"
+  [gpu-tests]="every other GPU-marked test: each kernel on CUDA tensors vs float64, graphs, torch.compile"
+  [graphs]="capture -> grow -> allocate -> replay: decode (counters back to 0, two streams) and the PyanNet graph"
+  [no-sync]="torch.cuda.set_sync_debug_mode('error') around steady-state decode calls and a PyanNet forward"
+  [two-streams]="two streams x LSTM at B=128 and B=512 in a subprocess with a timeout: finish or refuse, never hang"
+  [sanitizer]="compute-sanitizer memcheck and racecheck on small decode and LSTM launches (if the binary exists)"
+  [multi-gpu]="device guard: kernels on cuda:1 while cuda:0 is current (skipped on one GPU)"
+  [bench]="the benchmarks in quick mode"
+)
+# the tests the dedicated checks run (gpu-tests deselects them)
+GRAPH_TESTS=(
+  "tests/ops/test_sdpa_decode.py::test_cuda_graph_capture_grow_allocate_replay_keeps_its_own_counters"
+  "tests/ops/test_sdpa_decode.py::test_cuda_graphs_replayed_concurrently_on_two_streams_never_share_counters"
+  "tests/integrations/test_pyannote.py::test_cuda_graphs_capture_grow_allocate_replay_on_memory_of_their_own"
+)
+NO_SYNC_TESTS=(
+  "tests/ops/test_sdpa_decode.py::test_a_steady_state_decode_step_never_syncs_with_the_host"
+  "tests/integrations/test_pyannote.py::test_a_steady_state_segmentation_forward_never_syncs_with_the_host"
+)
+TWO_STREAMS_TESTS=(
+  "tests/triton/test_lstm.py::test_two_streams_of_lstm_forwards_at_batch_128_and_512_finish_or_refuse_never_hang"
+)
+MULTI_GPU_TESTS=(
+  "tests/triton/test_launches.py::test_kernels_on_the_second_gpu_run_there_whichever_device_is_current"
+)
+
+list_checks() {
+  local total=0 name
+  for name in "${CHECKS[@]}"; do
+    printf '%-12s %4d s  %s\n' "$name" "${BUDGET[$name]}" "${WHAT[$name]}"
+    total=$((total + BUDGET[$name]))
+  done
+  printf '%-12s %4d s\n' "total" "$total"
+}
+
+if [ "${1:-}" = "--list" ]; then
+  list_checks
+  exit 0
+fi
+selected=("$@")
+[ ${#selected[@]} -eq 0 ] && selected=("${CHECKS[@]}")
+for name in "${selected[@]}"; do
+  if [ -z "${BUDGET[$name]+set}" ]; then
+    echo "gpu_check: unknown check '$name'; checks: ${CHECKS[*]}" >&2
+    exit 2
+  fi
+done
+
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 RLX_TRITON_TUNE_CACHE="${RLX_TRITON_TUNE_CACHE:-/tmp/rlx_triton_tune.tsv}"
 PY=${PYTHON:-python3}
@@ -17,21 +76,58 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
   echo "gpu_check: no CUDA GPU visible to torch" >&2
   exit 2
 fi
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-
 gpu=$($PY -c "import torch; print(''.join(c if c.isalnum() else '-' for c in torch.cuda.get_device_name()).strip('-').lower())")
-log="$RESULTS/$stamp-$gpu-tests.log"
-echo "== GPU tests (log: $log)"
-timeout 270 $PY -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$log"
-tests_rc=${PIPESTATUS[0]}
+PYTEST=($PY -m pytest -q -p no:cacheprovider -m gpu -rs)
 
-echo "== benchmarks (quick)"
-timeout 180 $PY bench/run.py --quick --out "$RESULTS"
-bench_rc=$?
+check_env() {
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPU(s)')" &&
+    { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; }
+}
+check_gpu-tests() {
+  local deselect=() test
+  for test in "${GRAPH_TESTS[@]}" "${NO_SYNC_TESTS[@]}" "${TWO_STREAMS_TESTS[@]}" "${MULTI_GPU_TESTS[@]}"; do
+    deselect+=(--deselect "$test")
+  done
+  timeout "$1" "${PYTEST[@]}" "${deselect[@]}" tests
+}
+check_graphs() { timeout "$1" "${PYTEST[@]}" "${GRAPH_TESTS[@]}"; }
+check_no-sync() { timeout "$1" "${PYTEST[@]}" "${NO_SYNC_TESTS[@]}"; }
+check_two-streams() { timeout "$1" "${PYTEST[@]}" "${TWO_STREAMS_TESTS[@]}"; }
+check_multi-gpu() { timeout "$1" "${PYTEST[@]}" "${MULTI_GPU_TESTS[@]}"; }
+check_sanitizer() {
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -z "$sanitizer" ]; then
+    echo "skipped: compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"
+    return 0
+  fi
+  # every tensor its own allocation, so memcheck sees a read past one; half the budget per tool
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout $(($1 / 2)) "$sanitizer" --tool memcheck --error-exitcode 1 \
+    $PY bench/gpu_sanitize.py decode lstm &&
+    timeout $(($1 / 2)) "$sanitizer" --tool racecheck --error-exitcode 1 $PY bench/gpu_sanitize.py decode lstm
+}
+check_bench() { timeout "$1" $PY bench/run.py --quick --out "$RESULTS"; }
 
-echo "== summary: tests exit $tests_rc, benchmarks exit $bench_rc"
+failed=()
+for name in "${selected[@]}"; do
+  log="$RESULTS/$stamp-$gpu-$name.log"
+  echo "== $name (budget ${BUDGET[$name]} s; log: $log)"
+  start=$SECONDS
+  "check_$name" "${BUDGET[$name]}" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$log"
+  if [ "$rc" -eq 124 ]; then
+    failed+=("$name (over its budget)")
+  elif [ "$rc" -ne 0 ]; then
+    failed+=("$name (exit $rc)")
+  fi
+done
+
 if [ -n "${OUT:-}" ]; then
   cp "$RESULTS/$stamp-$gpu"* "$OUT"/ 2>/dev/null || true
 fi
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "== summary: failed: ${failed[*]}"
+  exit 1
+fi
+echo "== summary: every check passed (${selected[*]})"

@@ -8,6 +8,9 @@ RLX_TRITON_TUNE_CACHE       path of the winner table (default $XDG_CACHE_HOME/rl
 RLX_TRITON_TUNE_CACHE_LOAD, RLX_TRITON_TUNE_CACHE_PERSIST   0/1 (default 1)
 RLX_TRITON_TUNE_CACHE_MAX_ENTRIES                          positive int (default 256)
 RLX_TRITON_TUNE_CACHE_EVICTION                             keep-low | keep-high | lru (default keep-low)
+RLX_TRITON_CHECK_VALUES     1 | 0 | auto: the input checks that read index tensors' values (cache lengths, pages,
+                            cache rows; a host sync on a GPU) run always, never, or only where those tensors
+                            are on the CPU (default auto)
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Mapping, Optional
 BACKEND_NAMES = ("auto", "triton", "metal", "torch")
 PROFILE_NAMES = ("ultra_low_latency", "balanced", "high_fidelity", "deterministic")
 EVICTION_NAMES = ("keep-low", "keep-high", "lru")
+CHECK_VALUES_NAMES = ("auto", "1", "0")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -38,6 +42,7 @@ class Settings:
     tune_cache_max_entries: int = 256
     tune_cache_eviction: str = "keep-low"
     interpret: bool = False  # TRITON_INTERPRET=1: triton kernels run on CPU tensors
+    check_values: str = "auto"  # "1" always, "0" never, "auto" where the index tensors are on the CPU
 
 
 def _flag(env: Mapping[str, str], name: str, default: Optional[bool]) -> Optional[bool]:
@@ -85,7 +90,19 @@ def settings_from(env: Mapping[str, str]) -> Settings:
         tune_cache_max_entries=max_entries,
         tune_cache_eviction=_choice(env, "RLX_TRITON_TUNE_CACHE_EVICTION", "keep-low", EVICTION_NAMES),
         interpret=bool(_flag(env, "TRITON_INTERPRET", False)),
+        check_values=_check_values(env),
     )
+
+
+def _check_values(env: Mapping[str, str]) -> str:
+    """RLX_TRITON_CHECK_VALUES as "1", "0" or "auto" (true/false words are taken as 1/0)."""
+    raw = env.get("RLX_TRITON_CHECK_VALUES")
+    if raw is None or raw.strip().lower() in ("auto", ""):
+        return "auto"
+    try:
+        return "1" if _flag(env, "RLX_TRITON_CHECK_VALUES", None) else "0"
+    except ValueError:
+        raise ValueError(f"RLX_TRITON_CHECK_VALUES must be one of 1, 0, auto, got {raw!r}") from None
 
 
 @functools.lru_cache(maxsize=1)

@@ -28,6 +28,7 @@ import torch
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from rlx_triton.caches import BoundedCache
+from rlx_triton.config import settings
 from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
@@ -577,10 +578,17 @@ def _check_cache_lengths(cache_seqlens: torch.Tensor, s_max: int) -> None:
 
 
 def _values_readable(tensor: torch.Tensor) -> bool:
-    """Whether a check may read the tensor's values (a host sync): not while compiling, tracing fakes or
-    capturing a CUDA graph, where the values are the caller's contract."""
+    """Whether a check may read the tensor's values (on a GPU a host sync, so a decode step would wait for
+    the GPU), by RLX_TRITON_CHECK_VALUES: "1" always, "0" never, "auto" (the default) only where the tensor
+    is on the CPU. Never while compiling, tracing fakes or capturing a CUDA graph. Unchecked values are the
+    caller's contract; the kernels clamp and mask them, so none reads or writes out of bounds."""
     if torch.compiler.is_compiling() or _is_fake(tensor):
         return False
+    policy = settings().check_values
+    if policy == "0":
+        return False
+    if policy == "auto":
+        return tensor.device.type == "cpu"
     return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
@@ -686,6 +694,10 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             (num_pages, Hkv, page_size, D) for any page size >= 1.
         v_cache: (B, Hkv, S_max, Dv); paged: (num_pages, Hkv, page_size, Dv).
         cache_seqlens: int32/int64 (B,), each in [1, S_max]; None: every sequence uses all S_max positions.
+            The values of cache_seqlens and block_table are checked only where RLX_TRITON_CHECK_VALUES allows
+            it (by default where they are on the CPU: on a GPU the check would be a host sync); unchecked, the
+            kernel clamps lengths to [0, S_max] (0: the sequence gives 0 and lse -inf) and drops keys whose
+            page is outside k_cache.
         scale: the score scale (default 1/sqrt(D)).
         return_lse: also return the log-sum-exp of each row's scores.
         block_table: int32/int64 (B, pages), each sequence's pages in order; S_max = pages x page_size and

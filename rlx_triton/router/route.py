@@ -93,6 +93,8 @@ class Route:
         request: the Request routed: family, op, shape fields, dtype, device, features.
         tune_key: the winner-table key of the request's bucket (None on torch).
         module: the backend module whose launcher runs the call (not compared, not printed).
+        execution: set by explain where the launcher decides more at launch time (the module's
+            `explain_execution(request, candidate)`): how the kernel runs there, and why.
 
     Properties: skipped_reasons ({backend: Refusal}). str(route) prints every field that is set.
     """
@@ -111,6 +113,7 @@ class Route:
     request: Optional[Request] = None
     tune_key: Any = None
     module: Optional[ModuleType] = field(default=None, compare=False, repr=False)
+    execution: Optional[str] = None
 
     @property
     def skipped_reasons(self) -> Dict[str, Refusal]:
@@ -130,6 +133,8 @@ class Route:
             rows.append(f"  accuracy   {self.approval.label()}")
         if self.speed:
             rows.append(f"  speed      {self.speed} (label only)")
+        if self.execution:
+            rows.append(f"  runs       {self.execution}")
         for name, refusal in self.skipped:
             rows.append(f"  skipped    {name}: {refusal}")
         return "\n".join(rows)
@@ -401,4 +406,8 @@ def explain(op, *args, **kwargs) -> Route:
         raise TypeError(f"explain: {getattr(op, '__name__', op)!r} is not an rlx_triton op")
     request = build(*args, **kwargs)
     decided = route(request)
-    return decided if decided.request == request else replace(decided, request=request)
+    if decided.request != request:
+        decided = replace(decided, request=request)
+    runs = getattr(decided.module, "explain_execution", None) if decided.candidate is not None else None
+    execution = runs(request, decided.candidate) if runs is not None else None
+    return replace(decided, execution=execution) if execution else decided

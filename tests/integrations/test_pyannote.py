@@ -172,6 +172,22 @@ def test_segmentation_3_0_shape_on_cuda_after_optimize():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+def test_a_steady_state_segmentation_forward_never_syncs_with_the_host():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = pyannote.optimize(make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda())
+    x = torch.randn(2, 1, 32000, device="cuda")
+    with torch.inference_mode():
+        model(x)                                                            # warm-up: compile, route, pack
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 # ------------------------------------------------------------------------ cuda_graphs=True
 def test_cuda_graphs_off_cuda_run_eagerly_and_explain_says_why():
     model = make_pyannet(hidden=8, linear_hidden=8)
@@ -209,14 +225,19 @@ def test_cuda_graphs_reach_the_models_of_a_pipeline():
     assert isinstance(pipeline._segmentation.model.forward, pyannote.SegmentationGraphs)
 
 
+def graphed_segmentation():
+    """(stock, optimized with cuda_graphs=True) segmentation-3.0-shaped models on the GPU, TF32 off."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    stock = make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda()
+    return stock, pyannote.optimize(copy.deepcopy(stock), cuda_graphs=True)
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_capture_the_segmentation_forward_per_shape_and_replay_it():
     """The first call of a shape runs eagerly, the second captures, later ones replay the graph: the same
     values as the stock model; a weight edited in place is captured again; another shape runs eagerly."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    stock = make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda()
-    model = pyannote.optimize(copy.deepcopy(stock), cuda_graphs=True)
+    stock, model = graphed_segmentation()
     x = torch.randn(4, 1, 32000, device="cuda")
     with torch.inference_mode():
         want = stock(x)
@@ -238,6 +259,25 @@ def test_cuda_graphs_capture_the_segmentation_forward_per_shape_and_replay_it():
     with torch.inference_mode():
         assert pyannote.explain(model, x)["#cuda_graphs"].decision == "capture"
         torch.testing.assert_close(model(x), stock(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_capture_grow_allocate_replay_on_memory_of_their_own():
+    """A captured segmentation graph replays correctly after a larger forward ran and new tensors took the
+    freed memory: nothing it uses was freed, replaced or shared."""
+    stock, model = graphed_segmentation()
+    x = torch.randn(2, 1, 32000, device="cuda")
+    with torch.inference_mode():
+        want = stock(x)
+        model(x)
+        model(x)                                                            # captured
+        assert pyannote.explain(model, x)["#cuda_graphs"].decision == "replay"
+        big = torch.randn(8, 1, 160000, device="cuda")
+        torch.testing.assert_close(model(big), stock(big), rtol=1e-4, atol=1e-4)    # grow
+        junk = [torch.full((1 << 22,), float("nan"), device="cuda") for _ in range(8)]   # allocate
+        for _ in range(3):
+            torch.testing.assert_close(model(x), want, rtol=1e-4, atol=1e-4)          # replay
+    assert all(bool(j[:1].isnan().all()) for j in junk)
 
 
 def test_rt_explain_of_an_optimized_model_is_pyannote_explain():

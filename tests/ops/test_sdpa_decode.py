@@ -2,6 +2,10 @@
 torch.library registration (opcheck, torch.compile), and the GPU checks (CUDA graphs, every dtype)."""
 from __future__ import annotations
 
+import contextlib
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -342,6 +346,73 @@ def test_sdpa_decode_rejects_bad_cache_seqlens(lengths, error, match):
         rt.sdpa_decode(q, k, v, lengths)
 
 
+# --- RLX_TRITON_CHECK_VALUES: which checks read index values ---------------------------------------
+@contextlib.contextmanager
+def refusing_value_reads(monkeypatch):
+    """A block in which every way of reading a tensor's values on the host (a sync on a GPU) raises."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a check read a tensor's values")
+
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "__int__", "__bool__", "__index__", "__float__"):
+            patched.setattr(torch.Tensor, name, refuse)
+        yield
+
+
+def test_check_values_0_reads_no_index_value_and_the_kernel_clamps_them(monkeypatch):
+    from rlx_triton.config import override_settings
+
+    q, k, v = qkv(2, 2, 1, 16)
+    lengths = torch.tensor([0, 30])         # outside [1, S_max=23]: checked (and refused) under auto on the CPU
+    pages = torch.randn(4, 2, 8, 16)
+    table = torch.tensor([[0, 9, 1], [2, 3, -1]])   # pages 9 and -1 are outside the cache
+    with override_settings(check_values="0"), rt.use_backend("triton", strict=True):
+        with refusing_value_reads(monkeypatch):
+            out, lse = rt.sdpa_decode(q, k, v, lengths, return_lse=True)
+            paged = rt.sdpa_decode(q, pages, pages, torch.tensor([24, 17]), block_table=table)
+    assert bool((out[0] == 0).all()) and bool((lse[0] == -math.inf).all())   # length 0: no key
+    assert_like_torch(out[1:], q[1:], k[1:], v[1:])                          # length 30: all 23 keys
+    kept = torch.cat([pages[0], pages[1]], dim=1)[None], torch.cat([pages[2], pages[3]], dim=1)[None]
+    assert_like_torch(paged[:1], q[:1], kept[0], kept[0])       # page 9 dropped: pages 0 and 1 (24 keys wanted)
+    assert_like_torch(paged[1:], q[1:], kept[1], kept[1])       # page -1 dropped: pages 2 and 3 (17 keys wanted)
+
+
+def test_check_values_auto_and_1_still_refuse_bad_lengths_on_the_cpu():
+    from rlx_triton.config import override_settings
+
+    q, k, v = qkv(2, 2, 1, 16)
+    for policy in ("auto", "1"):
+        with override_settings(check_values=policy), pytest.raises(ValueError, match="cache_seqlens entry"):
+            rt.sdpa_decode(q, k, v, torch.tensor([0, 5]))
+
+
+def test_check_values_auto_reads_only_tensors_on_the_cpu():
+    from rlx_triton.config import override_settings
+    from rlx_triton.ops.sdpa_decode import _values_readable
+
+    on_gpu = SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True)
+    with override_settings(check_values="auto"):
+        assert _values_readable(torch.zeros(2)) and not _values_readable(on_gpu)
+    with override_settings(check_values="0"):
+        assert not _values_readable(torch.zeros(2))
+
+
+def test_flash_attn_with_kvcache_under_check_values_0_reads_no_index_value(monkeypatch):
+    from rlx_triton.config import override_settings
+
+    q = torch.randn(3, 1, 2, 16)
+    k_cache, v_cache = torch.randn(3, 20, 2, 16), torch.randn(3, 20, 2, 16)
+    lengths = torch.tensor([0, 12, 20], dtype=torch.int32)
+    leftpad = torch.tensor([0, 15, 0], dtype=torch.int32)     # past its length: the sequence has no key
+    with override_settings(check_values="0"), rt.use_backend("triton", strict=True):
+        with refusing_value_reads(monkeypatch):
+            out, lse = rt.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, cache_leftpad=leftpad,
+                                                  return_softmax_lse=True)
+    assert bool((out[:2] == 0).all()) and bool((lse[:2] == math.inf).all())   # FA2's output for empty rows
+    assert_like_torch(out[2:].transpose(1, 2), q[2:].transpose(1, 2), k_cache[2:].transpose(1, 2),
+                      v_cache[2:].transpose(1, 2))
+
+
 def test_sdpa_decode_needs_4d_caches():
     q, k, v = qkv(2, 2, 1, 16)
     with pytest.raises(ValueError, match="k_cache must be 4-D"):
@@ -426,6 +497,95 @@ def test_cuda_graph_capture_after_warm_up():
     torch.cuda.synchronize()
     ref, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
     torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_grow_allocate_replay_keeps_its_own_counters():
+    """A graph captured before a larger call and new allocations replays on buffers no later call freed,
+    replaced or shares: outputs against float64 after every replay, its counters back at 0."""
+    from rlx_triton.backends.triton import launches
+    from rlx_triton.backends.triton.sdpa_decode import _sdpa_decode_kernel
+
+    q, k, v = qkv(2, 8, 1, 128, kv_heads=2, seq_kv=4096, dtype=torch.float16, device="cuda")
+    lengths = torch.tensor([4096, 700], device="cuda", dtype=torch.int32)
+    with rt.use_backend("triton", strict=True):
+        rt.sdpa_decode(q, k, v, lengths)                                    # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with launches.recording() as log, torch.cuda.graph(graph):
+            out = rt.sdpa_decode(q, k, v, lengths)
+        tickets = log.records[0].args[_sdpa_decode_kernel.arg_names.index("tickets_ptr")]
+        assert log.records[0].grid[1] > 1                                   # it splits: tickets and a merge
+        big = qkv(16, 32, 1, 128, kv_heads=8, seq_kv=8192, dtype=torch.float16, device="cuda")
+        for _ in range(2):
+            rt.sdpa_decode(*big)                                            # grow: a larger call, twice
+        junk = [torch.full((1 << 22,), 7, dtype=torch.int32, device="cuda") for _ in range(8)]   # allocate
+        for new_lengths in ([5, 4096], [4096, 1], [3000, 2222]):
+            lengths.copy_(torch.tensor(new_lengths, dtype=torch.int32))
+            graph.replay()                                                  # replay
+            torch.cuda.synchronize()
+            ref, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+            torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+            assert int(tickets.abs().sum()) == 0
+    assert all(int(j[0]) == 7 for j in junk)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replayed_concurrently_on_two_streams_never_share_counters():
+    """torch.cuda.graph() captures on one shared stream: two graphs replayed at once on two streams must not
+    count each other's tickets (a miscount would leave a row block's counter wrong for good)."""
+    with rt.use_backend("triton", strict=True):
+        cases, graphs = [], []
+        for seed_lengths in ([4096, 700], [1000, 3000]):
+            q, k, v = qkv(2, 8, 1, 128, kv_heads=2, seq_kv=4096, dtype=torch.float16, device="cuda")
+            lengths = torch.tensor(seed_lengths, device="cuda", dtype=torch.int32)
+            rt.sdpa_decode(q, k, v, lengths)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = rt.sdpa_decode(q, k, v, lengths)
+            cases.append((q, k, v, lengths, out))
+            graphs.append(graph)
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        torch.cuda.synchronize()
+        for _ in range(50):
+            for graph, stream in zip(graphs, streams):
+                with torch.cuda.stream(stream):
+                    graph.replay()
+        torch.cuda.synchronize()
+    for q, k, v, lengths, out in cases:
+        ref, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+        torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+
+
+@pytest.mark.gpu
+def test_a_steady_state_decode_step_never_syncs_with_the_host():
+    """RLX_TRITON_CHECK_VALUES=auto (the default) reads no CUDA index tensor: after a warm-up call, sdpa_decode
+    (contiguous and paged), flash_attn_with_kvcache (appending one token) and scaled_dot_product_attention
+    run with torch's sync debug mode raising on any host sync."""
+    q, k, v = qkv(4, 32, 1, 128, kv_heads=8, seq_kv=2048, dtype=torch.float16, device="cuda")
+    lengths = torch.tensor([2048, 1, 700, 1500], device="cuda", dtype=torch.int32)
+    pages = torch.randn(64, 8, 128, 128, device="cuda", dtype=torch.float16)
+    table = torch.randperm(64, device="cuda").to(torch.int32).view(4, 16)
+    fa_q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.float16)
+    k_cache, v_cache = (torch.randn(4, 2048, 8, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    new_k, new_v = (torch.randn(4, 1, 8, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    fa_lengths = torch.tensor([10, 300, 2000, 0], device="cuda", dtype=torch.int32)
+
+    def step():
+        rt.sdpa_decode(q, k, v, lengths)
+        rt.sdpa_decode(q, pages, pages, lengths, block_table=table)
+        rt.flash_attn_with_kvcache(fa_q, k_cache, v_cache, new_k, new_v, cache_seqlens=fa_lengths, causal=True)
+        rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    with rt.use_backend("triton", strict=True):
+        step()                                                              # warm-up: compile, route
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
 
 
 @pytest.mark.gpu

@@ -142,6 +142,91 @@ def test_onchip_runs_one_launch_per_step_where_programs_run_one_after_another():
     assert [(r.args[10], r.args[11]) for r in records] == [(0, 5), (0, 5)]
 
 
+def test_the_synchronised_launch_is_cooperative_where_programs_wait_for_each_other():
+    """A barrier between programs needs them all resident: that launch asks the driver for a cooperative
+    grid; step launches and groups of one program wait for no other program and launch plainly."""
+    split, single = make(3, 16, 2, True), make(3, 8, 2, True)
+    x, _ = inputs(split, batch=2, seq=5, with_state=False)
+
+    def plan(module, **options):
+        return tk.lstm_plan(x, None, module._flat_weights, has_biases=True, num_layers=2, dropout=0.0,
+                            training=False, bidirectional=True, batch_first=False, candidate=candidate("onchip"),
+                            **options)[0]
+
+    synchronised = plan(split, step_launches=False)
+    assert [r.cooperative for r in synchronised] == [False, True, False, True]     # projection, recurrence
+    assert not any(r.cooperative for r in plan(split))                      # the interpreter's step launches
+    assert not any(r.cooperative for r in plan(single, step_launches=False))
+
+
+def _tiny_gpu():
+    """An H200 profile with one SM: 24 programs that must wait for each other cannot all be resident."""
+    import dataclasses
+
+    from rlx_triton.devices import profile
+    from rlx_triton.router.device import profile_facts
+
+    return profile_facts(dataclasses.replace(profile("h200"), key="h200-1sm", name="NVIDIA H200 (1 SM enabled)",
+                                             sm_count=1))
+
+
+def _meta_call():
+    """A bidirectional layer of 32 units (4 programs of 8) at batch 48 (3 batch tiles): 24 programs, on meta
+    tensors (planned as on a GPU profile, nothing runs)."""
+    module = make(3, 32, 1, True, batch_first=True).to("meta").requires_grad_(False)
+    options = dict(has_biases=True, num_layers=1, dropout=0.0, training=False, bidirectional=True, batch_first=True)
+    return torch.empty(48, 5, 3, device="meta"), module._flat_weights, options
+
+
+def _compiled_like_an_h200(monkeypatch):
+    """The compiled kernel's resources as an H200 compile of this configuration reports them (what the
+    co-residency check reads; compiling it here would take half a minute)."""
+    monkeypatch.setattr(tk, "_compiled_resources", lambda record, facts: (128, 0, 4))
+
+
+def test_a_refused_onchip_recurrence_warns_once_and_explain_says_which_path_runs_and_why(monkeypatch):
+    from rlx_triton.ops import lstm as lstm_op
+    from rlx_triton.router import explain
+    from rlx_triton.router.device import routing_as
+
+    monkeypatch.setattr(tk, "_WARNED", set())
+    _compiled_like_an_h200(monkeypatch)
+    x, weights, options = _meta_call()
+    with routing_as(_tiny_gpu()), launches.recording(execute=False) as log:
+        with pytest.warns(RuntimeWarning, match=r"cannot run synchronised on NVIDIA H200 \(1 SM enabled\): 24 "
+                                                r"programs") as caught:
+            for _ in range(2):
+                tk.lstm(x, None, weights, candidate=candidate("onchip"), **options)
+        route = explain(lstm_op.lstm, x, None, weights, **options)
+    assert len([w for w in caught if w.category is RuntimeWarning]) == 1
+    assert [r.name for r in log.records] == ["_lstm_input_proj_kernel", "_lstm_recurrence_kernel"] * 2
+    assert route.execution.startswith("persistent fallback") and "24 programs" in route.execution
+    assert "runs       persistent fallback" in str(route)
+
+
+def test_a_cooperative_launch_the_driver_refuses_falls_back_with_one_warning_and_is_not_retried(monkeypatch):
+    from rlx_triton.devices import profile
+    from rlx_triton.router.device import routing_as
+
+    monkeypatch.setattr(tk, "_WARNED", set())
+    monkeypatch.setattr(tk, "_REFUSED_LAUNCHES", {})
+
+    def driver(record):   # a GPU whose SMs are partly taken (another stream, MPS, a green context)
+        if record.cooperative:
+            raise RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
+
+    monkeypatch.setattr(launches, "_launch", driver)
+    _compiled_like_an_h200(monkeypatch)
+    x, weights, options = _meta_call()
+    with routing_as(profile("h200")), launches.recording() as log:
+        with pytest.warns(RuntimeWarning, match="driver refused the cooperative launch of 24 programs") as caught:
+            for _ in range(2):
+                tk.lstm(x, None, weights, candidate=candidate("onchip"), **options)
+    assert len([w for w in caught if w.category is RuntimeWarning]) == 1
+    assert [r.name for r in log.records] == ["_lstm_input_proj_kernel", "_lstm_onchip_kernel"] + \
+        ["_lstm_input_proj_kernel", "_lstm_recurrence_kernel"] * 2
+
+
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "given-state"])
 def test_onchip_one_synchronised_launch_equals_the_step_launches(with_state):
     """The same arithmetic either way: one launch over every step (barrier each step) and one launch per
@@ -371,3 +456,45 @@ def test_the_synchronised_onchip_launch_equals_its_step_launches_on_cuda(variant
     torch.cuda.synchronize()
     for a, b in ((synchronised[0], stepped[0]), (synchronised[1][0], stepped[1][0]), (synchronised[1][1], stepped[1][1])):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+# the two-streams check: each batch size's 4-layer BiLSTM forward on two streams at once, against cuDNN
+_TWO_STREAMS = """
+import sys, torch, rlx_triton as rt
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+for batch in (128, 512):
+    stock = torch.nn.LSTM(60, 128, 4, bidirectional=True, batch_first=True).cuda().eval()
+    module = rt.nn.LSTM.from_torch(stock)
+    inputs = [torch.randn(batch, 589, 60, device="cuda") for _ in range(2)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    with torch.no_grad():
+        module(inputs[0])                       # warm-up: compile, route, pack, the co-residency check
+        torch.cuda.synchronize()
+        outputs = [None, None]
+        for _ in range(2):
+            for i, stream in enumerate(streams):
+                with torch.cuda.stream(stream):
+                    outputs[i] = module(inputs[i])[0]
+        torch.cuda.synchronize()
+        for x, out in zip(inputs, outputs):
+            torch.testing.assert_close(out, stock(x)[0], rtol=1e-4, atol=1e-4)
+    print("finished batch", batch, flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_two_streams_of_lstm_forwards_at_batch_128_and_512_finish_or_refuse_never_hang():
+    """Two forwards whose on-chip programs could not all be resident together (B=128: 256 programs each;
+    B=512: 1024, refused at plan time) run on two streams at once in a subprocess: the cooperative launch
+    runs each grid whole or refuses it, so both finish with cuDNN's values; a hang is a timeout here."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", _TWO_STREAMS], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "finished batch 512" in done.stdout
+

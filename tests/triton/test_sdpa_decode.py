@@ -10,12 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import sdpa_decode as tk
 from tests.reference.sdpa_decode import DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SPLITTING_SMS = 64
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
+TICKETS_ARG = tk._sdpa_decode_kernel.arg_names.index("tickets_ptr")
 
 
 def candidate(split_k=2, tile_n=16, tile_m=1, use_f16_kv=True, partial_reduce=True, tg_size=128):
@@ -77,6 +79,15 @@ def test_value_head_dim_may_differ_from_key_head_dim(dtype):
 def test_head_dim_256():
     q, k, v = make_qkv(1, 2, 1, 1, 9, 256, head_dim_v=200, dtype=torch.bfloat16)
     run_and_check(q, k, v)
+
+
+@pytest.mark.parametrize("head_dim_v,chunk", [(64, 4), (200, 1)])
+def test_the_merge_reads_several_partials_at_once_except_for_the_widest_value_tiles(head_dim_v, chunk):
+    # 8 splits, 5 of them live (80 keys in tiles of 16): with 4 partials per step the second holds one
+    q, k, v = make_qkv(1, 2, 1, 1, 80, 16, head_dim_v=head_dim_v)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(split_k=8), sm_count=SPLITTING_SMS)
+    assert plan[0].meta["MERGE_CHUNK"] == chunk and plan[0].grid[1] == 8
+    run_and_check(q, k, v, cand=candidate(split_k=8))
 
 
 @pytest.mark.parametrize("mask_shape", [(17,), (3, 17), (2, 1, 1, 17), (1, 4, 3, 17)],
@@ -373,11 +384,13 @@ def test_one_and_two_level_merges_side_by_side_match_float64(dtype):
     q, k, v = make_qkv(4, 2, 1, 1, 333, 16, dtype=dtype)
     lengths = torch.tensor([1, 256, 272, 333], dtype=torch.int32)
     cand = candidate(split_k=16)
-    plan, _ = tk.sdpa_decode_plan(q, k, v, candidate=cand, sm_count=132, cache_seqlens=lengths)
+    plan, (out, lse) = tk.sdpa_decode_plan(q, k, v, candidate=cand, sm_count=132, cache_seqlens=lengths)
     assert plan[0].grid == (4, 30)
-    for _ in range(2):  # the second launch reuses the group counters the first one left
-        run_and_check(q, k, v, cand=cand, sm_count=132, cache_seqlens=lengths)
-    assert all(int(counters.abs().sum()) == 0 for counters in tk._tickets.values())
+    tickets = plan[0].args[TICKETS_ARG]
+    for _ in range(2):  # the second launch of the record (a graph replay, a benchmark) reuses the counters
+        launches.run(plan)
+        assert int(tickets.abs().sum()) == 0
+    assert_matches(out, lse, *attention_reference(q, k, v, cache_seqlens=lengths), dtype, 333)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -420,9 +433,12 @@ def test_per_sequence_lengths_that_leave_splits_empty(dtype):
 def test_every_launch_leaves_the_ticket_counters_at_zero():
     q, k, v = make_qkv(2, 4, 2, 1, 96, 16)
     lengths = torch.tensor([96, 20], dtype=torch.int32)
-    for _ in range(2):  # the second launch reuses the counters the first one left
-        run_and_check(q, k, v, cand=candidate(split_k=4), sm_count=132, cache_seqlens=lengths)
-    assert all(int(counters.abs().sum()) == 0 for counters in tk._tickets.values())
+    plan, (out, lse) = tk.sdpa_decode_plan(q, k, v, candidate=candidate(split_k=4), sm_count=132,
+                                           cache_seqlens=lengths)
+    for _ in range(2):  # the second launch of the record (a graph replay) reuses the counters the first left
+        launches.run(plan)
+        assert int(plan[0].args[TICKETS_ARG].abs().sum()) == 0
+    assert_matches(out, lse, *attention_reference(q, k, v, cache_seqlens=lengths), torch.float32, 96)
 
 
 # --- the autotune bridge ---------------------------------------------------------------------------
@@ -565,7 +581,6 @@ def test_left_padding_shifts_positions_and_the_splits_share_the_valid_keys(paged
                                     alibi_slopes=slopes)
     assert bool((out[1] == 0).all()) and bool((lse[1] == -math.inf).all())
     assert_matches(out, lse, ref_out, ref_lse, torch.float32, 80)
-    assert all(int(counters.abs().sum()) == 0 for counters in tk._tickets.values())
 
 
 def test_cache_batch_idx_reads_each_sequence_from_its_cache_row():
@@ -578,6 +593,90 @@ def test_cache_batch_idx_reads_each_sequence_from_its_cache_row():
                               candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
     ref_out, ref_lse = attention_reference(q, k, v, cache_seqlens=lengths)
     assert_matches(out, lse, ref_out, ref_lse, torch.float32, 50)
+
+
+# --- index values nobody checked (CUDA graphs, RLX_TRITON_CHECK_VALUES=0): clamped and masked ----------
+def guarded(x, before: int, after: int, dim: int):
+    """x as a view into a larger NaN-filled buffer, with `before` / `after` NaN rows around it along dim: any
+    read outside x turns the output NaN."""
+    shape = list(x.shape)
+    shape[dim] += before + after
+    buffer = torch.full(shape, float("nan"), dtype=x.dtype)
+    inner = buffer.narrow(dim, before, x.shape[dim])
+    inner.copy_(x)
+    return inner
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_sequence_of_length_zero_gives_zero_and_minus_inf_in_every_split_mode(dtype):
+    # [0, 37, 0] over 3 splits: the empty sequences have no live split, yet their rows are written
+    q, k, v = make_qkv(3, 4, 2, 1, 40, 16, dtype=dtype)
+    lengths = torch.tensor([0, 37, 0], dtype=torch.int32)
+    for splits in (1, 4):
+        out, lse = tk.sdpa_decode(q, k, v, cache_seqlens=lengths, candidate=candidate(split_k=splits),
+                                  sm_count=SPLITTING_SMS)
+        assert bool((out[0::2] == 0).all()) and bool((lse[0::2] == -math.inf).all())
+        assert_matches(out, lse, *attention_reference(q, k, v, cache_seqlens=lengths), dtype, 40)
+
+
+def test_lengths_outside_the_cache_are_clamped_and_read_nothing_outside_it():
+    q, k, v = make_qkv(3, 2, 1, 1, 40, 16)
+    k, v = guarded(k, 0, 16, dim=2), guarded(v, 0, 16, dim=2)
+    lengths = torch.tensor([45, -3, 40], dtype=torch.int32)      # clamped to [40, 0, 40]
+    out, lse = tk.sdpa_decode(q, k, v, cache_seqlens=lengths, causal="bottom_right",
+                              candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
+    ref_out, ref_lse = attention_reference(q, k, v, cache_seqlens=lengths.clamp(0, 40), causal="bottom_right")
+    assert_matches(out, lse, ref_out, ref_lse, torch.float32, 40)
+
+
+def test_pages_outside_the_cache_are_dropped_and_never_read():
+    page_size, num_pages = 4, 6
+    q = torch.randn(2, 2, 1, 16)
+    k_pages = guarded(torch.randn(num_pages, 1, page_size, 16), 1, 1, dim=0)
+    v_pages = guarded(torch.randn(num_pages, 1, page_size, 16), 1, 1, dim=0)
+    table = torch.tensor([[0, -1, 1], [2, num_pages, 3]], dtype=torch.int32)
+    lengths = torch.tensor([12, 10], dtype=torch.int32)
+    out, lse = tk.sdpa_decode(q, k_pages, v_pages, cache_seqlens=lengths, block_table=table,
+                              candidate=candidate(split_k=2), sm_count=SPLITTING_SMS)
+    # what is left: sequence 0 pages 0 and 1 (8 keys), sequence 1 page 2 and the first 2 slots of page 3
+    def kept(pages):
+        return torch.stack([torch.cat([pages[p] for p in row], dim=1)[:, :8] for row in ((0, 1), (2, 3))])
+    ref_out, ref_lse = attention_reference(q, kept(k_pages), kept(v_pages), cache_seqlens=torch.tensor([8, 6]))
+    assert_matches(out, lse, ref_out, ref_lse, torch.float32, 12)
+
+
+def test_cache_rows_outside_the_cache_and_left_paddings_past_the_length_see_no_key():
+    q, k, v = make_qkv(4, 2, 1, 1, 24, 16)
+    k_rows, v_rows = guarded(k, 1, 1, dim=0), guarded(v, 1, 1, dim=0)
+    batch_idx = torch.tensor([4, -1, 0, 3], dtype=torch.int32)    # rows 4 and -1 are outside the cache
+    lengths = torch.tensor([24, 24, 20, 24], dtype=torch.int32)
+    leftpad = torch.tensor([0, 0, 30, -5], dtype=torch.int32)     # clamped to [0, 0, 20, 0]
+    out, lse = tk.sdpa_decode(q, k_rows, v_rows, cache_seqlens=lengths, cache_batch_idx=batch_idx,
+                              cache_leftpad=leftpad, candidate=candidate(split_k=2), sm_count=SPLITTING_SMS)
+    assert bool((out[:3] == 0).all()) and bool((lse[:3] == -math.inf).all())
+    ref_out, ref_lse = attention_reference(q[3:], k[3:], v[3:])
+    assert_matches(out[3:], lse[3:], ref_out, ref_lse, torch.float32, 24)
+
+
+def test_a_launch_allocates_its_own_ticket_counters_and_keeps_none():
+    import gc
+    import weakref
+
+    q, k, v = make_qkv(1, 2, 1, 1, 64, 16)
+    small, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
+    big_q, big_k, big_v = make_qkv(4, 8, 2, 1, 64, 16)
+    big, _ = tk.sdpa_decode_plan(big_q, big_k, big_v, candidate=candidate(split_k=4), sm_count=SPLITTING_SMS)
+    first, second = small[0].args[TICKETS_ARG], big[0].args[TICKETS_ARG]
+    assert first.data_ptr() != second.data_ptr() and int(first.abs().sum()) == 0
+    # a larger launch leaves the first one's counters alone (a captured graph still holds them) ...
+    first_ref, second_ref = weakref.ref(first), weakref.ref(second)
+    del first, second, big
+    gc.collect()
+    assert first_ref() is not None and second_ref() is None
+    # ... and once the launch that used them is gone, nothing keeps them
+    del small
+    gc.collect()
+    assert first_ref() is None
 
 
 def test_the_default_launch_compiles_none_of_the_options():

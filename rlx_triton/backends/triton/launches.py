@@ -163,7 +163,10 @@ class Launch:
     candidate the bridge injects and `grid_for` the grid of whichever config runs). args: the positional
     arguments as passed; meta: every remaining parameter by name (constexprs, flags). bytes_read /
     bytes_written: global-memory traffic the launch needs (each byte once); flops: floating-point operations
-    (an FMA is two); unit: what executes them (rlx_triton.devices.UNITS).
+    (an FMA is two); unit: what executes them (rlx_triton.devices.UNITS). cooperative: launched with
+    triton's `launch_cooperative_grid=True` (a kernel whose programs wait for each other at a grid barrier):
+    the driver then makes every program resident at once or refuses the launch, instead of letting a partly
+    resident grid spin forever.
     """
     kernel: Any
     grid: Tuple[int, ...]
@@ -178,6 +181,7 @@ class Launch:
     name: str = ""
     route: Any = None
     grid_for: Optional[Callable[[Mapping[str, Any]], Tuple[int, ...]]] = None
+    cooperative: bool = False
 
     def __post_init__(self):
         grid = tuple(int(g) for g in self.grid)
@@ -206,7 +210,8 @@ class Launch:
 
     @classmethod
     def tuned(cls, tuned_kernel, candidate, grid_for: Callable[[Mapping[str, Any]], Tuple[int, ...]],
-              args: Sequence[Any], meta: Mapping[str, Any], *, route, **counts) -> "Launch":
+              args: Sequence[Any], meta: Mapping[str, Any], *, route, cooperative: bool = False,
+              **counts) -> "Launch":
         """A launch through the autotune bridge with `candidate`'s config (what it injects for `route`)."""
         if route is not None and route.candidate is not None and route.candidate.tag() != candidate.tag():
             raise ValueError(f"Launch.tuned: candidate {candidate.tag()} is not the route's {route.candidate.tag()}")
@@ -214,7 +219,7 @@ class Launch:
         full = {**dict(meta), **config.kwargs}
         return cls(kernel=tuned_kernel, grid=tuple(grid_for(full)), args=tuple(args), meta=full,
                    num_warps=config.num_warps, num_stages=config.num_stages, route=route, grid_for=grid_for,
-                   **counts)
+                   cooperative=cooperative, **counts)
 
     @property
     def jit(self):
@@ -253,11 +258,17 @@ class Launch:
 
     def config_key(self) -> tuple:
         """Identifies the compiled binary: kernel, specialisation and launch options."""
-        return (self.kernel_name, self.specialization().key(), int(self.num_warps), int(self.num_stages))
+        return (self.kernel_name, self.specialization().key(), int(self.num_warps), int(self.num_stages),
+                bool(self.cooperative))
+
+    def launch_options(self) -> Dict[str, Any]:
+        """The launch options the call passes besides num_warps / num_stages (triton's names)."""
+        return {"launch_cooperative_grid": True} if self.cooperative else {}
 
     def __repr__(self) -> str:
         return (f"Launch({self.name}, grid={self.grid}, warps={self.num_warps}, stages={self.num_stages}, "
-                f"bytes={self.bytes}, flops={self.flops}, unit={self.unit})")
+                f"bytes={self.bytes}, flops={self.flops}, unit={self.unit}"
+                f"{', cooperative' if self.cooperative else ''})")
 
 
 # launch options a kernel call may pass besides its parameters, with triton's CUDA defaults
@@ -412,6 +423,14 @@ def one_interpreted_launch_at_a_time() -> contextlib.AbstractContextManager:
     return _interpreted_launch if settings().interpret else contextlib.nullcontext()
 
 
+def _launch_options(record: Launch) -> Dict[str, Any]:
+    """The record's launch options, for a GPU launch only: the interpreter runs programs one after another,
+    where a cooperative grid means nothing, and older interpreters reject options they do not know."""
+    from rlx_triton.config import settings
+
+    return {} if settings().interpret else record.launch_options()
+
+
 def _launch(record: Launch) -> None:
     with one_interpreted_launch_at_a_time():
         _launch_record(record)
@@ -423,24 +442,49 @@ def _launch_record(record: Launch) -> None:
         config_keys = set(kernel.config_of(record.route.candidate).kwargs) if record.route.candidate is not None \
             else set()
         flags = {key: value for key, value in record.meta.items() if key not in config_keys}
-        kernel.launch(record.grid_for or record.grid, record.route, *record.args, **flags)
+        kernel.launch(record.grid_for or record.grid, record.route, *record.args, **flags, **_launch_options(record))
         return
     jit = record.jit
-    jit[record.grid](*record.args, **record.meta, num_warps=record.num_warps, num_stages=record.num_stages)
+    jit[record.grid](*record.args, **record.meta, num_warps=record.num_warps, num_stages=record.num_stages,
+                     **_launch_options(record))
+
+
+def launch_device(plan: Sequence[Launch]):
+    """The device of the first tensor argument of the plan's records (every record of a plan runs on its
+    inputs' device), or None."""
+    for record in plan:
+        for arg in record.args:
+            device = getattr(arg, "device", None)
+            if device is not None and hasattr(arg, "data_ptr"):
+                return device
+    return None
+
+
+def on_device(device) -> contextlib.AbstractContextManager:
+    """Makes a CUDA device current inside the block (`torch.cuda.device`), so triton launches on it and on its
+    current stream: the inputs' GPU, whichever is current outside. Nothing for other devices."""
+    if device is None or getattr(device, "type", None) != "cuda":
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.device(device)
 
 
 def run(plan: Iterable[Launch]) -> None:
-    """Launches the records in order (or, inside `planning()`, only collects them)."""
+    """Launches the records in order (or, inside `planning()`, only collects them), on the device of their
+    tensors (a CUDA device guard: triton launches on the current device's current stream)."""
     logs = _logs.get()
     planning_now = _planning()
-    for record in plan:
-        for log in logs:
-            log.records.append(record)
-            log.note(record.function.__name__, outside=False)
-        if planning_now or record.ctas == 0:
-            continue
-        token = _in_run.set(True)
-        try:
-            _launch(record)
-        finally:
-            _in_run.reset(token)
+    plan = list(plan)
+    with on_device(None if planning_now else launch_device(plan)):
+        for record in plan:
+            for log in logs:
+                log.records.append(record)
+                log.note(record.function.__name__, outside=False)
+            if planning_now or record.ctas == 0:
+                continue
+            token = _in_run.set(True)
+            try:
+                _launch(record)
+            finally:
+                _in_run.reset(token)

@@ -13,8 +13,11 @@
      group's counter), so a layer is one launch: W_hh read once per layer, every SM of a group busy.
      A barrier that waits for programs that are not resident deadlocks, so the launcher checks that
      every program of the launch fits on the device at once, from the compiled kernel's registers,
-     shared memory and warps and the device's SM count (`co_residency_refusal`), and otherwise runs
-     the persistent candidate of the same precision (`fallback_candidate`). Where programs do not
+     shared memory and warps and the tensors' GPU (`co_residency_refusal`), and launches it as a
+     cooperative grid (`launch_cooperative_grid`: the driver runs it whole or refuses it, whatever
+     other streams, MPS clients or a sanitizer hold). A refusal, at plan time or by the driver, runs
+     the persistent candidate of the same precision (`fallback_candidate`) with one warning, and
+     rt.explain's `runs` line says so and why. Where programs do not
      run concurrently (the CPU interpreter runs them one after another) a group of several
      programs runs one launch per step instead, the launch boundary as its barrier: the same
      arithmetic, which the interpreter checks.
@@ -36,7 +39,9 @@ proj_size > 0, packed sequences, autograd, hidden > 512, dtypes other than float
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import warnings
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -328,16 +333,17 @@ def _lstm_onchip_kernel(
         # the group wrote the step before (read from L2: other programs wrote it)
         t = s + direction * (T - 1 - 2 * s)
         t_prev = t - 1 + 2 * direction
-        pre = g_in
+        # every chunk of h_{t-1} is requested before the first dot needs one: one L2 round trip per step, not
+        # one per chunk (no branch between the loads: the row is chosen by a pointer select)
+        h_row = tl.where(s == 0, h0_row, y_row + t_prev.to(tl.int64) * stride_yt)
+        h_chunks = ()
         for kc in tl.static_range(BLOCK_K // K_CHUNK):
             k_idx = kc * K_CHUNK + offs_c
             h_mask = b_mask[:, None] & (k_idx < H)[None, :]
-            if s == 0:
-                h_prev = tl.load(h0_row + k_idx[None, :], mask=h_mask, other=0.0)
-            else:
-                h_prev = tl.load(y_row + t_prev.to(tl.int64) * stride_yt + k_idx[None, :], mask=h_mask, other=0.0,
-                                 cache_modifier=".cg")
-            pre = _dot_parts(h_prev, w_parts[kc], w_his[kc], w_los[kc], pre, PRECISION)
+            h_chunks = h_chunks + (tl.load(h_row + k_idx[None, :], mask=h_mask, other=0.0, cache_modifier=".cg"),)
+        pre = g_in
+        for kc in tl.static_range(BLOCK_K // K_CHUNK):
+            pre = _dot_parts(h_chunks[kc], w_parts[kc], w_his[kc], w_los[kc], pre, PRECISION)
         # columns u*4 + 2*a + b: the first split takes b (gates i, g | f, o), the second a
         even, odd = tl.split(tl.reshape(pre, (BLOCK_B, UNITS, 2, 2)))
         pre_i, pre_g = tl.split(even)
@@ -473,10 +479,11 @@ def _compiled_resources(record: Launch, facts) -> Tuple[int, int, int]:
     if key in _RESOURCES:
         return _RESOURCES[key]
     if device.type == "cuda":
-        compiled = record.jit.warmup(*record.args, grid=record.grid, **record.meta, num_warps=record.num_warps,
-                                     num_stages=record.num_stages)
-        if hasattr(compiled, "_init_handles"):
-            compiled._init_handles()
+        with launches.on_device(device):   # compiled for, and its occupancy read on, the tensors' GPU
+            compiled = record.jit.warmup(*record.args, grid=record.grid, **record.meta, num_warps=record.num_warps,
+                                         num_stages=record.num_stages, **record.launch_options())
+            if hasattr(compiled, "_init_handles"):
+                compiled._init_handles()
         resources = (int(compiled.n_regs), int(compiled.metadata.shared), int(compiled.metadata.num_warps))
     else:
         from rlx_triton.perf.compiled import CompileJob, compile_all, default_cache_dir
@@ -536,6 +543,41 @@ def co_residency_refusal(record: Launch, facts) -> Optional[Refusal]:
     return None
 
 
+# cooperative launches the driver refused, per (device, compiled binary, grid): the reason
+_REFUSED_LAUNCHES: Dict[tuple, str] = {}
+# (candidate, device) pairs whose fallback was announced: one warning each per process
+_WARNED: set = set()
+
+
+def _launch_key(record: Launch, facts) -> tuple:
+    return (facts.fingerprint, record.config_key(), record.grid)
+
+
+def remember_refused_launch(record: Launch, facts, reason: str) -> None:
+    _REFUSED_LAUNCHES[_launch_key(record, facts)] = reason
+
+
+def synchronised_refusal(record: Launch, facts) -> Optional[Refusal]:
+    """Why the synchronised on-chip launch `record` cannot run on the device `facts` describe, or None: the
+    driver refused the same launch before, or `co_residency_refusal`."""
+    refused = _REFUSED_LAUNCHES.get(_launch_key(record, facts))
+    if refused is not None:
+        return Refusal(DEVICE_UNSUPPORTED, refused)
+    return co_residency_refusal(record, facts)
+
+
+def warn_fallback(candidate, facts, reason: str) -> None:
+    """One RuntimeWarning per (candidate, device) and process: the on-chip recurrence runs as its persistent
+    fallback, and why."""
+    key = (candidate.tag(), facts.fingerprint)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(f"rlx_triton lstm: the on-chip recurrence {candidate.tag()} cannot run synchronised on "
+                  f"{facts.name}: {reason}; it runs as {fallback_candidate(candidate).tag()} (one program per "
+                  f"direction and batch tile, slower)", RuntimeWarning, stacklevel=4)
+
+
 def fallback_candidate(candidate):
     """The candidate a refused on-chip recurrence runs as: the persistent candidate of the same precision
     (one program per direction and batch tile, no barrier between programs, always resident)."""
@@ -575,11 +617,12 @@ def _resident_configs(configs, named_args, **kwargs):
         return configs
     grid_for = _onchip_grid(named_args["H"], named_args["B"], named_args["whh_ptr"].shape[0])
     args = tuple(named_args[name] for name in _lstm_onchip_kernel.arg_names if name in named_args)
+    parameters = set(_lstm_onchip_kernel.arg_names)
     kept = []
     for config in configs:
-        meta = {**kwargs, **config.kwargs}
+        meta = {key: value for key, value in {**kwargs, **config.kwargs}.items() if key in parameters}
         record = Launch(_lstm_onchip_kernel, grid_for(meta), args, meta=meta, num_warps=config.num_warps,
-                        num_stages=config.num_stages)
+                        num_stages=config.num_stages, cooperative=bool(kwargs.get("launch_cooperative_grid")))
         if co_residency_refusal(record, facts) is None:
             kept.append(config)
     return kept
@@ -690,6 +733,9 @@ def _onchip_launches(gates, w_hh_stack, h0, c_state, y, hn, counters, *, T, B, h
     state = directions * B * hidden * 4
     grid_for = _onchip_grid(hidden, B, directions)
     flags = dict(BLOCK_K=_block_k(hidden), K_CHUNK=_k_chunk(hidden), SYNC=synchronised)
+    # programs that wait for each other at the barrier: a cooperative launch, which the driver makes resident
+    # all at once or refuses (a group of one program waits for no other)
+    cooperative = synchronised and _onchip_parts(hidden, candidate) > 1
 
     def launch(step_begin: int, step_end: int) -> Launch:
         steps = step_end - step_begin
@@ -700,11 +746,12 @@ def _onchip_launches(gates, w_hh_stack, h0, c_state, y, hn, counters, *, T, B, h
                       flops=steps * (2 * B * directions * GATES * hidden * hidden),
                       unit=_PROJ_UNITS[candidate.precision])
         if tuned is not None:
-            return Launch.tuned(tuned[0]["recurrence"], candidate, grid_for, args, flags, route=tuned[1], **counts)
+            return Launch.tuned(tuned[0]["recurrence"], candidate, grid_for, args, flags, route=tuned[1],
+                                cooperative=cooperative, **counts)
         meta = _onchip_meta(candidate, hidden)
         num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
         return Launch(_lstm_onchip_kernel, grid_for(meta), args, meta={**meta, "SYNC": synchronised},
-                      num_warps=num_warps, num_stages=num_stages, **counts)
+                      num_warps=num_warps, num_stages=num_stages, cooperative=cooperative, **counts)
 
     if synchronised:
         return [launch(0, T)]
@@ -729,12 +776,13 @@ def recurrence_mode(candidate, *, hidden: int, facts, step_launches: Optional[bo
 def lstm_plan(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]],
               flat_weights: List[torch.Tensor], *, has_biases: bool, num_layers: int, dropout: float, training: bool,
               bidirectional: bool, batch_first: bool, proj_size: int = 0, candidate, route=None,
-              step_launches: Optional[bool] = None):
+              step_launches: Optional[bool] = None, on_fallback: Optional[Callable[[str], None]] = None):
     """The launches of `lstm` as records, and the fp32 buffers they fill: (records, (y, h_n, c_n)).
 
     Per layer: the input projection, then the recurrence. An on-chip candidate runs synchronised on CUDA
-    when every program of the launch can be resident at once (`co_residency_refusal`, from the compiled
-    kernel's occupancy); otherwise it runs as `fallback_candidate(candidate)`. With a route (the op's
+    (a cooperative launch) when every program of the launch can be resident at once and the driver has not
+    refused that launch before (`synchronised_refusal`); otherwise it runs as `fallback_candidate(candidate)`
+    and `on_fallback` is called with the reason. With a route (the op's
     call) the on-chip kernels launch through the autotune bridge. Buffers are allocated on the input's
     device, so meta inputs give the plan at any shape (as on the device profile the router reads)."""
     x, hx, _unbatched = _as_batched(input, hx, batch_first)
@@ -779,8 +827,10 @@ def lstm_plan(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor
             recurrence = _onchip_launches(gates, w_hh_stack, h0_all[sl], c_n[sl], y, h_n[sl], counters[layer],
                                           candidate=candidate, synchronised=synchronised, tuned=tuned, **shape)
             if synchronised and layer == 0 and facts.kind == "cuda":
-                refusal = co_residency_refusal(recurrence[0], facts)
+                refusal = synchronised_refusal(recurrence[0], facts)
                 if refusal is not None:
+                    if on_fallback is not None:
+                        on_fallback(refusal.reason)
                     fallback = fallback_candidate(candidate)
                     records, outputs = lstm_plan(
                         input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers, dropout=dropout,
@@ -808,11 +858,25 @@ def lstm(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], f
     router's route of the call (the on-chip kernels then go through the autotune bridge);
     step_launches: run an on-chip candidate one launch per step (see `recurrence_mode`).
     """
-    plan, (output, h_n, c_n) = lstm_plan(input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers,
-                                         dropout=dropout, training=training, bidirectional=bidirectional,
-                                         batch_first=batch_first, proj_size=proj_size, candidate=candidate,
-                                         route=route, step_launches=step_launches)
-    launches.run(plan)
+    def planned():
+        return lstm_plan(input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers, dropout=dropout,
+                         training=training, bidirectional=bidirectional, batch_first=batch_first,
+                         proj_size=proj_size, candidate=candidate, route=route, step_launches=step_launches,
+                         on_fallback=lambda reason: warn_fallback(candidate, device_facts(input.device), reason))
+
+    plan, (output, h_n, c_n) = planned()
+    try:
+        launches.run(plan)
+    except RuntimeError as error:
+        refused = next((record for record in plan if record.cooperative), None)
+        if refused is None:
+            raise
+        # the driver refused the cooperative launch (other work, MPS or a green context holds SMs): remembered,
+        # so this call and the later ones plan the persistent fallback
+        remember_refused_launch(refused, device_facts(input.device), f"the driver refused the cooperative "
+                                f"launch of {refused.ctas} programs: {error}")
+        plan, (output, h_n, c_n) = planned()
+        launches.run(plan)
     out_dtype = input.dtype
     output, h_n, c_n = output.to(out_dtype), h_n.to(out_dtype), c_n.to(out_dtype)
     if input.dim() == 2:
@@ -830,6 +894,37 @@ def launch_count(request, candidate) -> int:
         candidate.mode == "onchip"
         and recurrence_mode(candidate, hidden=fields["hidden"], facts=device_facts(request.device)) == "step_launches")
     return fields["layers"] * (1 + (fields["seq"] if steps else 1))
+
+
+def explain_execution(request, candidate) -> Optional[str]:
+    """How a routed call's recurrence runs on the request's device, and why (rt.explain's `runs` line): the
+    on-chip recurrence in one cooperative launch per layer, one launch per step, or the persistent fallback
+    with the refusal that sent it there (the check the launcher makes, on a plan built from the request's
+    shape)."""
+    if candidate.mode != "onchip":
+        return f"{candidate.mode} recurrence"
+    fields, features = request.field_map, request.feature_map
+    facts = device_facts(request.device)
+    hidden, batch, seq, directions = fields["hidden"], fields["batch"], fields["seq"], fields["directions"]
+    if recurrence_mode(candidate, hidden=hidden, facts=facts) == "step_launches":
+        return "on-chip recurrence, one launch per step (programs here run one after another, not at once)"
+    if facts.kind != "cuda" or _onchip_parts(hidden, candidate) == 1:
+        return "on-chip recurrence, one launch per layer (one program per group: no barrier between programs)"
+    meta = dict(device="meta", dtype=torch.float32)
+    state = torch.empty(directions, batch, hidden, **meta)
+    y_shape = (batch, seq, directions * hidden) if features["batch_first"] else (seq, batch, directions * hidden)
+    record = _onchip_launches(torch.empty(batch * seq, directions * GATES * hidden, **meta),
+                              torch.empty(directions, GATES * hidden, _block_k(hidden), **meta), state, state,
+                              torch.empty(y_shape, **meta), state,
+                              torch.empty(directions * _batch_tiles(batch, MIN_DOT), device="meta", dtype=torch.int32),
+                              T=seq, B=batch, hidden=hidden, directions=directions,
+                              batch_first=features["batch_first"], candidate=candidate, synchronised=True,
+                              tuned=None)[0]
+    refusal = synchronised_refusal(record, facts)
+    if refusal is not None:
+        return f"persistent fallback {fallback_candidate(candidate).tag()}: {refusal.reason}"
+    return (f"on-chip recurrence, one cooperative launch per layer ({record.ctas} programs, all resident at "
+            f"once on {facts.name})")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ and the program that takes the last ticket merges the live splits of its rows (i
 result does not depend on which program finishes last) and resets the counter for the next launch.
 More than MERGE_GROUP live splits merge in two levels, so no program reads more than MERGE_GROUP partials
 per row: the last of each group of MERGE_GROUP splits merges its group into the group's first slot, and
-the last group to finish merges the groups. The counters live in a per-device, per-stream workspace that
-every launch leaves at zero.
+the last group to finish merges the groups. The counters and partials are allocated with each launch
+(zeroed counters, from torch's caching allocator), so a captured CUDA graph owns its own and launches on
+several streams or graphs never share one; the launch leaves its counters at zero.
 
 The query heads sharing one KV head (GQA/MQA) and the query tokens are packed into the M rows of
 `tl.dot` (packed row r -> head `kv_head * group + r // Lq`, token `r % Lq`), at least 16 rows per tile.
@@ -25,7 +26,9 @@ read through strides, stride 0 on broadcast dimensions. A paged cache (PAGED) is
 table: logical key n of sequence b is slot n % page_size of page block_table[b, n // page_size], any
 page size >= 1, each key row still one contiguous read of D (Dv) elements. Causal masking is top-left (torch SDPA) or
 bottom-right within each sequence's valid length (the FlashAttention kv-cache convention). Rows whose
-keys are all masked produce 0 and LSE = -inf.
+keys are all masked produce 0 and LSE = -inf, as do sequences of length 0. Index values are clamped and
+masked, never trusted: lengths to [0, S], left paddings to [0, length], a cache row or page outside the
+cache reads nothing (its keys are dropped), so no value makes a launch read or write out of bounds.
 
 Non-finite values follow torch's math SDPA over the keys a call reads (keys past a sequence's valid
 length, and under top-left alignment past the last query token, are never read): masking any other
@@ -84,6 +87,14 @@ MAX_LIFTED_SPLITS = 128
 # partials one program merges per row: more live splits merge in two levels of at most this many
 MERGE_GROUP = 16
 MAX_MERGE_GROUPS = MAX_LIFTED_SPLITS // MERGE_GROUP
+# partials a merge reads at once (their loads in flight together; divides MERGE_GROUP) where Dv is at most
+# 128; at Dv 256 the tiles of several partials would cost occupancy (sm_90: 168 -> 255 registers), so one
+MERGE_CHUNK = 4
+
+
+def merge_chunk(block_dv: int) -> int:
+    """Partials the merge reads at once for Dv tiles of `block_dv`."""
+    return MERGE_CHUNK if block_dv <= 128 else 1
 _MERGE_GROUP, _MAX_MERGE_GROUPS = tl.constexpr(MERGE_GROUP), tl.constexpr(MAX_MERGE_GROUPS)  # the kernel's copies
 
 
@@ -171,9 +182,11 @@ _resident: Dict[tuple, int] = {}
 @triton.jit
 def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
     """(live splits, first key, end key) of `split` for a sequence of `seqlen` valid keys: the sequence's
-    tiles are shared as evenly as whole tiles allow by at most `num_splits` programs of at least one tile."""
+    tiles are shared as evenly as whole tiles allow by at most `num_splits` programs of at least one tile
+    (one program, with an empty range, for a sequence of none)."""
     tiles = tl.cdiv(seqlen, BLOCK_N)
-    live = tl.minimum(tiles, num_splits)
+    # a sequence without keys still has split 0 run an empty range: it writes its rows as seeing no key
+    live = tl.maximum(tl.minimum(tiles, num_splits), 1)
     # int64: split x tiles passes 2^31 for the longest sequences
     first_tile = (split.to(tl.int64) * tiles) // live
     end_tile = ((split + 1).to(tl.int64) * tiles) // live
@@ -197,6 +210,7 @@ def _sdpa_decode_kernel(
     stride_btb,  # block table rows (one per sequence)
     stride_alibi_b,  # ALiBi slopes per (batch, head): 0 for slopes per head
     num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
+    cache_rows,  # k/v's dim 0: cache rows (BATCH_IDX) or pages (PAGED); an index outside it reads nothing
     qk_scale,  # softmax scale * log2(e)
     softcap, window_left, window_right,  # read under SOFTCAP / WINDOW only
     token_bucket, batch_bucket, kv_len_bucket,  # read by the autotuner's key only
@@ -204,7 +218,7 @@ def _sdpa_decode_kernel(
     MAX_SPLITS: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr,
     SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False, ALIBI: tl.constexpr = 0,
-    BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False,
+    BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 4,
 ):
     pid_bhm = tl.program_id(0)
     split = tl.program_id(1)
@@ -215,20 +229,27 @@ def _sdpa_decode_kernel(
     kv_head = bh % num_kv_heads
     batch = bh // num_kv_heads
 
+    # index values are clamped, never trusted: a length outside [0, S], a left padding outside [0, length]
+    # or a cache row outside the cache reads and writes nothing out of bounds (the op layer checks the
+    # values only where it may read them without a host sync)
     if HAS_SEQLENS:
-        seqlen = tl.load(seqlens_ptr + batch).to(tl.int32)
+        seqlen = tl.minimum(tl.maximum(tl.load(seqlens_ptr + batch).to(tl.int32), 0), seq_kv)
     else:
         seqlen = seq_kv
+    if BATCH_IDX and not PAGED:  # the cache row of this sequence; outside the cache, the sequence has no key
+        cache_row = tl.load(batch_idx_ptr + batch).to(tl.int64)
+        seqlen = tl.where((cache_row >= 0) & (cache_row < cache_rows), seqlen, 0)
+        cache_row = tl.minimum(tl.maximum(cache_row, 0), cache_rows - 1)
+    else:
+        cache_row = batch.to(tl.int64)
     if LEFTPAD:
-        # keys [first_key, seqlen) of the sequence are its valid ones: the splits share those. A sequence with
-        # none still has its split 0 run an empty range, which writes its rows as seeing no key
-        first_key = tl.load(leftpad_ptr + batch).to(tl.int32)
-        live, lo, hi = _live_splits(tl.maximum(seqlen - first_key, 1), num_splits, split, BLOCK_N)
-        lo += first_key
-        hi = tl.minimum(hi + first_key, seqlen)
+        # keys [first_key, seqlen) of the sequence are its valid ones: the splits share those
+        first_key = tl.minimum(tl.maximum(tl.load(leftpad_ptr + batch).to(tl.int32), 0), seqlen)
     else:
         first_key = 0
-        live, lo, hi = _live_splits(seqlen, num_splits, split, BLOCK_N)
+    live, lo, hi = _live_splits(seqlen - first_key, num_splits, split, BLOCK_N)
+    lo += first_key
+    hi += first_key
     if split >= live:
         return  # an empty split: it takes no ticket and the merge never reads it
 
@@ -258,10 +279,6 @@ def _sdpa_decode_kernel(
         v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
         table_row = block_table_ptr + batch64 * stride_btb
     else:
-        if BATCH_IDX:  # the cache row of this sequence
-            cache_row = tl.load(batch_idx_ptr + batch).to(tl.int64)
-        else:
-            cache_row = batch64
         k_base = k_ptr + cache_row * stride_kb + kv_head.to(tl.int64) * stride_kh
         v_base = v_ptr + cache_row * stride_vb + kv_head.to(tl.int64) * stride_vh
     if MASK_KIND != 0:
@@ -282,6 +299,8 @@ def _sdpa_decode_kernel(
         offs_n64 = offs_n.to(tl.int64)
         if PAGED:
             pages = tl.load(table_row + offs_n // page_size, mask=n_valid, other=0).to(tl.int64)
+            # a key on a page outside the cache is not read: it is dropped like a key past the length
+            n_valid = n_valid & (pages >= 0) & (pages < cache_rows)
             slots = (offs_n % page_size).to(tl.int64)
             k_rows = pages * stride_kb + slots * stride_kn
             v_rows = pages * stride_vb + slots * stride_vn
@@ -357,7 +376,7 @@ def _sdpa_decode_kernel(
     out_mask = row_valid[:, None] & dv_valid[None, :]
     if MAX_SPLITS == 1:  # a candidate that never splits: no partials, no merge compiled in
         _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid)
-    elif num_splits == 1:
+    elif live == 1:  # one split (or one live split of a short sequence): no partials, no ticket
         _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid)
     else:
         part_rows = out_row * num_splits  # partials of a row: (split, Dv), split-major
@@ -369,7 +388,8 @@ def _sdpa_decode_kernel(
             ticket = tl.atomic_add(tickets_ptr + pid_bhm, 1, sem="acq_rel", scope="gpu")
             if ticket == live - 1:  # the last live split merges all of them
                 merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
-                                                      0, 1, live, out_mask, row_valid, BLOCK_M, BLOCK_DV)
+                                                      0, 1, live, out_mask, row_valid, BLOCK_M, BLOCK_DV,
+                                                      MERGE_CHUNK)
                 _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask, row_valid)
                 tl.store(tickets_ptr + pid_bhm, 0)  # every live split has taken its ticket: ready for the next launch
         else:
@@ -382,7 +402,8 @@ def _sdpa_decode_kernel(
             ticket = tl.atomic_add(group_counter, 1, sem="acq_rel", scope="gpu")
             if ticket == in_group - 1:  # the last split of its group merges the group into the group's first slot
                 merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
-                                                      first, 1, in_group, out_mask, row_valid, BLOCK_M, BLOCK_DV)
+                                                      first, 1, in_group, out_mask, row_valid, BLOCK_M, BLOCK_DV,
+                                                      MERGE_CHUNK)
                 tl.store(part_o_ptr + (part_rows + first)[:, None] * head_dim_v + offs_dv[None, :], merged,
                          mask=out_mask)
                 tl.store(part_lse_ptr + part_rows + first, merged_lse2, mask=row_valid)
@@ -392,7 +413,7 @@ def _sdpa_decode_kernel(
                 if ticket == groups - 1:  # the last group merges the groups (every MERGE_GROUP-th slot)
                     merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
                                                           0, _MERGE_GROUP, groups, out_mask, row_valid, BLOCK_M,
-                                                          BLOCK_DV)
+                                                          BLOCK_DV, MERGE_CHUNK)
                     _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask,
                                 row_valid)
                     tl.store(tickets_ptr + pid_bhm, 0)
@@ -400,7 +421,7 @@ def _sdpa_decode_kernel(
 
 @triton.jit
 def _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v, first, step, count, out_mask,
-                    row_valid, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+                    row_valid, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, MERGE_CHUNK: tl.constexpr):
     """(output, base-2 LSE) of `count` <= MERGE_GROUP normalised partials of the rows, slots first + i * step,
     merged in slot order. Partials written by other SMs are read from L2 (.cg)."""
     offs_s = tl.arange(0, _MERGE_GROUP)
@@ -411,13 +432,20 @@ def _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v, fi
     m = tl.where(m == float("-inf"), 0.0, m)
     denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
     merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for i in range(0, count):
-        slot = first + i * step
-        w = tl.exp2(tl.load(part_lse_ptr + part_rows + slot, mask=row_valid, other=float("-inf"),
-                            cache_modifier=".cg") - m)
-        part = tl.load(part_o_ptr + (part_rows + slot)[:, None] * head_dim_v + offs_dv[None, :],
-                       mask=out_mask, other=0.0, cache_modifier=".cg")
-        merged += w[:, None] * part
+    # MERGE_CHUNK partials per step, all their loads issued before the first is used: one L2 round trip per
+    # chunk instead of one per partial (`merge_chunk`). The adds stay one partial at a time in slot order
+    for i0 in range(0, count, MERGE_CHUNK):
+        weights = ()
+        parts = ()
+        for c in tl.static_range(MERGE_CHUNK):
+            slot = first + (i0 + c) * step
+            present = row_valid & ((i0 + c + tl.zeros_like(part_rows)) < count)   # per row: masks combine as vectors
+            weights = weights + (tl.load(part_lse_ptr + part_rows + slot, mask=present, other=float("-inf"),
+                                         cache_modifier=".cg"),)
+            parts = parts + (tl.load(part_o_ptr + (part_rows + slot)[:, None] * head_dim_v + offs_dv[None, :],
+                                     mask=out_mask & present[:, None], other=0.0, cache_modifier=".cg"),)
+        for c in tl.static_range(MERGE_CHUNK):
+            merged += tl.exp2(weights[c] - m)[:, None] * parts[c]
     # as for l in the kernel: a NaN partial LSE makes denom NaN, which must not read as "no keys"
     no_keys = denom == 0.0
     denom_safe = tl.where(no_keys, 1.0, denom)
@@ -517,6 +545,7 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
         BLOCK_DV=block_dv,
         MAX_SPLITS=max(1, triton.next_power_of_2(int(candidate.split_k))),
         DOT_LOWP=lowp,
+        MERGE_CHUNK=merge_chunk(block_dv),
         num_warps=num_warps,
         num_stages=1 if _interpreting() else NUM_STAGES,
     )
@@ -542,24 +571,14 @@ def _sm_count(device: torch.device) -> int:
     return device_facts(device).sm_count or 1
 
 
-# ticket counters per (device, stream): zeros, and every launch leaves them at zero
-_tickets: Dict[tuple, torch.Tensor] = {}
-_tickets_lock = threading.Lock()
-
-
 def _ticket_counters(device: torch.device, count: int) -> torch.Tensor:
-    if device.type == "meta":  # a plan built from shapes only: nothing launches on these, nothing to keep
-        return torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    key = (device, stream)
-    counters = _tickets.get(key)
-    if counters is None or counters.numel() < count:
-        with _tickets_lock:
-            counters = _tickets.get(key)
-            if counters is None or counters.numel() < count:
-                counters = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
-                _tickets[key] = counters
-    return counters
+    """Zeroed ticket counters for one launch, allocated with it from torch's caching allocator like the
+    partials: no buffer outlives the launch that uses it or is shared with another launch, so a CUDA graph
+    keeps its own counters alive (its memory pool holds them) and launches on other streams or other graphs
+    never count on each other's. The zeroing is a device-side fill, captured and replayed with the launch;
+    the launch itself leaves them at zero (the last ticket of a row block resets its counter), so a
+    benchmark that reruns it needs no zeroing in between."""
+    return torch.zeros(count, device=device, dtype=torch.int32)
 
 
 # Autotune key: the token, batch and KV-length buckets and the head shape (never raw lengths or tensors).
@@ -739,12 +758,12 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             *mask_strides,
             table.stride(0) if block_table is not None else 0,
             slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
+            num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size, key.shape[0],
             float(scale) * LOG2E,
             float(softcap) if softcap > 0 else 1.0, int(window[0]), int(window[1]),
             triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv))
-    flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MASK_KIND=mask_kind,
-                 CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
+    flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MERGE_CHUNK=meta["MERGE_CHUNK"],
+                 MASK_KIND=mask_kind, CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
                  PAGED=block_table is not None, SOFTCAP=softcap > 0, WINDOW=tuple(window) != (-1, -1),
                  ALIBI=alibi_mode, BATCH_IDX=cache_batch_idx is not None, LEFTPAD=cache_leftpad is not None)
     counts = dict(bytes_read=read, bytes_written=written, flops=flops, unit=unit)
@@ -888,7 +907,7 @@ SPEED_EVIDENCE: dict = {_WIDEST_SPLITS: "estimated by rlx-triton perf (uncalibra
 
 _AUDIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "MAX_SPLITS", "MASK_KIND", "CAUSAL", "HAS_SEQLENS",
-               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD")
+               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD", "MERGE_CHUNK")
 _SIGNATURE = {name: ("constexpr" if name in _CONSTEXPRS else "i32") for name in _sdpa_decode_kernel.arg_names}
 _SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8", "seqlens_ptr": "*i32",
                    "block_table_ptr": "*i32", "alibi_ptr": "*fp32", "batch_idx_ptr": "*i32", "leftpad_ptr": "*i32",

@@ -1,0 +1,58 @@
+"""Small decode and LSTM launches for compute-sanitizer (bench/gpu_check.sh's `sanitizer` check).
+
+Runs, on CUDA tensors, a split decode launch whose splits merge in one and in two levels (ragged lengths,
+a paged cache, a length of 0), then the on-chip LSTM recurrence (a cooperative launch whose programs meet
+at a barrier every step), and checks the outputs against float64. Under `compute-sanitizer --tool memcheck`
+(with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every tensor is its own allocation and a read past one is seen)
+and `--tool racecheck` any out-of-bounds access or shared-memory hazard is reported by the tool; this
+script exits non-zero on a wrong value.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import rlx_triton as rt
+from tests.reference.lstm import lstm_float64
+from tests.reference.sdpa_decode import attention_reference
+
+
+def decode() -> None:
+    for kv_heads, seq_kv in ((2, 3000), (1, 5000)):   # GQA: one merge level; MQA at batch 1-2: two levels
+        q = torch.randn(3, 8, 1, 64, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(3, kv_heads, seq_kv, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+        lengths = torch.tensor([seq_kv, 0, seq_kv // 3], device="cuda", dtype=torch.int32)
+        with rt.use_backend("triton", strict=True):
+            out = rt.sdpa_decode(q, k, v, lengths)
+        ref, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+        torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+    pages = torch.randn(24, 2, 128, 64, device="cuda", dtype=torch.float16)
+    table = torch.randperm(24, device="cuda").to(torch.int32).view(3, 8)
+    lengths = torch.tensor([1024, 1, 500], device="cuda", dtype=torch.int32)
+    with rt.use_backend("triton", strict=True):
+        out = rt.sdpa_decode(q, pages, pages, lengths, block_table=table)
+    gathered = pages[table.long()].transpose(1, 2).reshape(3, 2, 1024, 64)
+    ref, _ = attention_reference(q, gathered, gathered, causal="bottom_right", cache_seqlens=lengths)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+
+
+def lstm() -> None:
+    torch.backends.cudnn.allow_tf32 = False
+    stock = torch.nn.LSTM(20, 64, 2, bidirectional=True, batch_first=True).cuda().eval()
+    module = rt.nn.LSTM.from_torch(stock)
+    x = torch.randn(4, 50, 20, device="cuda")
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        out, (h_n, c_n) = module(x)
+    ref, _ = lstm_float64(x.cpu(), [w.cpu() for w in stock._flat_weights], num_layers=2, bidirectional=True,
+                          batch_first=True, has_biases=True)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-4, atol=1e-4)
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit("gpu_sanitize: no CUDA GPU visible to torch")
+    for name in sys.argv[1:] or ["decode", "lstm"]:
+        {"decode": decode, "lstm": lstm}[name]()
+        torch.cuda.synchronize()
+        print("gpu_sanitize:", name, "ok", flush=True)

@@ -1,0 +1,31 @@
+"""bench/gpu_check.sh, the one GPU command: its checks, their budgets, and the tests they name."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "bench" / "gpu_check.sh"
+
+
+def test_list_prints_every_check_with_a_budget_summing_to_at_most_480_seconds():
+    listed = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, text=True, check=True,
+                            timeout=30).stdout
+    rows = dict(re.findall(r"^(\S+)\s+(\d+) s", listed, flags=re.M))
+    total = int(rows.pop("total"))
+    assert {"graphs", "no-sync", "two-streams", "sanitizer", "multi-gpu", "gpu-tests", "bench"} <= set(rows)
+    assert sum(int(budget) for budget in rows.values()) == total <= 480
+
+
+def test_every_test_a_dedicated_check_names_exists_and_is_gpu_marked():
+    named = re.findall(r'"(tests/[\w/]+\.py)::(\w+)"', SCRIPT.read_text())
+    assert len(named) >= 7
+    for path, name in named:
+        source = (REPO / path).read_text()
+        assert re.search(rf"@pytest\.mark\.gpu\n(?:@.*\n)*def {name}\(", source), f"{path}::{name}"
+
+
+def test_an_unknown_check_is_a_usage_error_naming_the_checks():
+    done = subprocess.run(["bash", str(SCRIPT), "no-such-check"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "checks: env gpu-tests graphs" in done.stderr
