@@ -31,7 +31,8 @@ def pyannote_audio_missing() -> Optional[str]:
     try:
         import pyannote.audio.pipelines  # noqa: F401  # type: ignore
     except ImportError as error:
-        return f"pyannote.audio is not importable ({error}); install the extra: pip install 'rlx-triton[pyannote]'"
+        return (f"pyannote.audio is not importable ({error}); "
+                "install it with: sh tests/integrations/install_pyannote_pipeline.sh python")
     return None
 
 
