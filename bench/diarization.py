@@ -3,7 +3,7 @@
 The pipeline is built offline with random weights (tests/reference/diarization_pipeline.py): PyanNet
 segmentation (10 s chunks, pyannote's 1 s step), WeSpeakerResNet34 embedding, a random PLDA and
 agglomerative clustering, the class defaults for the batch sizes (embedding_batch_size=1,
-segmentation_batch_size=1), on a synthetic recording of 4 speakers taking turns with overlaps (5 min; 30 s
+segmentation_batch_size=1), on a synthetic recording of 4 speakers taking turns with overlaps (5 min; 20 s
 with quick). Both pipelines run on the same file, alternately, `rounds` times; each stage's time is read from
 pyannote's own hook calls (segmentation, then counting to the end of the embeddings, then clustering and
 reconstruction to the discrete diarization) and the median per stage is reported, with the real-time factor
@@ -26,7 +26,7 @@ STAGES = ("segmentation", "embeddings", "clustering", "whole pipeline")
 
 def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
     """One case: the recording length in seconds and the number of alternating rounds."""
-    return [dict(seconds=30.0 if quick else 300.0, rounds=1 if quick else 2)]
+    return [dict(seconds=20.0 if quick else 300.0, rounds=1 if quick else 2)]
 
 
 def run(quick: bool = False, progress=None) -> list:

@@ -33,7 +33,7 @@ from torch import nn
 
 from rlx_triton.integrations.pyannote import SegmentationGraphs
 
-CPU_CHUNKS_PER_FORWARD = 4     # measured on CPU: larger batches are no faster and hold more memory
+CPU_CHUNKS_PER_FORWARD = 4     # the shared trunk needs no large batch to pay; a few chunks keep memory small
 MAX_CUDA_CHUNKS_PER_FORWARD = 32
 # activation memory of a WeSpeaker ResNet34 forward per input sample (fp32: 32 channels x 80 bins at 100
 # frames/s is 64 bytes per sample per feature map, a few maps live at once), with headroom

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import importlib
 import importlib.util
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
@@ -109,6 +110,9 @@ class _HeadLinears(nn.ModuleList):
         return "run by the fused head (classifier)"
 
 
+_SINCNET_GEOMETRY = ("num_frames", "receptive_field_size", "receptive_field_center")
+
+
 def _swap_sincnet(model: nn.Module) -> None:
     if _class_name(model.sincnet) != "SincNet" or not importlib.util.find_spec("rlx_triton.nn.conv"):
         return
@@ -118,10 +122,16 @@ def _swap_sincnet(model: nn.Module) -> None:
         return
     if isinstance(model.sincnet, SincNet):
         return
+    stock = model.sincnet
     try:
-        model.sincnet = SincNet.from_pyannote(model.sincnet)
+        model.sincnet = SincNet.from_pyannote(stock)
     except ValueError:  # a SincNet configuration the rlx forward does not reproduce stays as it is
         return
+    # pyannote 4's PyanNet.receptive_field / num_frames call these on its sincnet; they read only `stride`
+    for name in _SINCNET_GEOMETRY:
+        method = getattr(type(stock), name, None)
+        if callable(method) and not hasattr(model.sincnet, name):
+            object.__setattr__(model.sincnet, name, types.MethodType(method, model.sincnet))
 
 
 def _swap_lstm(model: nn.Module) -> None:

@@ -2,7 +2,9 @@
 fbank and trunk once per chunk and pools every local speaker from it, with the stock method's embeddings (same
 NaN rows, same order), masks (NaN frames, embedding_exclude_overlap both ways, the min_num_frames fallback),
 batch sizes and hook calls; the whole pipeline's output is the stock one, under torch.inference_mode() too.
-The pipelines are built offline with random weights (tests/reference/diarization_pipeline.py)."""
+The pipelines are built offline with random weights (tests/reference/diarization_pipeline.py); the rlx modules
+run their torch route (the interpreted kernels are checked per module in tests/integrations/test_pyannote.py
+and test_wespeaker.py; a whole pipeline through the interpreter would take minutes)."""
 from __future__ import annotations
 
 import copy
@@ -11,10 +13,21 @@ import numpy as np
 import pytest
 import torch
 
+import rlx_triton as rt
+
 from tests.reference.diarization_pipeline import pyannote_audio_missing
 
 _MISSING = pyannote_audio_missing()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+
+
+@pytest.fixture(autouse=True)
+def _torch_route():
+    if torch.cuda.is_available():
+        yield
+        return
+    with rt.use_backend("torch"):
+        yield
 
 CHUNK_SECONDS = 2.0   # short chunks keep the interpreter-free CPU forwards fast
 FRAMES = 24           # frames per chunk of the hand-made segmentations
@@ -174,6 +187,15 @@ def test_an_embedding_model_in_training_mode_keeps_the_stock_method(stock_pipeli
                         lambda self, *a, **k: stock_calls.append(1) or stock(self, *a, **k))
     optimized.get_embeddings(_file(), _segmentations())
     assert stock_calls == [1]
+
+
+def test_the_optimized_segmentation_model_keeps_pyannotes_frame_geometry(stock_pipeline):
+    stock_model = copy.deepcopy(stock_pipeline._segmentation.model)
+    optimized = _optimized(stock_pipeline)._segmentation.model
+    optimized.__dict__.pop("receptive_field", None)      # computed again from the swapped SincNet
+    assert optimized.num_frames(32000) == stock_model.num_frames(32000)
+    assert optimized.receptive_field.step == stock_model.receptive_field.step
+    assert optimized.receptive_field.duration == stock_model.receptive_field.duration
 
 
 @pytest.mark.parametrize("inference_mode", [False, True], ids=["grad-mode", "inference-mode"])
