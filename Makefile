@@ -32,6 +32,7 @@ $(STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps --upgrade --target "$(TORCHAUDIO_DIR)" "$(TORCHAUDIO)"
 	$(PY) -c "from rlx_triton._torchaudio import kaldi_compliance; assert kaldi_compliance() is not None"
+	sh tests/integrations/install_pyannote_pipeline.sh $(PY)   # pyannote.audio for the pipeline tests and bench
 	touch $(STAMP)
 
 demo: $(DEMO_STAMP)

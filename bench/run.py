@@ -38,6 +38,7 @@ BENCHES = {
     "lstm": "bench.lstm",
     "pyannote_segmentation": "bench.pyannote_segmentation",
     "embedding": "bench.embedding",
+    "diarization": "bench.diarization",
 }
 # summary key -> bench name whose speedups it summarises (geometric mean)
 SPEEDUP_KEYS = {

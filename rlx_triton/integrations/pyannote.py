@@ -1,7 +1,7 @@
 """Optimize pyannote.audio models and pipelines in place by swapping in rlx_triton modules.
 
     model = rlx_triton.integrations.pyannote.optimize(model)      # a PyanNet, or any nn.Module
-    pipeline = rlx_triton.integrations.pyannote.optimize(pipeline)  # every model the pipeline holds
+    pipeline = rlx_triton.integrations.pyannote.optimize(pipeline)  # every model it holds; one trunk per chunk
     model = rlx_triton.integrations.pyannote.optimize(model, cuda_graphs=True)  # + CUDA-graph replay
     routes = rlx_triton.integrations.pyannote.explain(model, waveforms)  # {module path: Route}
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import importlib
 import importlib.util
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
@@ -109,6 +110,9 @@ class _HeadLinears(nn.ModuleList):
         return "run by the fused head (classifier)"
 
 
+_SINCNET_GEOMETRY = ("num_frames", "receptive_field_size", "receptive_field_center")
+
+
 def _swap_sincnet(model: nn.Module) -> None:
     if _class_name(model.sincnet) != "SincNet" or not importlib.util.find_spec("rlx_triton.nn.conv"):
         return
@@ -118,10 +122,16 @@ def _swap_sincnet(model: nn.Module) -> None:
         return
     if isinstance(model.sincnet, SincNet):
         return
+    stock = model.sincnet
     try:
-        model.sincnet = SincNet.from_pyannote(model.sincnet)
+        model.sincnet = SincNet.from_pyannote(stock)
     except ValueError:  # a SincNet configuration the rlx forward does not reproduce stays as it is
         return
+    # pyannote 4's PyanNet.receptive_field / num_frames call these on its sincnet; they read only `stride`
+    for name in _SINCNET_GEOMETRY:
+        method = getattr(type(stock), name, None)
+        if callable(method) and not hasattr(model.sincnet, name):
+            object.__setattr__(model.sincnet, name, types.MethodType(method, model.sincnet))
 
 
 def _swap_lstm(model: nn.Module) -> None:
@@ -193,7 +203,7 @@ class GraphCapture:
 @dataclass
 class _Graph:
     graph: Any
-    static_input: torch.Tensor
+    static_inputs: Tuple[torch.Tensor, ...]
     static_output: torch.Tensor
     weights: tuple
 
@@ -223,7 +233,7 @@ class SegmentationGraphs:
     def __deepcopy__(self, memo):
         # graphs and their memory pools stay with the original; the copy captures its own
         model = memo.get(id(self.model))
-        return SegmentationGraphs(model if model is not None else self.model)
+        return type(self)(model if model is not None else self.model)
 
     def __getstate__(self):
         return {"model": self.model, "graphs": {}, "seen": {}}
@@ -250,17 +260,20 @@ class SegmentationGraphs:
             return "eager", "autograd would record the forward (run under torch.no_grad or torch.inference_mode)"
         if torch.cuda.is_current_stream_capturing():
             return "eager", "a CUDA graph is being captured around the call"
-        key = self._key(x)
+        return self._decide_shape(self._key(x), tuple(x.shape))
+
+    def _decide_shape(self, key: tuple, shape: Tuple[int, ...]) -> Tuple[str, str]:
+        """The decision for a capturable call, from what was captured and seen of its key."""
         graph = self.graphs.get(key)
         if graph is not None:
             if graph.weights == self._weights():
-                return "replay", f"a graph of input shape {tuple(x.shape)} is captured"
+                return "replay", f"a graph of input shape {shape} is captured"
             return "capture", "a parameter or buffer changed since the graph was captured"
         if len(self.graphs) >= MAX_GRAPH_SHAPES:
             return "eager", f"{MAX_GRAPH_SHAPES} input shapes are captured already"
         if self.seen.get(key, 0) < 1:
-            return "eager", f"the first call of input shape {tuple(x.shape)} runs eagerly; the next one is captured"
-        return "capture", f"input shape {tuple(x.shape)} is called again"
+            return "eager", f"the first call of input shape {shape} runs eagerly; the next one is captured"
+        return "capture", f"input shape {shape} is called again"
 
     def __call__(self, *args, **kwargs):
         if _eager_only.get():
@@ -271,27 +284,31 @@ class SegmentationGraphs:
                 key = self._key(args[0])
                 self.seen[key] = self.seen.get(key, 0) + 1
             return self.eager(*args, **kwargs)
-        x = args[0]
-        key = self._key(x)
+        return self._replay(self._key(args[0]), decision, args)
+
+    def _replay(self, key: tuple, decision: str, inputs: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Replays the graph of `key` (captured first when the decision is "capture") on these inputs."""
         if decision == "capture":
             self.graphs.pop(key, None)
-            self.graphs[key] = self._capture(x)
+            self.graphs[key] = self._capture(*inputs)
         graph = self.graphs[key]
-        graph.static_input.copy_(x)
+        for static_input, x in zip(graph.static_inputs, inputs):
+            static_input.copy_(x)
         graph.graph.replay()
         return graph.static_output.clone()
 
-    def _capture(self, x: torch.Tensor) -> _Graph:
-        static_input = x.clone()
-        side = torch.cuda.Stream(device=x.device)
-        side.wait_stream(torch.cuda.current_stream(x.device))
+    def _capture(self, *inputs: torch.Tensor) -> _Graph:
+        static_inputs = tuple(x.clone() for x in inputs)
+        device = inputs[0].device
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            self.eager(static_input)      # lazy initialisation happens outside the capture
-        torch.cuda.current_stream(x.device).wait_stream(side)
+            self.eager(*static_inputs)      # lazy initialisation happens outside the capture
+        torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_output = self.eager(static_input)
-        return _Graph(graph, static_input, static_output, self._weights())
+            static_output = self.eager(*static_inputs)
+        return _Graph(graph, static_inputs, static_output, self._weights())
 
 
 def _is_optimized_pyannet(module: nn.Module) -> bool:
@@ -321,9 +338,10 @@ def _optimize_module(module: nn.Module, table: List[Recogniser]) -> nn.Module:
     return module
 
 
-def _held_modules(obj, depth: int, seen: set) -> Iterator[Tuple[Any, str, nn.Module]]:
-    """(owner, attribute, module) for every nn.Module reachable through a pipeline's attributes
-    (e.g. `_segmentation.model`, `_embedding.model_`), at most `depth` attributes deep."""
+def _held_modules(obj, depth: int, seen: set) -> Iterator[Tuple[Any, Any, nn.Module]]:
+    """(owner, attribute or key, module) for every nn.Module reachable through a pipeline's attributes and
+    the dicts, lists and tuples they hold (e.g. `_segmentation.model`, `_embedding.model_`, and pyannote.audio's
+    `Pipeline._models` dict), at most `depth` levels deep."""
     if depth < 0 or id(obj) in seen:
         return
     seen.add(id(obj))
@@ -331,20 +349,32 @@ def _held_modules(obj, depth: int, seen: set) -> Iterator[Tuple[Any, str, nn.Mod
     if not isinstance(attrs, dict):
         return
     for name, value in list(attrs.items()):
-        if isinstance(value, nn.Module):
-            if id(value) not in seen:
-                seen.add(id(value))
-                yield obj, name, value
-        elif isinstance(value, (str, bytes, int, float, bool, torch.Tensor)) or value is None:
-            continue
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                yield from _held_modules(item, depth - 1, seen)
-        elif isinstance(value, dict):
-            for item in value.values():
-                yield from _held_modules(item, depth - 1, seen)
-        else:
-            yield from _held_modules(value, depth - 1, seen)
+        yield from _held_in(obj, name, value, depth, seen)
+
+
+def _held_in(owner, name, value, depth: int, seen: set) -> Iterator[Tuple[Any, Any, nn.Module]]:
+    if isinstance(value, nn.Module):
+        if id(value) not in seen:
+            seen.add(id(value))
+            yield owner, name, value
+    elif isinstance(value, (str, bytes, int, float, bool, torch.Tensor)) or value is None:
+        return
+    elif isinstance(value, (dict, list, tuple)):
+        if depth <= 0 or id(value) in seen:
+            return
+        seen.add(id(value))
+        for key, item in list(value.items() if isinstance(value, dict) else enumerate(value)):
+            yield from _held_in(value, key, item, depth - 1, seen)
+    else:
+        yield from _held_modules(value, depth - 1, seen)
+
+
+def _put(owner, name, module: nn.Module) -> None:
+    """Stores a replacement module where the original was held (a tuple's item cannot be replaced)."""
+    if isinstance(owner, (dict, list)):
+        owner[name] = module
+    elif not isinstance(owner, tuple):
+        setattr(owner, name, module)
 
 
 def optimize(model, *, cuda_graphs: bool = False):
@@ -354,6 +384,9 @@ def optimize(model, *, cuda_graphs: bool = False):
     stack -> rt.nn.LSTM, the linear + classifier + activation head -> one rt.nn.SegDense) and WeSpeaker
     ResNet (fbank front end, ResNet trunk with BatchNorm folded, statistics pooling, projection).
     Other modules are left as they are; more recognisers can be added with register_recogniser.
+    A SpeakerDiarization pipeline with a WeSpeaker embedding model also gets a `get_embeddings` that runs
+    fbank and trunk once per chunk for all its local speakers (`_pyannote_pipeline.SharedTrunkEmbeddings`:
+    same embeddings, NaN rows, order and hook calls as pyannote's).
 
     The state_dict keeps its keys and values (the rlx modules hold the model's own Parameter and buffer
     objects): a stock checkpoint loads into the optimized model with strict=True, and the optimized
@@ -363,7 +396,8 @@ def optimize(model, *, cuda_graphs: bool = False):
         model: an nn.Module, or an object (a pyannote Pipeline) whose attributes hold nn.Modules.
         cuda_graphs: bool (TypeError otherwise); True: every PyanNet found also replays its segmentation
             forward from CUDA graphs, one per input shape (`SegmentationGraphs`; other shapes, inputs off
-            CUDA and calls that record autograd run eagerly).
+            CUDA and calls that record autograd run eagerly), and a SpeakerDiarization pipeline's embedding
+            forward replays a graph at its fixed chunk-batch shape (`TrunkGraphs`).
 
     Returns:
         the same object (for a module a recogniser replaces whole, the replacement).
@@ -384,14 +418,19 @@ def optimize(model, *, cuda_graphs: bool = False):
         for owner, name, module in list(_held_modules(model, depth=4, seen=set())):
             new_module = _optimize_module(module, table)
             if new_module is not module:
-                setattr(owner, name, new_module)
+                _put(owner, name, new_module)
             optimized.append(new_module)
     if cuda_graphs:
         for root in optimized:
             for module in root.modules():
                 if _is_optimized_pyannet(module):
                     _install_graphs(module)
-    return model if not isinstance(model, nn.Module) else optimized[0]
+    if isinstance(model, nn.Module):
+        return optimized[0]
+    from rlx_triton.integrations._pyannote_pipeline import optimize_pipeline
+
+    optimize_pipeline(model, cuda_graphs=cuda_graphs)
+    return model
 
 
 def _route_of(module: nn.Module):
