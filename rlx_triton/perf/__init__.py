@@ -462,7 +462,7 @@ def run(args: argparse.Namespace) -> int:
     results_dir = Path(args.results) if args.results else None
     analysis = analyse(profile, args.benches or list(BENCHES), workers=args.workers, cache_dir=cache_dir,
                        results_dir=results_dir, progress=lambda message: print(message, file=sys.stderr, flush=True))
-    from rlx_triton.cli import write_json
+    from rlx_triton.json_output import write_json
 
     # --json -: the JSON alone on stdout (the table goes to stderr), as every rlx-triton command's --json does
     print(format_report(profile, analysis), file=sys.stderr if args.json == "-" else sys.stdout)
