@@ -198,7 +198,7 @@ def cmd_explain(args) -> int:
         as_device = contextlib.nullcontext()
     with as_device, use_backend(args.backend, strict=False):
         decided = route(request)
-    legend = cli_explain.tag_legend(spec.family, decided.candidate) if decided.candidate is not None else []
+    legend = cli_explain.tag_legend(spec.family, decided.candidate, dtype) if decided.candidate is not None else []
     report = {
         "family": decided.family, "op": decided.op, "device": args.device,
         "profile": profile.name if profile is not None else None, "dtype": dtype, "backend": decided.backend,
