@@ -18,65 +18,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 
-LLAMA3_8B = dict(heads=32, kv_heads=8, head_dim=128)
-CONTEXT = 4096
-
-
-def cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
-    """Case descriptions: label, (new tokens, context before them) per sequence, page_size, dtype, head shape.
-
-    gpu: the case set of a CUDA device (True) or of the CPU (False); None: of the device at hand.
-    """
-    if not (torch.cuda.is_available() if gpu is None else gpu):
-        return [dict(label="mixed", sequences=[(16, 48)] + [(1, 64)] * 3, page_size=None, dtype=torch.float32,
-                     heads=4, kv_heads=2, head_dim=32),
-                dict(label="mixed-paged16", sequences=[(16, 48)] + [(1, 64)] * 3, page_size=16, dtype=torch.float32,
-                     heads=4, kv_heads=2, head_dim=32)]
-    mixed = [(512, CONTEXT)] + [(1, CONTEXT)] * 63
-    shapes = [("prefill-4k", [(CONTEXT, 0)], None), ("chunked-prefill-512-over-4k", [(512, CONTEXT)], None),
-              ("mixed-1x512+63x1-at-4k", mixed, None), ("mixed-paged16", mixed, 16), ("mixed-paged256", mixed, 256)]
-    dtypes = (torch.float16,) if quick else (torch.float16, torch.bfloat16)
-    return [dict(label=label, sequences=sequences, page_size=page_size, dtype=dtype, **LLAMA3_8B)
-            for dtype in dtypes for label, sequences, page_size in shapes]
-
-
-def case_lengths(spec: dict) -> List[tuple]:
-    """(seqlen_q, seqlen_k) of each sequence: its new tokens, attending to its context and themselves."""
-    return [(new, context + new) for new, context in spec["sequences"]]
-
-
-def build_inputs(spec: dict, device: torch.device, make: Callable = torch.randn) -> dict:
-    """Keyword arguments of the case's rt.flash_attn_varlen_func call (causal), contiguous or paged KV; with
-    make=torch.empty on the meta device, the same call on meta tensors (what rlx-triton perf traces)."""
-    lengths = case_lengths(spec)
-    dtype, heads, kv_heads, dim = spec["dtype"], spec["heads"], spec["kv_heads"], spec["head_dim"]
-    total_q, total_k = sum(q for q, _ in lengths), sum(k for _, k in lengths)
-    cu_q = [0]
-    cu_k = [0]
-    for seqlen_q, seqlen_k in lengths:
-        cu_q.append(cu_q[-1] + seqlen_q)
-        cu_k.append(cu_k[-1] + seqlen_k)
-    index = dict(device=device, dtype=torch.int32)
-    kw = dict(q=make(total_q, heads, dim, device=device, dtype=dtype),
-              cu_seqlens_q=torch.tensor(cu_q, **index) if device.type != "meta" else torch.empty(len(cu_q), **index),
-              cu_seqlens_k=torch.tensor(cu_k, **index) if device.type != "meta" else torch.empty(len(cu_k), **index),
-              max_seqlen_q=max(q for q, _ in lengths), max_seqlen_k=max(k for _, k in lengths), causal=True)
-    page_size = spec["page_size"]
-    if page_size is None:
-        kw["k"] = make(total_k, kv_heads, dim, device=device, dtype=dtype)
-        kw["v"] = make(total_k, kv_heads, dim, device=device, dtype=dtype)
-    else:
-        per_sequence = -(-kw["max_seqlen_k"] // page_size)
-        pages = len(lengths) * per_sequence
-        kw["k"] = make(pages, page_size, kv_heads, dim, device=device, dtype=dtype)
-        kw["v"] = make(pages, page_size, kv_heads, dim, device=device, dtype=dtype)
-        kw["block_table"] = (torch.randperm(pages, device=device).reshape(len(lengths), per_sequence).to(torch.int32)
-                             if device.type != "meta" else torch.empty(len(lengths), per_sequence, **index))
-    return kw
+from rlx_triton.perf.cases import attention_serving_cases as cases
+from rlx_triton.perf.cases import build_serving_inputs
+from rlx_triton.perf.cases import case_lengths
 
 
 def causal_flops(spec: dict) -> int:
@@ -140,7 +88,7 @@ def run(quick: bool = False, progress=None) -> List[dict]:
     device = bench_device()
     results: List[dict] = []
     for spec in each_case("attention_serving", cases(quick), progress):
-        kw = build_inputs(spec, device)
+        kw = build_serving_inputs(spec, device)
         with rt.use_backend("auto"):
             chosen = rt.explain(rt.flash_attn_varlen_func, **kw)
             rlx_us = _time(lambda: rt.flash_attn_varlen_func(**kw), device, quick)

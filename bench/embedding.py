@@ -24,10 +24,12 @@ import copy
 import sys
 import types
 from pathlib import Path
-from typing import List, Optional
 
 import torch
 from torch import nn
+
+from rlx_triton.perf.cases import TRUNK_LAYER_KEYS
+from rlx_triton.perf.cases import embedding_cases as cases
 
 
 def _randomize(model: nn.Module) -> nn.Module:
@@ -58,40 +60,6 @@ def _wespeaker34() -> nn.Module:
     object.__setattr__(model, "_bench_fbank", Fbank(**options))
     object.__setattr__(model, "compute_fbank", types.MethodType(_stock_compute_fbank, model))
     return model
-
-
-def _layer_cases(batch: int, frames: int, m: int = 32, bins: int = 80):
-    """(name, c_in, c_out, height, width, kernel, stride, padding, residual) of each distinct trunk conv."""
-    rows = [("stem 3x3", 1, m, bins, frames, 3, 1, 1, False),
-            ("layer1 3x3", m, m, bins, frames, 3, 1, 1, True)]
-    h, w, c = bins, frames, m
-    for i in (2, 3, 4):
-        c2 = c * 2
-        h2, w2 = (h - 1) // 2 + 1, (w - 1) // 2 + 1
-        rows += [(f"layer{i}.0 3x3/2", c, c2, h, w, 3, 2, 1, False),
-                 (f"layer{i}.0 shortcut 1x1/2", c, c2, h, w, 1, 2, 0, False),
-                 (f"layer{i} 3x3", c2, c2, h2, w2, 3, 1, 1, True)]
-        h, w, c = h2, w2, c2
-    return rows, (c, h, w)
-
-
-_LAYER_KEYS = ("c_in", "c_out", "height", "width", "kernel", "stride", "padding", "residual")
-
-
-def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
-    """Case descriptions, by "layer": "end to end" (batch, samples), each distinct trunk conv (its name: batch,
-    c_in, c_out, height, width, kernel, stride, padding, residual), "pool" (TSTP: batch, channels, height,
-    width) and "seg_1" (batch, in_features, out_features); gpu None: the case set of the device at hand."""
-    gpu = torch.cuda.is_available() if gpu is None else gpu
-    batch, samples = (32, 160000) if gpu else (1, 16000 if quick else 32000)
-    frames = 1 + (samples - 400) // 160
-    rows, (c_last, h_last, w_last) = _layer_cases(batch, frames)
-    if quick:
-        rows = rows[:2] + rows[-3:]
-    return ([dict(layer="end to end", batch=batch, samples=samples)]
-            + [dict(layer=row[0], batch=batch, **dict(zip(_LAYER_KEYS, row[1:]))) for row in rows]
-            + [dict(layer="pool", batch=batch, channels=c_last, height=h_last, width=w_last),
-               dict(layer="seg_1", batch=batch, in_features=2 * c_last * h_last, out_features=256)])
 
 
 def run(quick: bool = False, progress=None) -> list:
@@ -145,7 +113,7 @@ def _trunk_layer(spec: dict, device, quick: bool) -> list:
     from rlx_triton.nn.conv2d import Conv2d
 
     name, batch = spec["layer"], spec["batch"]
-    c_in, c_out, h, w, k, s, p, with_residual = (spec[key] for key in _LAYER_KEYS)
+    c_in, c_out, h, w, k, s, p, with_residual = (spec[key] for key in TRUNK_LAYER_KEYS)
     layer_baseline = ("cuDNN conv, BatchNorm folded, + residual, relu (TF32 off, cudnn.benchmark)"
                       if device.type == "cuda" else "torch CPU conv, BatchNorm folded, + residual, relu")
     conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)

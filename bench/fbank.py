@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import torch
+
+from rlx_triton.perf.cases import fbank_cases as cases
 
 WESPEAKER = dict(num_mel_bins=80, frame_length=25, frame_shift=10, round_to_power_of_two=True, snip_edges=True,
                  dither=0.0, sample_frequency=16000, window_type="hamming", use_energy=False)
@@ -37,12 +38,6 @@ def _torchaudio_front_end():
         return features - torch.mean(features, dim=1, keepdim=True)
 
     return compute
-
-
-def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
-    """Case descriptions: batch (chunks) and samples per chunk; gpu None: the case set of the device at hand."""
-    gpu = torch.cuda.is_available() if gpu is None else gpu
-    return [dict(batch=32 if gpu and not quick else (8 if gpu else 2), samples=160000)]
 
 
 def run(quick: bool = False, progress=None) -> list:

@@ -13,22 +13,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import torch
+
+from rlx_triton.perf.cases import lstm_cases as cases
 
 
 def _bytes_moved(module: torch.nn.LSTM, x: torch.Tensor, out: torch.Tensor) -> int:
     weights = sum(p.numel() * p.element_size() for p in module.parameters())
     return x.numel() * x.element_size() + out.numel() * out.element_size() + weights
-
-
-def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
-    """Case descriptions: batch, seq, input_size, hidden, layers (bidirectional, batch_first); gpu None: the
-    case set of the device at hand."""
-    gpu = torch.cuda.is_available() if gpu is None else gpu
-    batch, seq = (32, 589) if gpu else (2, 50)
-    return [dict(batch=batch, seq=seq, input_size=60, hidden=128, layers=4)]
 
 
 def run(quick: bool = False, progress=None) -> list:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import copy
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import torch
+
+from rlx_triton.perf.cases import pyannote_segmentation_cases as cases
 
 
 def _pyannet():
@@ -32,12 +33,6 @@ def _pyannet():
                                           powerset_max_classes=2, permutation_invariant=True)
     model.build()
     return model.eval()
-
-
-def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
-    """Case descriptions: batch (chunks) and samples per chunk; gpu None: the case set of the device at hand."""
-    gpu = torch.cuda.is_available() if gpu is None else gpu
-    return [dict(batch=32, samples=160000) if gpu else dict(batch=1, samples=32000)]
 
 
 def run(quick: bool = False, progress=None) -> list:

@@ -248,7 +248,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch
 
     from bench.common import bench_device, copy_bandwidth_gbps
-    from rlx_triton.cli import write_json
+    from rlx_triton.json_output import write_json
     from rlx_triton.progress import Progress
 
     device = bench_device()

@@ -24,48 +24,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-KV_BYTES_LIMIT = 24 * 2**30  # skip cases whose K+V would not fit comfortably
-
-
-def cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
-    """Case descriptions: batch, heads, kv_heads, head_dim, seq_kv, dtype, label.
-
-    gpu: the case set of a CUDA device (True) or of the CPU (False); None: of the device at hand.
-    """
-    if not (torch.cuda.is_available() if gpu is None else gpu):
-        return [dict(label="gqa", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32),
-                dict(label="mha", batch=2, heads=4, kv_heads=4, head_dim=64, seq_kv=128, dtype=torch.float32),
-                dict(label="gqa-paged16", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32,
-                     page_size=16)]
-    out: List[dict] = []
-    dtypes = (torch.float16,) if quick else (torch.float16, torch.bfloat16)
-    batches = (1, 16) if quick else (1, 4, 16, 64)
-    lengths = (4096, 65536) if quick else (512, 4096, 16384, 65536)
-    for dtype in dtypes:
-        for batch in batches:
-            for seq_kv in lengths:
-                out.append(dict(label="llama3-8b-gqa", batch=batch, heads=32, kv_heads=8, head_dim=128,
-                                seq_kv=seq_kv, dtype=dtype))
-        for batch, seq_kv in ((1, 16384), (16, 4096)) if not quick else ((16, 4096),):
-            out.append(dict(label="mha", batch=batch, heads=32, kv_heads=32, head_dim=128, seq_kv=seq_kv, dtype=dtype))
-        # small batches over long caches, where the split count decides how many SMs work
-        for batch, seq_kv in ((1, 32768), (1, 131072), (2, 32768), (2, 131072)) if not quick else ((1, 131072),):
-            out.append(dict(label="llama3-8b-gqa", batch=batch, heads=32, kv_heads=8, head_dim=128, seq_kv=seq_kv,
-                            dtype=dtype))
-        mqa = ((1, 32768), (1, 65536), (1, 131072), (2, 32768), (2, 131072), (16, 16384), (64, 4096))
-        for batch, seq_kv in mqa if not quick else ((1, 131072), (16, 16384)):
-            out.append(dict(label="mqa", batch=batch, heads=32, kv_heads=1, head_dim=128, seq_kv=seq_kv, dtype=dtype))
-        for head_dim in (64, 96, 256) if not quick else (96,):
-            for seq_kv in (4096, 16384) if not quick else (16384,):
-                out.append(dict(label=f"gqa-d{head_dim}", batch=4, heads=32, kv_heads=8, head_dim=head_dim,
-                                seq_kv=seq_kv, dtype=dtype))
-        # paged caches beside the contiguous cases of the same shape
-        for batch, seq_kv in ((16, 4096), (4, 16384)) if not quick else ((16, 4096),):
-            for page_size in (16, 256):
-                out.append(dict(label=f"llama3-8b-gqa-paged{page_size}", batch=batch, heads=32, kv_heads=8,
-                                head_dim=128, seq_kv=seq_kv, dtype=dtype, page_size=page_size))
-    itemsize = 2
-    return [c for c in out if 2 * c["batch"] * c["kv_heads"] * c["seq_kv"] * c["head_dim"] * itemsize <= KV_BYTES_LIMIT]
+from rlx_triton.perf.cases import sdpa_decode_cases as cases
 
 
 def _torch_variants(q, k, v) -> Dict[str, Callable[[], torch.Tensor]]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import torch
+
+from rlx_triton.perf.cases import sincnet_cases as cases
 
 
 def _pyannote_sincnet():
@@ -48,12 +49,6 @@ def _cached_sequence(module):
         return h
 
     return forward
-
-
-def cases(quick: bool = False, gpu: Optional[bool] = None) -> List[dict]:
-    """Case descriptions: batch (chunks) and samples per chunk; gpu None: the case set of the device at hand."""
-    gpu = torch.cuda.is_available() if gpu is None else gpu
-    return [dict(batch=32 if gpu else 1, samples=160000)]
 
 
 def run(quick: bool = False, progress=None) -> list:

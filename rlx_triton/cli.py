@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from rlx_triton.cli_explain import UsageError
+from rlx_triton.json_output import write_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -48,20 +48,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def write_json(path: Optional[str], data: Any) -> bool:
-    """Writes `data` to path ("-": stdout); True when stdout now holds the JSON (print nothing else there)."""
-    if path is None:
-        return False
-    text = json.dumps(data, indent=2, default=str)
-    if path == "-":
-        print(text)
-        return True
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text + "\n")
-    return False
 
 
 def _add_json(parser: argparse.ArgumentParser, what: str) -> None:
@@ -212,7 +198,7 @@ def cmd_explain(args) -> int:
         as_device = contextlib.nullcontext()
     with as_device, use_backend(args.backend, strict=False):
         decided = route(request)
-    legend = cli_explain.tag_legend(spec.family, decided.candidate) if decided.candidate is not None else []
+    legend = cli_explain.tag_legend(spec.family, decided.candidate, dtype) if decided.candidate is not None else []
     report = {
         "family": decided.family, "op": decided.op, "device": args.device,
         "profile": profile.name if profile is not None else None, "dtype": dtype, "backend": decided.backend,

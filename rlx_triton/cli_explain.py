@@ -395,8 +395,14 @@ TAG_MEANINGS: Dict[str, object] = {
 }
 
 
-def tag_legend(family: str, candidate) -> List[Tuple[str, str]]:
-    """(tag part, "field=value  meaning") for each part of the candidate's tag, in tag order."""
+# tag words that act on 16-bit operands only: on an fp32 request the kernel keeps fp32 and ignores them
+SIXTEEN_BIT_WORDS: Dict[str, str] = {
+    "f16kv": "no effect on an fp32 request: the kernel keeps fp32 operands (fp16/bf16 requests only)"}
+
+
+def tag_legend(family: str, candidate, dtype: str = "float16") -> List[Tuple[str, str]]:
+    """(tag part, "field=value  meaning") for each part of the candidate's tag, in tag order; dtype: the request's
+    (the meaning of a 16-bit-operand word depends on it)."""
     legend = []
     for tag_field in candidate.TAG.fields:
         value = getattr(candidate, tag_field.name)
@@ -404,5 +410,7 @@ def tag_legend(family: str, candidate) -> List[Tuple[str, str]]:
         meaning = TAG_MEANINGS.get(f"{family}.{tag_field.name}", TAG_MEANINGS.get(tag_field.name))
         if isinstance(meaning, dict):
             meaning = meaning.get(part)
+        if dtype == "float32" and part in SIXTEEN_BIT_WORDS:
+            meaning = SIXTEEN_BIT_WORDS[part]
         legend.append((part, f"{tag_field.name}={value}  {meaning or ''}".rstrip()))
     return legend

@@ -53,6 +53,8 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
         from rlx_triton.integrations.pyannote import explain as explain_model
 
         routes = explain_model(target, *args, **kwargs)
+        if not routes:   # no rlx module in it: the routes of the op calls its forward makes (registered attention)
+            routes = routed_calls(target, *args, **kwargs)
         if not routes:
             warnings.warn(f"explain: the forward of this {type(target).__name__} runs no rlx_triton module, so no "
                           "route is taken: rt.integrations.pyannote.optimize(model) swaps them into a pyannote "
@@ -61,6 +63,47 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
         return routes
     raise TypeError(f"explain: {getattr(target, '__name__', type(target).__name__)!r} is not an rlx_triton op "
                     "or a torch.nn.Module")
+
+
+def routed_calls(model: Any, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+    """{module path: Route} of every rlx_triton op call in one eager no-grad forward of `model`, keyed by the
+    innermost module making it (a module whose forward makes several gets "<path>#<n>" keys after the first)."""
+    import torch
+
+    from rlx_triton.router.route import recording_routes
+
+    routes: Dict[str, Any] = {}
+    stack = [""]
+    taken = [0]
+
+    def take(sink: list) -> None:
+        for decided in sink[taken[0]:]:
+            path = stack[-1]
+            key = path if path not in routes else f"{path}#{sum(k == path or k.startswith(path + '#') for k in routes)}"
+            routes[key] = decided
+        taken[0] = len(sink)
+
+    handles = []
+    with recording_routes() as sink:
+        for path, module in model.named_modules():
+            def enter(module, inputs, path=path):
+                take(sink)
+                stack.append(path)
+
+            def leave(module, inputs, output):
+                take(sink)
+                stack.pop()
+
+            handles.append(module.register_forward_pre_hook(enter))
+            handles.append(module.register_forward_hook(leave))
+        try:
+            with torch.no_grad():
+                model(*args, **kwargs)
+            take(sink)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return routes
 
 
 def _check_call(op: Any, args: tuple, kwargs: dict) -> None:

@@ -1,10 +1,12 @@
 """The bench cases as rlx_triton calls on meta tensors, for `rlx-triton perf`.
 
-Each bench module in bench/ states its case list (`cases(quick, gpu=True)`: the cases a CUDA run
-measures); this module turns every case into the call that bench makes (the same module or op, the
+The case lists are rlx_triton.perf.cases (`<bench>_cases(quick, gpu=True)`: the cases a CUDA run
+measures, what bench/<bench>.py runs); this module turns every case into the call that bench makes (the same module or op, the
 same arguments, the same per-candidate rows a GPU run adds), on meta tensors, and into the case label
 the bench writes to its results file (so measured times can be set next to the estimates). Modules are
-built on the CPU (random weights) and moved to the meta device before the traced call.
+built on the CPU (random weights) and moved to the meta device before the traced call. The stock pyannote
+models of the sincnet, pyannote_segmentation and embedding benches come from bench/ of a source checkout
+(pyannote.audio's models, else the structural copies in tests/reference/).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from rlx_triton.perf import BENCHES
+from rlx_triton.perf import cases as case_lists
 
 META = torch.device("meta")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,14 +41,14 @@ class PerfCase:
 
 
 def bench_module(name: str):
-    """bench/<name>.py of the source checkout (perf reads the case lists where the benchmarks live)."""
+    """bench/<name>.py of the source checkout, for the stock models its cases run."""
     if str(REPO_ROOT) not in sys.path and (REPO_ROOT / "bench" / "__init__.py").exists():
         sys.path.insert(0, str(REPO_ROOT))
     try:
         return importlib.import_module(f"bench.{name}")
     except ImportError as error:
-        raise RuntimeError(f"rlx-triton perf reads the case lists in bench/ of a source checkout; "
-                           f"bench.{name} could not be imported ({error})") from error
+        raise RuntimeError(f"rlx-triton perf {name} builds its stock model with bench/{name}.py of a source "
+                           f"checkout; bench.{name} could not be imported ({error})") from error
 
 
 def _meta(*shape, dtype=torch.float32) -> torch.Tensor:
@@ -63,7 +66,7 @@ def _sdpa_decode(facts, quick: bool) -> List[PerfCase]:
     import rlx_triton as rt
 
     rows = []
-    for spec in bench_module("sdpa_decode").cases(quick, gpu=True):
+    for spec in case_lists.sdpa_decode_cases(quick, gpu=True):
         batch, heads, kv_heads, dim, seq_kv, dtype = (spec[key] for key in
                                                       ("batch", "heads", "kv_heads", "head_dim", "seq_kv", "dtype"))
 
@@ -99,11 +102,10 @@ def _attention_serving(facts, quick: bool) -> List[PerfCase]:
     import rlx_triton as rt
     from rlx_triton.backends.triton import launches
 
-    module = bench_module("attention_serving")
     rows = []
-    for spec in module.cases(quick, gpu=True):
+    for spec in case_lists.attention_serving_cases(quick, gpu=True):
         def call(spec=spec):
-            kw = module.build_inputs(spec, META, make=torch.empty)
+            kw = case_lists.build_serving_inputs(spec, META, make=torch.empty)
             route = rt.explain(rt.flash_attn_varlen_func, **kw)
             if route.backend != "triton":
                 return None
@@ -111,7 +113,7 @@ def _attention_serving(facts, quick: bool) -> List[PerfCase]:
             plan, outputs = route.module.varlen_attention_plan(
                 kw["q"], kw["k"], kw["v"], kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["max_seqlen_q"],
                 kw["max_seqlen_k"], scale=spec["head_dim"] ** -0.5, block_table=kw.get("block_table"),
-                candidate=route.candidate, lengths=module.case_lengths(spec),
+                candidate=route.candidate, lengths=case_lists.case_lengths(spec),
                 **route.module.kernel_options(True, (-1, -1), kw["max_seqlen_q"], kw["max_seqlen_k"], None))
             launches.run(plan)
             return outputs
@@ -134,7 +136,7 @@ def _fbank(facts, quick: bool) -> List[PerfCase]:
 
     return [_waveform_case("fbank", rt.nn.Fbank.wespeaker().to(META), spec,
                            lambda out: f"({out.shape[0]}, {out.shape[1]}, {out.shape[2]})")
-            for spec in bench_module("fbank").cases(quick, gpu=True)]
+            for spec in case_lists.fbank_cases(quick, gpu=True)]
 
 
 def _sincnet(facts, quick: bool) -> List[PerfCase]:
@@ -143,7 +145,7 @@ def _sincnet(facts, quick: bool) -> List[PerfCase]:
     bench = bench_module("sincnet")
     return [_waveform_case("sincnet", SincNet.from_pyannote(bench._pyannote_sincnet()).to(META), spec,
                            lambda out: f"({out.shape[0]}, {out.shape[1]}, {out.shape[-1]})")
-            for spec in bench.cases(quick, gpu=True)]
+            for spec in case_lists.sincnet_cases(quick, gpu=True)]
 
 
 def _lstm(facts, quick: bool) -> List[PerfCase]:
@@ -152,7 +154,7 @@ def _lstm(facts, quick: bool) -> List[PerfCase]:
     from rlx_triton.planner import LstmVariant
 
     rows = []
-    for spec in bench_module("lstm").cases(quick, gpu=True):
+    for spec in case_lists.lstm_cases(quick, gpu=True):
         batch, seq, features = spec["batch"], spec["seq"], spec["input_size"]
         module = torch.nn.LSTM(features, spec["hidden"], spec["layers"], bidirectional=True,
                                batch_first=True).eval().to(META)
@@ -180,7 +182,7 @@ def _pyannote_segmentation(facts, quick: bool) -> List[PerfCase]:
     bench = bench_module("pyannote_segmentation")
     return [_waveform_case("pyannote_segmentation", pyannote.optimize(copy.deepcopy(bench._pyannet())).to(META),
                            spec, lambda out: f"{tuple(out.shape)}", dims=dict(spec), model="PyanNet segmentation")
-            for spec in bench.cases(quick, gpu=True)]
+            for spec in case_lists.pyannote_segmentation_cases(quick, gpu=True)]
 
 
 def _embedding(facts, quick: bool) -> List[PerfCase]:
@@ -192,7 +194,7 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
     from rlx_triton.router import clear_route_cache
 
     bench = bench_module("embedding")
-    specs = bench.cases(quick, gpu=True)
+    specs = case_lists.embedding_cases(quick, gpu=True)
     approved = [c for c in kernels.all_candidates() if kernels.candidate_tag(c) in kernels.APPROVALS]
     rows = []
     for spec in specs:

@@ -146,7 +146,7 @@ def matched_cases(reports: Sequence, table: Dict[tuple, float]) -> List[Measured
 def run(args) -> int:
     """The --calibrate command (see rlx_triton.perf.add_arguments); returns the exit code."""
     from rlx_triton import devices
-    from rlx_triton.cli import write_json
+    from rlx_triton.json_output import write_json
     from rlx_triton.perf import BENCHES, EXIT_FAILED, EXIT_OK, EXIT_USAGE, analyse
     from rlx_triton.perf.benches import REPO_ROOT
     from rlx_triton.perf.compiled import default_cache_dir

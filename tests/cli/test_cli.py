@@ -203,3 +203,23 @@ def test_perf_is_a_subcommand_that_loads_only_when_it_runs(capsys):
     assert code.stdout.strip() == "[]", code.stdout + code.stderr
     code, _, err = run(capsys, "perf", "--device", "m2-max")
     assert code == 2 and "not a CUDA GPU" in err
+
+
+DECODE_H200_JSON = ("explain", "sdpa_decode", "--device", "h200", "--field", "batch=4", "--field", "num_heads=32",
+               "--field", "num_kv_heads=8", "--field", "head_dim=128", "--field", "seq_kv=4096", "--json", "-")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_explain_says_the_f16kv_flag_uses_16_bit_operands_only_on_16_bit_requests(capsys, dtype):
+    from rlx_triton.planner import SdpaDecodeCandidate
+
+    pytest.importorskip("triton", reason="the triton backend runs on a CUDA profile only where triton is installed")
+    code, out, _ = run(capsys, *DECODE_H200_JSON, "--dtype", dtype)
+    route = json.loads(out)
+    assert code == 0 and route["backend"] == "triton"
+    assert SdpaDecodeCandidate.from_tag(route["candidate"]).use_f16_kv
+    meaning = route["legend"]["f16kv"]
+    if dtype == "float32":
+        assert "fp16/bf16 operands (tensor cores)" not in meaning and "keeps fp32" in meaning
+    else:
+        assert "fp16/bf16 operands (tensor cores)" in meaning

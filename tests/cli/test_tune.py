@@ -14,9 +14,9 @@ def test_every_named_model_has_cases():
 
 def test_wespeaker_tunes_every_conv_geometry_of_the_embedding_bench():
     """`rlx-triton tune wespeaker` times the trunk layers bench/embedding.py measures (and recipes cover)."""
-    from rlx_triton.perf.benches import bench_module
+    from rlx_triton.perf.cases import embedding_cases
 
-    layers = [spec for spec in bench_module("embedding").cases(gpu=True) if "c_in" in spec]
+    layers = [spec for spec in embedding_cases(gpu=True) if "c_in" in spec]
     expected = {f"conv2d b{s['batch']} {s['c_in']}->{s['c_out']} {s['height']}x{s['width']} k{s['kernel']} "
                 f"s{s['stride']}" for s in layers}
     labels = [label for label, _ in tune.MODEL_SHAPES["wespeaker"] if label.startswith("conv2d")]

@@ -139,3 +139,19 @@ def test_padded_generate_through_the_flash_path_matches_sdpa():
     with rt.use_backend("triton", strict=True):
         got = generate(model, rt_transformers.register_flash(), input_ids, attention_mask)
     assert torch.equal(got, expected)
+
+
+def test_explain_of_a_model_with_registered_attention_returns_each_layers_attention_route():
+    rt_transformers.register("rlx_triton")
+    model = tiny_llama()
+    model.set_attn_implementation("rlx_triton")
+    routes = rt.explain(model, input_ids=torch.randint(1, 96, (1, 5)))
+    assert sorted(routes) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert all(route.family == "sdpa_decode" and route.backend for route in routes.values())
+
+
+def test_explain_of_a_model_whose_attention_rt_does_not_run_warns_and_returns_no_route():
+    model = tiny_llama()
+    model.set_attn_implementation("eager")
+    with pytest.warns(UserWarning, match="runs no rlx_triton module"):
+        assert rt.explain(model, input_ids=torch.randint(1, 96, (1, 5))) == {}

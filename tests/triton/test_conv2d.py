@@ -264,9 +264,9 @@ def test_split_weights_are_packed_tap_major_and_cached():
 
 
 def _trunk_layers():
-    from rlx_triton.perf.benches import bench_module
+    from rlx_triton.perf.cases import embedding_cases
 
-    return [spec for spec in bench_module("embedding").cases(gpu=True) if "c_in" in spec]
+    return [spec for spec in embedding_cases(gpu=True) if "c_in" in spec]
 
 
 @pytest.mark.parametrize("device", ["h200", "a100"])
