@@ -28,6 +28,7 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -177,6 +178,26 @@ def _worker_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class _SigintIgnoredFromStart(multiprocessing.context.SpawnProcess):
+    """A spawned worker that ignores SIGINT from its first instruction: an ignored signal stays ignored
+    across exec, so a Ctrl-C that reaches a worker still importing torch (before `_worker_init` runs)
+    prints no traceback of its own. The parent ignores SIGINT only while the child is being started."""
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            super().start()
+            return
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            super().start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+class _SpawnIgnoringSigint(multiprocessing.context.SpawnContext):
+    Process = _SigintIgnoredFromStart
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM) stopped a pool of compile workers: `done` holds what had come back, of `total` jobs.
 
@@ -195,7 +216,7 @@ def compile_workers(workers: int) -> Iterator[concurrent.futures.ProcessPoolExec
     On normal exit the pool finishes its jobs; on an exception, Ctrl-C included, queued jobs are cancelled and the
     workers terminated instead of waited for."""
     saved = os.environ.pop("TRITON_INTERPRET", None)
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=_SpawnIgnoringSigint(),
                                                   initializer=_worker_init)
     try:
         yield pool
