@@ -33,7 +33,7 @@ from torch import nn
 
 from rlx_triton.integrations.pyannote import SegmentationGraphs
 
-CPU_CHUNKS_PER_FORWARD = 4     # the shared trunk needs no large batch to pay; a few chunks keep memory small
+CPU_CHUNKS_PER_FORWARD = 1     # on CPU a batch of chunks costs more per chunk (measured: 0.33 s alone, 0.45 s in 4): its feature maps leave the caches
 MAX_CUDA_CHUNKS_PER_FORWARD = 32
 # activation memory of a WeSpeaker ResNet34 forward per input sample (fp32: 32 channels x 80 bins at 100
 # frames/s is 64 bytes per sample per feature map, a few maps live at once), with headroom

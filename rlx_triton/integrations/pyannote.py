@@ -325,10 +325,30 @@ def _install_graphs(module: nn.Module) -> None:
 # ---------------------------------------------------------------------------------------------
 # optimize / explain
 # ---------------------------------------------------------------------------------------------
+def _take_the_mode_of_their_owners(module: nn.Module, training: bool, originals: set) -> None:
+    """Every module under `module` that a swap created (not in `originals`) takes the train/eval mode of
+    its nearest original owner, so an eval model stays eval through and through (nn.Module starts in train
+    mode, and code that reads `module.training`, pyannote's included, must see the mode the user set)."""
+    for child in module.children():
+        if id(child) not in originals:
+            child.training = training
+        _take_the_mode_of_their_owners(child, child.training, originals)
+
+
+def _swap(recogniser: Recogniser, module: nn.Module) -> nn.Module:
+    originals = list(module.modules())   # held, so that no new module can reuse a replaced one's id
+    training = module.training
+    swapped = recogniser.swap(module)
+    if swapped is not module:
+        swapped.training = training
+    _take_the_mode_of_their_owners(swapped, swapped.training, {id(m) for m in originals})
+    return swapped
+
+
 def _optimize_module(module: nn.Module, table: List[Recogniser]) -> nn.Module:
     for recogniser in table:
         if recogniser.matches(module):
-            return recogniser.swap(module)
+            return _swap(recogniser, module)
     for name, child in list(module._modules.items()):
         if child is None:
             continue

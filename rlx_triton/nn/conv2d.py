@@ -140,7 +140,8 @@ class Conv2d(nn.Module):
             raise ValueError(f"Conv2d.from_torch: conv must have groups=1, dilation=1 and zero padding, got {conv}")
         if isinstance(conv.padding, str):
             raise ValueError(f"Conv2d.from_torch: conv must have an integer padding, got padding={conv.padding!r}")
-        return cls(conv.weight, conv.bias, stride=conv.stride, padding=conv.padding, relu=relu, bn=bn)
+        new = cls(conv.weight, conv.bias, stride=conv.stride, padding=conv.padding, relu=relu, bn=bn)
+        return new.train(conv.training)
 
     def _apply(self, fn, recurse=True):
         # the BatchNorm moves with the conv that applies it (.to(), .double(), ...); where its owner also
@@ -220,7 +221,7 @@ class Projection(nn.Module):
     def from_torch(cls, linear: nn.Linear) -> "Projection":
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"Projection.from_torch: linear must be a torch.nn.Linear, got {type(linear).__name__}")
-        return cls(linear.weight, linear.bias)
+        return cls(linear.weight, linear.bias).train(linear.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -309,7 +310,7 @@ class _Block(nn.Module):
                  for i in range(1, cls._depth + 1)]
         new = cls(*convs, cls._shortcut(block), int(getattr(block, "stride", 1)))
         new._geometry = type(block)
-        return new
+        return new.train(block.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = self.shortcut(x)   # an empty shortcut is the identity; shortcut.1 is folded into .0

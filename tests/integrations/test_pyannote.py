@@ -6,6 +6,7 @@ the route of every swapped module; other modules register recognisers."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -80,6 +81,20 @@ def test_optimize_is_idempotent_and_handles_a_head_without_linear_layers():
         with rt.use_backend("torch"):
             got = model(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_every_module_of_an_optimized_model_keeps_the_models_mode(training):
+    from tests.reference.wespeaker_models import tiny_wespeaker
+
+    models = [make_pyannet(), tiny_wespeaker()]
+    for model in models:
+        model.train(training)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # a trunk in training mode warns that its BatchNorms are folded
+            optimized = rt.integrations.pyannote.optimize(model)
+        modes = {name: module.training for name, module in optimized.named_modules(remove_duplicate=False)}
+        assert set(modes.values()) == {training}, [name for name, mode in modes.items() if mode != training]
 
 
 def test_unknown_models_and_modules_are_unchanged():

@@ -112,6 +112,23 @@ def test_get_embeddings_equal_stock_on_hand_made_segmentations(stock_pipeline, e
     np.testing.assert_allclose(got[3, 2], got[1, 2], rtol=1e-6)       # a silent speaker: zero statistics
 
 
+@pytest.mark.parametrize("chunks_per_forward", [1, 3])
+def test_the_optimized_pipeline_runs_the_embedding_model_once_per_chunk_batch(stock_pipeline, monkeypatch,
+                                                                              chunks_per_forward):
+    from rlx_triton.integrations import _pyannote_pipeline
+
+    monkeypatch.setattr(_pyannote_pipeline, "CPU_CHUNKS_PER_FORWARD", chunks_per_forward)
+    optimized = _optimized(stock_pipeline)
+    batch_sizes = []
+    handle = optimized._embedding.model_.register_forward_hook(
+        lambda module, args, output: batch_sizes.append(args[0].shape[0]))
+    try:
+        optimized.get_embeddings(_file(), _segmentations(chunks=7))
+    finally:
+        handle.remove()
+    assert batch_sizes == [chunks_per_forward] * (7 // chunks_per_forward) + [7 % chunks_per_forward] * (7 % chunks_per_forward > 0)
+
+
 def test_exclude_overlap_falls_back_to_the_whole_mask_below_min_num_frames(stock_pipeline):
     from rlx_triton.integrations._pyannote_pipeline import optimize_pipeline
 
