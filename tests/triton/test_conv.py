@@ -186,32 +186,6 @@ def test_sinc_filters_of_inference_tensors_take_the_symmetric_kernel():
     assert rel_err(out, sincnet_float64(module, wav)) <= 1e-4
 
 
-def test_tf32_split_halves_are_tf32_values_that_sum_to_the_input():
-    x = torch.cat([torch.randn(4096) * 10.0 ** torch.randint(-30, 30, (4096,)), torch.tensor([0.0, -0.0, 1.0])])
-    hi, lo = tconv.split_tf32(x)
-    for half in (hi, lo):
-        assert torch.equal(half.view(torch.int32) & 0x1FFF, torch.zeros_like(half, dtype=torch.int32))
-    assert ((hi.double() + lo.double() - x.double()).abs() <= 2.0 ** -20 * x.double().abs()).all()
-    hi, lo = tconv.split_tf32(torch.tensor([float("inf"), -float("inf"), float("nan")]))
-    assert hi[:2].isinf().all() and torch.equal(lo[:2], torch.zeros(2)) and hi[2].isnan() and lo[2].isnan()
-
-
-@triton.jit
-def _tf32_split_kernel(x_ptr, hi_ptr, lo_ptr, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    hi, lo = tconv.tf32_split(tl.load(x_ptr + offs))
-    tl.store(hi_ptr + offs, hi)
-    tl.store(lo_ptr + offs, lo)
-
-
-def test_the_kernels_split_matches_the_host_split():
-    x = torch.randn(64) * 1e3
-    hi, lo = torch.empty(64), torch.empty(64)
-    _tf32_split_kernel[(1,)](x, hi, lo, BLOCK=64)
-    ref_hi, ref_lo = tconv.split_tf32(x)
-    assert torch.equal(hi, ref_hi) and torch.equal(lo, ref_lo)
-
-
 def test_routed_calls_launch_through_the_autotune_bridge():
     import rlx_triton as rt
     from rlx_triton.ops import conv as ops

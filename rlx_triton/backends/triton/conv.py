@@ -93,6 +93,7 @@ import triton.language as tl
 
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
 from rlx_triton.backends.triton import launches
+from rlx_triton.backends.triton._tf32 import split_tf32, tf32_split
 from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.backends.triton.device_cache import packed_weights
 from rlx_triton.backends.triton.launches import Launch
@@ -103,19 +104,6 @@ from rlx_triton.router.coverage import Coverage
 # ----------------------------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def tf32_split(x):
-    """(hi, lo) with x = hi + lo + r, |r| <= 2^-20 |x|, both exactly representable in TF32 (the low 13
-    mantissa bits cleared), so TF32 tensor cores multiply them exactly: the three products hi*hi',
-    hi*lo', lo*hi' of a "tf32x3" dot carry fp32's accuracy. An infinite x splits into (x, 0), not
-    (inf, inf - inf); a NaN stays NaN in both. The same arithmetic runs in the interpreter, so its dots
-    see the operands a GPU's do (split_tf32 is the host-side twin for weights)."""
-    hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    rest = tl.where(hi == x, 0.0, x - hi)
-    lo = (rest.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    return hi, lo
 
 
 @triton.jit
@@ -611,16 +599,6 @@ def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
     """(C_out, C_in, taps) -> (C_in * taps, C_out) contiguous, so weight tiles load along C_out; cached per
     weight version (cached_weight)."""
     return cached_weight(weight, lambda w: w.reshape(w.shape[0], -1).t().contiguous(), "conv_packed")
-
-
-def split_tf32(tensor: torch.Tensor):
-    """(hi, lo) float32 tensors with tensor = hi + lo to 2^-20, each exactly representable in TF32: the
-    host-side twin of the kernels' tf32_split, for weights split once per weight version."""
-    x = tensor.detach().float()
-    hi = (x.view(torch.int32) & -8192).view(torch.float32)
-    rest = torch.where(hi == x, 0.0, x - hi)
-    lo = (rest.view(torch.int32) & -8192).view(torch.float32)
-    return hi, lo
 
 
 def split_terms(matrix: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ import triton.language as tl
 
 from rlx_triton.backends.candidates import approvals_by_precision, plan_candidates
 from rlx_triton.backends.triton import launches
+from rlx_triton.backends.triton._tf32 import tf32_split
 from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.backends.triton.device_cache import packed_weights
 from rlx_triton.backends.triton.launches import Launch
@@ -65,24 +66,11 @@ THREADS_PER_WARP = 32
 # the same facts for the kernels, which read only constexpr globals
 _GATES = tl.constexpr(GATES)
 GATE_I, GATE_F, GATE_G, GATE_O = (tl.constexpr(gate) for gate in range(GATES))
-TF32_MASK = tl.constexpr(0xFFFFE000)   # sign, exponent and tf32's 10 mantissa bits of an fp32
 
 
 # ---------------------------------------------------------------------------------------------
 # kernels
 # ---------------------------------------------------------------------------------------------
-@triton.jit
-def _tf32_split(x):
-    """(hi, lo), both with tf32's 10 mantissa bits, x = hi + lo to about 2^-20 |x| (truncation twice);
-    non-finite x is all in hi."""
-    hi = (x.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
-    finite = tl.abs(x) < float("inf")
-    hi = tl.where(finite, hi, x)
-    rest = tl.where(finite, x - hi, 0.0)
-    lo = (rest.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
-    return hi, lo
-
-
 @triton.jit
 def _dot_fp32(a, b, acc, PRECISION: tl.constexpr):
     """acc + a @ b at the candidate's precision. "tf32x3" is written out as three TF32 tensor-core
@@ -90,8 +78,8 @@ def _dot_fp32(a, b, acc, PRECISION: tl.constexpr):
     tf32 numbers is exact in fp32, so the CPU interpreter, whose dots are fp32 whatever the precision,
     reproduces the rounding of the GPU's tf32x3 and measures its error."""
     if PRECISION == "tf32x3":
-        a_hi, a_lo = _tf32_split(a)
-        b_hi, b_lo = _tf32_split(b)
+        a_hi, a_lo = tf32_split(a)
+        b_hi, b_lo = tf32_split(b)
         acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
         acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
         acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32")
@@ -265,7 +253,7 @@ def _group_barrier(counter_ptr, expected):
 def _dot_parts(h, w, w_hi, w_lo, acc, PRECISION: tl.constexpr):
     """acc + h @ w, with w's tf32x3 parts precomputed (see `_dot_fp32`)."""
     if PRECISION == "tf32x3":
-        h_hi, h_lo = _tf32_split(h)
+        h_hi, h_lo = tf32_split(h)
         acc = tl.dot(h_hi, w_lo, acc, input_precision="tf32")
         acc = tl.dot(h_lo, w_hi, acc, input_precision="tf32")
         acc = tl.dot(h_hi, w_hi, acc, input_precision="tf32")
@@ -312,7 +300,7 @@ def _lstm_onchip_kernel(
     w_los = ()
     for kc in tl.static_range(BLOCK_K // K_CHUNK):
         piece = tl.load(w_rows + kc * K_CHUNK + offs_c[:, None], mask=col_mask[None, :], other=0.0)
-        hi, lo = _tf32_split(piece)   # the tf32x3 parts, once (unused at other precisions)
+        hi, lo = tf32_split(piece)   # the tf32x3 parts, once (unused at other precisions)
         w_parts = w_parts + (piece,)
         w_his = w_his + (hi,)
         w_los = w_los + (lo,)
