@@ -14,6 +14,7 @@ import rlx_triton as rt
 # module -> the public names whose docstrings carry examples
 DOCUMENTED = {
     "rlx_triton.ops.fbank": ["fbank"],
+    "rlx_triton.ops.flash_attn": ["flash_attn_with_kvcache"],
     "rlx_triton.ops.sdpa_decode": ["scaled_dot_product_attention", "sdpa_decode", "patch_sdpa"],
     "rlx_triton.router.route": ["explain", "MissingKernel"],
     "rlx_triton.router.settings": ["use_backend"],
@@ -46,7 +47,8 @@ def test_docstring_example_runs_as_shown(module_name, name):
 
 
 # the public functions a new user reads first, in the one format: Args / Returns / Raises / Example, in that order
-FORMATTED = ["explain", "fbank", "scaled_dot_product_attention", "sdpa_decode", "patch_sdpa", "use_backend"]
+FORMATTED = ["explain", "fbank", "scaled_dot_product_attention", "sdpa_decode", "flash_attn_with_kvcache",
+             "patch_sdpa", "use_backend"]
 SECTIONS = ("Args:", "Returns:", "Raises:", "Example:")
 
 

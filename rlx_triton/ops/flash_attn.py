@@ -293,22 +293,45 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """FlashAttention 2's flash_attn_with_kvcache: attention of q against a KV cache, appending k/v in place.
 
-    q (B, Sq, H, D); k_cache/v_cache (B_cache, S_cache, Hkv, D/Dv), or (num_pages, page_size, Hkv, D/Dv)
-    with block_table (B, pages_per_sequence) int32; Hkv divides H (query head h reads KV head
-    h // (H // Hkv)). k/v (B, S_new, Hkv, D/Dv) are written at positions cache_seqlens .. + S_new of each
-    sequence (through block_table when paged, at row cache_batch_idx[b] otherwise), with rotary embedding
-    applied to k when rotary_cos/rotary_sin (seqlen_ro, rotary_dim / 2) are given (pairs (2i, 2i+1) when
-    rotary_interleaved, halves otherwise; rotary_dim <= D); q then gets it at positions cache_seqlens + t
-    under causal or local attention, at cache_seqlens for every token otherwise (absolute cache slots, left
-    padding included, as in FA2). cache_seqlens: an int or (B,) int tensor (None: the full cache); sequence b reads keys
-    [cache_leftpad[b], cache_seqlens[b] + S_new). causal is bottom-right aligned; window_size (left, right)
-    keeps keys within left before and right after the query's diagonal (-1: unbounded); softcap > 0 maps
-    each scaled score s to softcap * tanh(s / softcap); alibi_slopes (H,) or (B, H) float32 add
-    -slope * |distance| (slope * key index under causal attention, as FA2's kernels do, which leaves the
-    output unchanged and shifts the LSE). softmax_scale defaults to D ** -0.5; num_splits is a hint the
-    kernels choose for themselves.
-    Returns out (B, Sq, H, Dv) in q's dtype, and with return_softmax_lse=True also softmax_lse (B, H, Sq)
-    float32 in natural log; a row that sees no key gives 0 and LSE +inf, as in FA2.
+    Args:
+        q: (B, Sq, H, D) queries, float16, bfloat16 or float32.
+        k_cache, v_cache: (B_cache, S_cache, Hkv, D) and (..., Dv) caches, or (num_pages, page_size, Hkv, D/Dv)
+            pages read through block_table; Hkv divides H (query head h reads KV head h // (H // Hkv)).
+        k, v: optional (B, S_new, Hkv, D/Dv) new keys and values, written into the caches at positions
+            cache_seqlens .. cache_seqlens + S_new of each sequence (through block_table when paged, at cache
+            row cache_batch_idx[b] otherwise) before attention.
+        rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2) tables; rotary embedding is applied to k
+            at its cache positions, and to q at cache_seqlens + t under causal or local attention, at
+            cache_seqlens for every token otherwise (absolute cache slots, left padding included, as in FA2);
+            rotary_dim <= D.
+        cache_seqlens: an int or a (B,) int tensor of current lengths (None: the whole cache).
+        cache_batch_idx: optional (B,) int tensor, the cache row of each sequence (not with block_table).
+        cache_leftpad: optional (B,) int tensor; sequence b reads keys [cache_leftpad[b], cache_seqlens[b] + S_new).
+        block_table: optional (B, pages_per_sequence) int32 page indices of a paged cache.
+        softmax_scale: the score scale (default D ** -0.5).
+        causal: bottom-right aligned causal masking.
+        window_size: (left, right): keys within left before and right after the query's diagonal (-1: unbounded).
+        softcap: > 0 maps each scaled score s to softcap * tanh(s / softcap).
+        rotary_interleaved: rotate pairs (2i, 2i+1) when True, the two halves otherwise.
+        alibi_slopes: optional (H,) or (B, H) float32: adds -slope * |distance| (slope * key index under causal
+            attention, as FA2's kernels do, which leaves the output unchanged and shifts the LSE).
+        num_splits: a hint; the kernels choose their own split.
+        return_softmax_lse: also return the log-sum-exp of the scores.
+
+    Returns:
+        out (B, Sq, H, Dv) in q's dtype; with return_softmax_lse=True the tuple (out, softmax_lse), softmax_lse
+        (B, H, Sq) float32 in natural log. A row that sees no key gives 0 and LSE +inf, as in FA2.
+
+    Raises:
+        TypeError / ValueError naming the argument, before any launch, for inputs FA2 rejects (shapes, dtypes,
+        devices, options) and for index values outside the cache where they can be read without a host sync
+        (RLX_TRITON_CHECK_VALUES).
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> q, cache = torch.randn(2, 1, 8, 64), torch.randn(2, 128, 2, 64)
+        >>> rt.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=torch.tensor([100, 7], dtype=torch.int32)).shape
+        torch.Size([2, 1, 8, 64])
     """
     _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
               block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,

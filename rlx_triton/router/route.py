@@ -72,7 +72,7 @@ class Route:
     """Which backend runs one op call, with which candidate, and why (what rt.explain returns for an op).
 
     Fields:
-        family: the kernel family: "sdpa_decode", "conv", "fbank", "lstm" or "segdense".
+        family: the kernel family: "sdpa_decode", "varlen_attention", "conv", "fbank", "lstm" or "segdense".
         op: the op of the family ("sdpa_decode", "scaled_dot_product_attention", "flash_attn_with_kvcache",
             "conv1d", "sincnet", "conv2d" (rt.ops.conv2d's linear too), "stats_pool", "fbank", "lstm",
             "segdense").
