@@ -25,14 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from ..policy import (
-    HybridPrecisionSpec,
-    KernelFamily,
-    MemoryPolicy,
-    PrecisionProfile,
-    ScalarType,
-    ThreadPolicy,
-)
+from ..policy import KernelFamily, MemoryPolicy, PrecisionProfile, ThreadPolicy
 from .base import (
     Candidate,
     FamilySpec,
@@ -121,15 +114,6 @@ def validate_candidate(c: SdpaDecodeCandidate, thread_policy: ThreadPolicy, memo
     )
 
 
-KV_CACHE_STORAGE = frozenset({ScalarType.F16, ScalarType.BF16, ScalarType.F32})
-
-
-def validate_precision(hybrid: HybridPrecisionSpec) -> Optional[str]:
-    if hybrid.kv_cache.storage not in KV_CACHE_STORAGE:
-        return "sdpa decode requires kv-cache storage in F16/BF16/F32"
-    return None
-
-
 def choose_default(profile: PrecisionProfile, thread_policy: ThreadPolicy, candidates: Sequence[SdpaDecodeCandidate]):
     """The precision rule: f16 KV for ULTRA_LOW_LATENCY/BALANCED, partial reduce for ULTRA_LOW_LATENCY;
     first candidate within the thread policy matching both, else the first matching the KV precision
@@ -181,7 +165,6 @@ SPEC = FamilySpec(
         LaunchField("head_dim_v", high=512, required=False),
     ),
     validate_candidate=validate_candidate,
-    validate_precision=validate_precision,
     choose_default=choose_default,
     choose_launch=choose_launch,
     check_launch=check_launch,
