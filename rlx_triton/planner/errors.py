@@ -52,6 +52,7 @@ class EmptyCandidates(PlanError):
 
 class UnsupportedFamily(PlanError):
     _payload_names = ("family",)
+    family: Any
 
     def _message(self) -> str:
         # the family in CamelCase (`SdpaDecode`), as KernelFamily.debug_name spells it

@@ -12,7 +12,14 @@ import enum
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_options):
+        """Only type checkers read it: candidate classes are dataclasses made by `candidate_dataclass`."""
+        return lambda function: function
 
 from ..policy import (
     U32_MAX,
@@ -219,14 +226,13 @@ def choice_field(*choices: str) -> Any:
     return dataclasses.field(metadata={"tag": ChoiceField("", tuple(choices))})
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
 def candidate_dataclass(cls: Type[C]) -> Type[C]:
     """Makes `cls` a frozen dataclass and builds its `TAG` from the fields' tag spellings, in
     declaration order, so each field is declared once."""
-    cls = dataclass(frozen=True)(cls)
-    cls.TAG = TagSpec(  # type: ignore[attr-defined]
-        tuple(dataclasses.replace(f.metadata["tag"], name=f.name) for f in dataclasses.fields(cls))
-    )
-    return cls
+    made: Any = dataclass(frozen=True)(cls)
+    made.TAG = TagSpec(tuple(dataclasses.replace(f.metadata["tag"], name=f.name) for f in dataclasses.fields(made)))
+    return made
 
 
 # ---------------------------------------------------------------- variants
@@ -242,21 +248,20 @@ class CandidateVariant(enum.Enum):
         return self.value.tag()
 
 
-def define_variants(
-    candidate_type: type, table: Sequence[Tuple[str, Any]], *, fp32: str, default: str
-) -> Type[CandidateVariant]:
+def define_variants(candidate_type: type, table: Sequence[Tuple[str, Any]], *, fp32: str, default: str) -> Any:
     """Builds the variants enum of a family (`XCandidate` -> `XVariant`, in the candidate's module).
     `ALL` keeps the table order, which is the plan order; `FP32` (the accuracy-safe candidate) and
     `DEFAULT` (the default plan's choice) are enum aliases of two table entries, so iteration and
-    `ALL` list each candidate once."""
+    `ALL` list each candidate once. Typed `Any`: a type checker cannot see the members of an enum
+    made at run time."""
     name = candidate_type.__name__.replace("Candidate", "Variant")
     module = candidate_type.__module__
     by_name = dict(table)
     members = list(table) + [("FP32", by_name[fp32]), ("DEFAULT", by_name[default])]
-    variants = CandidateVariant(name, members, module=module, qualname=name)  # type: ignore[call-overload]
+    variants: Any = CandidateVariant(name, members, module=module, qualname=name)  # type: ignore[call-arg]
     if len(variants) != len(table):
         raise ValueError(f"{name}: two variants share the same candidate")
-    variants.ALL = tuple(variants)  # type: ignore[attr-defined]
+    variants.ALL = tuple(variants)
     return variants
 
 
@@ -465,7 +470,8 @@ class FamilySpec:
         return cls(family, variants, launch_fields, validate_candidate, choose_by_precision, **rules)
 
     @property
-    def candidate_type(self) -> type:
+    def candidate_type(self) -> Any:
+        """The family's candidate class (a `candidate_dataclass`, with its `TAG`)."""
         return type(self.variants.ALL[0].value)  # type: ignore[attr-defined]
 
     @property
