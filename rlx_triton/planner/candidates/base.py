@@ -64,7 +64,7 @@ def is_pow2(value: int) -> bool:
 
 @dataclass(frozen=True)
 class IntField:
-    """An integer written `<prefix><value>`; `legacy_default` fills rows written before it existed."""
+    """An integer written `<prefix><value>`; `legacy_default` fills a tag that lacks the field."""
 
     name: str
     prefix: str

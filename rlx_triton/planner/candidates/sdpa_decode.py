@@ -62,7 +62,8 @@ def _sdpa(split_k, tg_size, tile_m, tile_n, tile_k, use_f16_kv, partial_reduce) 
     return SdpaDecodeCandidate(split_k, tg_size, tile_m, tile_n, tile_k, 1, 1, use_f16_kv, partial_reduce)
 
 
-# The four original variants first, unchanged (their tags are names in winner tables); then two for grouped-query heads and long caches:
+# The seed's four variants first (their tags are names in winner tables); then two for grouped-query heads
+# and long caches:
 # 16 packed query rows per program make the dots tensor-core sized, and 16 splits fill an H100's
 # 132 SMs when batch * kv_heads is small.
 SdpaDecodeVariant = define_variants(
