@@ -40,12 +40,12 @@ class KernelPlan:
 
 
 def family_spec(family: Any) -> FamilySpec:
-    """The FamilySpec of a KernelFamily (or its value string); UnsupportedFamily otherwise."""
-    try:
-        key = family if isinstance(family, KernelFamily) else KernelFamily(family)
-        return FAMILIES[key]
-    except (ValueError, KeyError, TypeError):
-        raise UnsupportedFamily(family) from None
+    """The FamilySpec of a family (a KernelFamily, a registered family's member, or its value string);
+    UnsupportedFamily otherwise."""
+    for key, spec in FAMILIES.items():
+        if family is key or (isinstance(family, str) and family == key.value):
+            return spec
+    raise UnsupportedFamily(family)
 
 
 class KernelPlanBuilder:

@@ -236,3 +236,26 @@ def test_plan_errors_are_value_errors_that_pickle_and_compare(error):
     clone = pickle.loads(pickle.dumps(error))
     assert clone == error and str(clone) == str(error) and hash(clone) == hash(error)
     assert error != InvalidCandidate("other")
+
+
+def test_a_registered_family_is_planned_by_its_value_and_removed_again():
+    import enum
+
+    from rlx_triton.planner.candidates import register_family, unregister_family
+
+    class OtherFamily(enum.Enum):
+        SEGDENSE_COPY = "segdense_copy"
+
+    segdense = FAMILIES[KernelFamily.SEGDENSE]
+    spec = dataclasses.replace(segdense, family=OtherFamily.SEGDENSE_COPY)
+    register_family(spec)
+    try:
+        assert KernelPlanBuilder("segdense_copy").build_plan().family is OtherFamily.SEGDENSE_COPY
+        with pytest.raises(ValueError, match="already registered"):
+            register_family(dataclasses.replace(segdense))
+        with pytest.raises(ValueError, match="built-in"):
+            unregister_family(KernelFamily.SEGDENSE)
+    finally:
+        unregister_family("segdense_copy")
+    with pytest.raises(UnsupportedFamily):
+        KernelPlanBuilder("segdense_copy")
