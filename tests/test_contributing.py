@@ -1,8 +1,9 @@
 """CONTRIBUTING.md's walk-through, followed for a toy elementwise family `scale` (y = alpha * x).
 
-The family's pieces are written as a temporary package, the way the guide lays them out: the planner
-candidate (`planner/candidates/<family>.py`), the Triton family package (`kernels.py`, `launch.py`,
-`routing.py`, `__init__.py`), the torch_ref fallback and the op. The test registers them with the
+The family's pieces are written as a temporary package `rlx_toy_scale`, the way the guide lays them out:
+the planner candidate (`candidates.py` for `planner/candidates/scale.py`), the Triton family package
+(`scale/` for `backends/triton/scale/`: kernels.py, launch.py, routing.py, __init__.py), the torch_ref
+fallback (`torch_ref.py` for `backends/torch_ref/scale.py`) and the op (`op.py` for `ops/scale.py`). The test registers them with the
 planner and the router, routes calls under TRITON_INTERPRET=1, and unregisters everything afterwards.
 """
 import importlib
@@ -60,7 +61,7 @@ FILES = {
             tile_fields=("block",),
         )
     ''',
-    "triton/__init__.py": '''
+    "scale/__init__.py": '''
         """The toy family's Triton package: re-exports the names router/protocol.py reads."""
         from rlx_triton.backends.triton import launches
 
@@ -73,7 +74,7 @@ FILES = {
             launches.run(plan)
             return out
     ''',
-    "triton/kernels.py": '''
+    "scale/kernels.py": '''
         """@triton.jit code of the toy family only."""
         import triton
         import triton.language as tl
@@ -86,7 +87,7 @@ FILES = {
             x = tl.load(x_ptr + offsets, mask=in_bounds, other=0.0).to(tl.float32)
             tl.store(out_ptr + offsets, (x * alpha).to(out_ptr.dtype.element_ty), mask=in_bounds)
     ''',
-    "triton/launch.py": '''
+    "scale/launch.py": '''
         """The toy family's launch record, with its byte and FLOP model."""
         import torch
 
@@ -108,7 +109,7 @@ FILES = {
         def launch_count(request, candidate):
             return 1
     ''',
-    "triton/routing.py": '''
+    "scale/routing.py": '''
         """Coverage, accuracy approvals and recipes of the toy family, as data."""
         from rlx_triton.router.approvals import Approval
         from rlx_triton.router.coverage import Coverage
@@ -173,8 +174,8 @@ def toy_family(tmp_path, monkeypatch):
     # the library backend finds family modules at rlx_triton.backends.torch_ref.<family>
     monkeypatch.setitem(sys.modules, "rlx_triton.backends.torch_ref.scale", library)
     register_family(candidates.SPEC)
-    spec = BackendSpec(name="toy_triton", precedence=-1, package=f"{PACKAGE}", families=("scale",),
-                       op_modules=(("scale", "triton"),), module_attributes=("launch_count",),
+    spec = BackendSpec(name="toy_triton", precedence=-1, package=PACKAGE, families=("scale",),
+                       module_attributes=("launch_count",),
                        probe=lambda facts: None if facts.kind == "cpu" else "the toy runs on CPU tensors only")
     register_backend(spec)
     plans.reset()
