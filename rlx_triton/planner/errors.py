@@ -52,6 +52,7 @@ class EmptyCandidates(PlanError):
 
 class UnsupportedFamily(PlanError):
     _payload_names = ("family",)
+    family: Any
 
     def _message(self) -> str:
         # the family in CamelCase (`SdpaDecode`), as KernelFamily.debug_name spells it
@@ -62,15 +63,6 @@ class UnsupportedFamily(PlanError):
 class InvalidCandidate(PlanError):
     _template = "invalid candidate: {}"
     _payload_names = ("reason",)
-
-
-class InvalidPrecision(PlanError):
-    _template = "invalid precision configuration: {}"
-    _payload_names = ("reason",)
-
-
-class InvalidObjectiveWeights(PlanError):
-    _template = "objective weights must be finite, non-negative, and sum to 1.0 (+/- 1e-3)"
 
 
 class LaunchError(_PayloadError):

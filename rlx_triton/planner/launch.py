@@ -17,6 +17,7 @@ class FrozenFields(Mapping[str, int]):
     """An immutable, hashable name -> value mapping that keeps its declared order."""
 
     __slots__ = ("_items",)
+    _items: Tuple[Tuple[str, int], ...]
 
     def __init__(self, items: Any = ()) -> None:
         pairs = tuple(items.items()) if isinstance(items, Mapping) else tuple(items)

@@ -1,5 +1,4 @@
-"""Plan vocabulary: families, scalar types, precision roles and profiles, thread/memory/tune policies,
-token buckets and objective weights.
+"""Plan vocabulary: families, precision profiles, thread/memory/tune policies and token buckets.
 
 Pure data, no torch: every type is a frozen dataclass or an enum, hashable, with its defaults here.
 """
@@ -28,67 +27,6 @@ class KernelFamily(enum.Enum):
         return "".join(part.capitalize() for part in self.value.split("_"))
 
 
-class ScalarType(enum.Enum):
-    F64 = "f64"
-    F32 = "f32"
-    BF16 = "bf16"
-    F16 = "f16"
-    F8E4M3 = "f8e4m3"
-    F8E5M2 = "f8e5m2"
-    I8 = "i8"
-    I4 = "i4"
-    Q8 = "q8"
-    Q4 = "q4"
-
-
-class ConvertPolicy(enum.Enum):
-    NATIVE = "native"
-    CAST = "cast"
-    DEQUANT_ON_LOAD = "dequant_on_load"
-    STOCHASTIC_ROUND = "stochastic_round"
-    DOUBLE_SINGLE_EMU = "double_single_emu"
-
-
-# conversions that emulate a format the hardware lacks: refused unless the plan allows emulation
-EMULATED_CONVERSIONS = frozenset(
-    {ConvertPolicy.STOCHASTIC_ROUND, ConvertPolicy.DOUBLE_SINGLE_EMU, ConvertPolicy.DEQUANT_ON_LOAD}
-)
-
-
-@dataclass(frozen=True)
-class RolePrecision:
-    """How one tensor role is stored, computed in, and converted between the two."""
-
-    storage: ScalarType
-    compute: ScalarType
-    convert: ConvertPolicy = ConvertPolicy.NATIVE
-
-    @classmethod
-    def native(cls, storage: ScalarType, compute: ScalarType) -> "RolePrecision":
-        return cls(storage, compute, ConvertPolicy.NATIVE)
-
-
-@dataclass(frozen=True)
-class HybridPrecisionSpec:
-    activations: RolePrecision
-    weights: RolePrecision
-    accum: RolePrecision
-    kv_cache: RolePrecision
-
-    def roles(self) -> Tuple[RolePrecision, ...]:
-        return (self.activations, self.weights, self.accum, self.kv_cache)
-
-
-def _uniform_spec(storage: ScalarType, compute: ScalarType, kv: Tuple[ScalarType, ScalarType]) -> HybridPrecisionSpec:
-    role = RolePrecision.native(storage, compute)
-    return HybridPrecisionSpec(
-        activations=role,
-        weights=role,
-        accum=RolePrecision.native(ScalarType.F32, ScalarType.F32),
-        kv_cache=RolePrecision.native(*kv),
-    )
-
-
 class PrecisionProfile(enum.Enum):
     """The user-facing precision choice; values match `rlx_triton.config.PROFILE_NAMES`."""
 
@@ -96,13 +34,6 @@ class PrecisionProfile(enum.Enum):
     BALANCED = "balanced"
     HIGH_FIDELITY = "high_fidelity"
     DETERMINISTIC = "deterministic"
-
-    def default_spec(self) -> HybridPrecisionSpec:
-        if self is PrecisionProfile.ULTRA_LOW_LATENCY:
-            return _uniform_spec(ScalarType.F16, ScalarType.F16, (ScalarType.F16, ScalarType.F16))
-        if self is PrecisionProfile.BALANCED:
-            return _uniform_spec(ScalarType.BF16, ScalarType.F16, (ScalarType.BF16, ScalarType.F16))
-        return _uniform_spec(ScalarType.F32, ScalarType.F32, (ScalarType.F32, ScalarType.F32))
 
     @property
     def short(self) -> str:
@@ -119,13 +50,12 @@ _PROFILE_SHORT = {
 
 
 class PrecisionProfileTag(enum.Enum):
-    """A profile as recorded in tune-cache keys; CUSTOM names hand-built hybrid specs."""
+    """A profile as recorded in tune-cache keys (the profile's own value)."""
 
     ULTRA_LOW_LATENCY = "ultra_low_latency"
     BALANCED = "balanced"
     HIGH_FIDELITY = "high_fidelity"
     DETERMINISTIC = "deterministic"
-    CUSTOM = "custom"
 
     @classmethod
     def from_profile(cls, profile: PrecisionProfile) -> "PrecisionProfileTag":
@@ -212,13 +142,6 @@ class TokenBucketStrategy:
             if tokens <= edge:
                 return index
         return len(self.edges)
-
-
-@dataclass(frozen=True)
-class ObjectiveWeights:
-    latency: float = 0.6
-    error: float = 0.3
-    memory: float = 0.1
 
 
 def bucket_pow2(value: int) -> int:

@@ -1,9 +1,8 @@
 """The persisted winner table: tune-cache key -> winning candidate tag, with a last-used tick.
 
-A text file, one header line then one tab-separated row per key; rows written before the tick
-column existed (legacy rows) load with tick 0. The table is read
-once, lazily, on first use; it is trimmed to `max_entries` by the eviction policy on load and after
-every record. This module is the only planner module that touches files; it never reads the
+A text file, one header line then one tab-separated row per key; a row without the tick column
+loads with tick 0. The table is read once, lazily, on first use; it is trimmed to `max_entries` by
+the eviction policy on load and after every record. This module is the only planner module that touches files; it never reads the
 environment (settings arrive as a `rlx_triton.config.Settings` or as arguments).
 
 Robustness: a missing, corrupt, truncated or foreign file never raises; unreadable rows are skipped
@@ -132,7 +131,7 @@ class ParsedTable:
 
 def parse_table(text: str) -> ParsedTable:
     """Rows of a table text. A header of another table version discards every row (the schema
-    changed); a file without a header is read row by row (legacy files)."""
+    changed); a file without a header is read row by row."""
     entries: Dict[TuneCacheKey, TuneCacheEntry] = {}
     skipped = 0
     # split on '\n' only: str.splitlines would also break rows at characters a fingerprint may hold

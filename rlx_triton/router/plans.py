@@ -8,7 +8,7 @@ from types import ModuleType
 from typing import Optional
 
 from rlx_triton.config import settings
-from rlx_triton.planner import KernelFamily, KernelPlanBuilder, PrecisionProfile, TunePolicy
+from rlx_triton.planner import KernelPlanBuilder, PrecisionProfile, TunePolicy, family_spec
 
 _PROFILES = {
     "ultra_low_latency": PrecisionProfile.ULTRA_LOW_LATENCY,
@@ -35,7 +35,7 @@ def plan_for(family: str, profile: Optional[PrecisionProfile] = None):
     profile = profile or current_profile()
     env = settings()
     tune = TunePolicy.disabled() if profile == PrecisionProfile.DETERMINISTIC else TunePolicy.balanced_defaults()
-    builder = (KernelPlanBuilder(KernelFamily(family))
+    builder = (KernelPlanBuilder(family)
                .precision_profile(profile)
                .autotune(tune)
                .tune_cache(env.tune_cache_load, env.tune_cache_persist, env.tune_cache_max_entries))
@@ -48,7 +48,7 @@ def candidate_module(family: str) -> ModuleType:
 
 
 def fp32_candidate(family: str):
-    return candidate_module(family).FP32_VARIANT.candidate()
+    return family_spec(family).fp32_variant.candidate()
 
 
 _table = None

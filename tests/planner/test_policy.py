@@ -1,43 +1,17 @@
-"""The planner's policy types: defaults, presets and precision profiles."""
+"""The planner's policy types: defaults and presets."""
 import dataclasses
 
 import pytest
 
 from rlx_triton.planner import (
-    ConvertPolicy,
     MemoryKind,
     MemoryPolicy,
-    ObjectiveWeights,
     PrecisionProfile,
-    RolePrecision,
-    ScalarType,
     ThreadPolicy,
     TokenBucketStrategy,
     TuneCacheEviction,
     TunePolicy,
 )
-
-
-def test_role_precision_native():
-    role = RolePrecision.native(ScalarType.BF16, ScalarType.F32)
-    assert (role.storage, role.compute, role.convert) == (ScalarType.BF16, ScalarType.F32, ConvertPolicy.NATIVE)
-    assert hash(role) == hash(RolePrecision(ScalarType.BF16, ScalarType.F32))
-
-
-@pytest.mark.parametrize(
-    "profile,storage,compute,kv",
-    [
-        (PrecisionProfile.ULTRA_LOW_LATENCY, ScalarType.F16, ScalarType.F16, (ScalarType.F16, ScalarType.F16)),
-        (PrecisionProfile.BALANCED, ScalarType.BF16, ScalarType.F16, (ScalarType.BF16, ScalarType.F16)),
-        (PrecisionProfile.HIGH_FIDELITY, ScalarType.F32, ScalarType.F32, (ScalarType.F32, ScalarType.F32)),
-        (PrecisionProfile.DETERMINISTIC, ScalarType.F32, ScalarType.F32, (ScalarType.F32, ScalarType.F32)),
-    ],
-)
-def test_profile_default_specs(profile, storage, compute, kv):
-    spec = profile.default_spec()
-    assert spec.activations == spec.weights == RolePrecision.native(storage, compute)
-    assert spec.accum == RolePrecision.native(ScalarType.F32, ScalarType.F32)
-    assert spec.kv_cache == RolePrecision.native(*kv)
 
 
 def test_thread_and_memory_defaults():
@@ -59,10 +33,6 @@ def test_tune_policy_presets():
 def test_token_bucket_default_edges():
     assert TokenBucketStrategy() == TokenBucketStrategy.decode_default()
     assert TokenBucketStrategy().edges == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-
-
-def test_objective_weight_defaults():
-    assert ObjectiveWeights() == ObjectiveWeights(latency=0.6, error=0.3, memory=0.1)
 
 
 def test_policies_are_frozen():

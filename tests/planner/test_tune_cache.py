@@ -108,7 +108,7 @@ def test_unencodable_fingerprint_is_kept_in_memory(path, caplog):
 def test_legacy_rows_without_tick_load_with_tick_zero(path):
     os.makedirs(os.path.dirname(path))
     legacy = "\t".join(tc.render_row(tc.TuneCacheEntry(key(4), PARTIAL, 9)).split("\t")[:-1])
-    with open(path, "w") as handle:  # a file from before the header and the tick column
+    with open(path, "w") as handle:  # a file without the header and the tick column
         handle.write(legacy + "\n")
     table = TuneCache(path)
     assert [(e.tag, e.tick) for e in table.entries()] == [(PARTIAL, 0)]

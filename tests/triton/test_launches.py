@@ -96,3 +96,64 @@ def test_kernels_on_the_second_gpu_run_there_whichever_device_is_current():
     want = torch.nn.functional.scaled_dot_product_attention(q.cpu().double(), k.cpu().double(), v.cpu().double())
     torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
 
+
+
+@triton.jit(do_not_specialize=["n_unspecialised"], do_not_specialize_on_alignment=["n_unaligned", "p_unaligned"])
+def _specialisation_sample_kernel(p_f32, p_f16, p_bf16, p_i64, p_u8, p_bool, p_f8, p_unaligned,
+                                  n_one, n_div16, n_odd, n_negative, n_i64, n_u64, n_unspecialised, n_unaligned,
+                                  typed_int: tl.int32, typed_float: tl.float32, scale, flag, nothing,
+                                  BLOCK: tl.constexpr, DEFAULTED: tl.constexpr = 7):
+    tl.store(p_f32 + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.float32))
+
+
+def _specialisation_samples(device):
+    """Argument tuples covering every rule the JIT specialises on: pointer dtypes and alignments, ints equal
+    to 1, divisible by 16 or not, beyond 32 and 63 bits, negative, floats, bools, None, typed parameters,
+    do_not_specialize and do_not_specialize_on_alignment, constexprs passed and defaulted."""
+    base = torch.zeros(64, device=device)
+    half, bf16 = torch.zeros(64, device=device, dtype=torch.float16), torch.zeros(64, device=device, dtype=torch.bfloat16)
+    i64, u8 = torch.zeros(8, device=device, dtype=torch.int64), torch.zeros(64, device=device, dtype=torch.uint8)
+    flags, f8 = torch.zeros(64, device=device, dtype=torch.bool), torch.zeros(64, device=device, dtype=torch.float8_e4m3fn)
+    aligned = (base, half, bf16, i64, u8, flags, f8, base)
+    misaligned = (base[1:], half[3:], bf16[8:], i64[1:], u8[5:], flags[16:], f8[1:], base[1:])
+    ints = (1, 32, 17, -48, 2**40, 2**63 + 16, 16, 32)
+    odd_ints = (1, 48, 2**31 - 1, -1, -2**40, 2**64 - 1, 1, 1)
+    return {
+        "aligned, specialised ints": aligned + ints + (16, 1.0, 2.0, True, None),
+        "misaligned, odd ints": misaligned + odd_ints + (1, 0.5, 1.5, False, None),
+    }
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("case", ["aligned, specialised ints", "misaligned, odd ints"])
+def test_every_argument_is_specialised_as_the_installed_tritons_binder_does(device, case):
+    # a triton whose specialisation rules differ from launches.py fails here, naming the argument
+    from tests.perf.jit_reference import jit_specialization
+
+    args = _specialisation_samples(device)[case]
+    meta = {"BLOCK": 16}
+    mine = launches.specialize(_specialisation_sample_kernel, args, meta)
+    signature, constexprs, attrs = jit_specialization(_specialisation_sample_kernel, args, meta)
+    names = list(_specialisation_sample_kernel.arg_names)
+    assert list(mine.signature) == list(signature) == names
+    for index, name in enumerate(names):
+        key = (index,)
+        assert mine.signature[name] == signature[name], (
+            f"argument {name!r}: launches.py says type {mine.signature[name]!r}, triton {signature[name]!r}")
+        assert mine.constexprs.get(key, "-") == constexprs.get(key, "-"), (
+            f"argument {name!r}: launches.py says constexpr {mine.constexprs.get(key, '-')!r}, "
+            f"triton {constexprs.get(key, '-')!r}")
+        assert mine.attrs.get(key, "-") == attrs.get(key, "-"), (
+            f"argument {name!r}: launches.py says attrs {mine.attrs.get(key, '-')!r}, triton {attrs.get(key, '-')!r}")
+    assert len(mine.constexprs) == len(constexprs) and len(mine.attrs) == len(attrs)
+
+
+def test_the_sample_arguments_cover_every_specialisation_rule():
+    spec = launches.specialize(_specialisation_sample_kernel, _specialisation_samples("cpu")["aligned, specialised ints"],
+                               {"BLOCK": 16})
+    kinds = set(spec.signature.values())
+    assert {"*fp32", "*fp16", "*bf16", "*i64", "*u8", "*u1", "*fp8e4nv", "i32", "i64", "u64", "fp32", "u1",
+            "constexpr"} <= kinds
+    divisible = [["tt.divisibility", 16]]
+    assert spec.attrs[(1,)] == divisible and spec.attrs[(9,)] == divisible and spec.attrs[(10,)] == []
+    assert spec.constexprs[(8,)] == 1 and spec.constexprs[(22,)] == 7

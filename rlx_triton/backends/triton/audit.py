@@ -33,9 +33,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-# Largest dynamic shared memory one block may use (opt-in maximum), bytes.
-SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+from rlx_triton.devices import cuda_profiles
+
 ARCHS = {"sm_80": 80, "sm_90": 90}
+# Largest dynamic shared memory one block may use (opt-in maximum), bytes: the smallest of the GPU
+# profiles of each arch
+SHARED_LIMIT = {
+    arch: min(gpu.shared_per_cta for gpu in cuda_profiles() if gpu.arch_number == arch and gpu.shared_per_cta)
+    for arch in ARCHS.values()
+}
 _MMA = re.compile(r"\b(HMMA|IMMA|HGMMA|QGMMA|IGMMA|BMMA|DMMA)\b")
 _RES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 
@@ -81,22 +87,22 @@ class AuditRecord:
 
 
 def _tool(name: str) -> str:
-    import triton
+    import triton  # type: ignore[import-untyped]
 
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
 def _jit_function(kernel):
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
 
     return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
 
 
 def compile_spec(spec: AuditSpec, candidate, dtype: str, arch: int = 90):
     """Compiles one variant ahead of time (no GPU); returns triton's CompiledKernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    import triton  # type: ignore[import-untyped]
+    from triton.backends.compiler import GPUTarget  # type: ignore[import-untyped]
+    from triton.compiler import ASTSource  # type: ignore[import-untyped]
 
     meta = dict(spec.meta(candidate, dtype))
     options = {key: meta.pop(key) for key in ("num_warps", "num_stages", "num_ctas", "maxnreg") if key in meta}

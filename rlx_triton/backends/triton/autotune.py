@@ -17,25 +17,25 @@
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-import triton
+import triton  # type: ignore[import-untyped]
 
 from rlx_triton.backends.triton.launches import one_interpreted_launch_at_a_time
 from rlx_triton.config import settings
 
 
+_interpreter_ranks = itertools.count()
+
+
 def interpreter_bench(fn: Callable[[], Any], quantiles=None):
     """Deterministic benchmark for the interpreter: runs the candidate once, ranks by declaration order."""
     fn()
-    rank = float(interpreter_bench.counter)
-    interpreter_bench.counter += 1
+    rank = float(next(_interpreter_ranks))
     return [rank, rank, rank] if quantiles else rank
-
-
-interpreter_bench.counter = 0
 
 
 def gpu_bench(fn: Callable[[], Any], quantiles=None):

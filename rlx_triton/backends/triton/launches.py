@@ -6,12 +6,14 @@ them) and hands the list to `run`, which launches exactly those records. The ahe
 (`rlx_triton.perf`) reads the same records, so it cannot drift from what runs.
 
 - The argument types and the integer/pointer specialisation the JIT will see are derived from the
-  arguments (`Launch.specialization`), the way triton 3.9's JIT binds a call (`create_function_from_signature`
+  arguments (`Launch.specialization`) with triton's own parameter objects (`KernelParam`) and dtype
+  names (`type_canonicalisation_dict`), by the rules of triton 3.9's binder (`create_function_from_signature`
   and `native_specialize_impl`): a tensor is a pointer `*<dtype>` with divisibility 16 when its address
   is a multiple of 16; an int equal to 1 becomes a constexpr; other ints are i32 (i64 beyond 32 bits, u64
   at 2**63 and above) with divisibility 16 when a multiple of 16; floats are fp32, bools u1 and None a
   constexpr, none of them specialised; `do_not_specialize` / `do_not_specialize_on_alignment` and typed
-  annotations are honoured.
+  annotations are honoured. tests/triton/test_launches.py compares these rules with the installed
+  triton's binder argument by argument, so a triton that specialises differently fails there.
 - Plans can be built from meta-device tensors: nothing is allocated or run until `run` executes them.
 - `recording()` observes launches: the records `run` received, and every kernel launch made at all (so a
   launch that bypasses `run` is visible). With `execute=False` (planning) `run` collects the records
@@ -39,13 +41,6 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from rlx_triton.devices import UNITS
 
-# torch dtype name -> the pointer element type triton's JIT names (triton.runtime.jit's canonical names)
-_POINTER_TYPES = {
-    "float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64",
-    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
-    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "u1",
-    "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "float8_e4m3fnuz": "fp8e4b8", "float8_e5m2fnuz": "fp8e5b16",
-}
 _DIVISIBILITY = 16
 DIVISIBLE = [["tt.divisibility", _DIVISIBILITY]]
 
@@ -82,10 +77,20 @@ def _params_of(jit) -> tuple:
     params = getattr(jit, "params", None)
     if params is not None:
         return tuple(params)
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
 
     options = {name: jit.kwargs.get(name) for name in ("do_not_specialize", "do_not_specialize_on_alignment")}
     return tuple(JITFunction(jit.fn, **options).params)
+
+
+def _pointer_element_type(dtype: Any) -> str:
+    """The element type triton's JIT names a tensor's pointer with (its own canonical dtype table)."""
+    from triton._utils import type_canonicalisation_dict  # type: ignore[import-untyped]
+
+    element = type_canonicalisation_dict.get(str(dtype).split(".")[-1])
+    if element is None:
+        raise TypeError(f"tensor argument of dtype {dtype} has no triton pointer type")
+    return element
 
 
 def _value_spec(value, *, specialize: bool, align: bool, is_const: bool) -> Tuple[str, Any]:
@@ -111,10 +116,7 @@ def _value_spec(value, *, specialize: bool, align: bool, is_const: bool) -> Tupl
     if isinstance(value, float):
         return "fp32", None
     if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
-        name = str(value.dtype).replace("torch.", "")
-        element = _POINTER_TYPES.get(name)
-        if element is None:
-            raise TypeError(f"tensor argument of dtype {value.dtype} has no triton pointer type")
+        element = _pointer_element_type(value.dtype)
         kind = ("*k" if is_const else "*") + element
         if not specialize:
             return kind, None
@@ -333,7 +335,7 @@ _logs: contextvars.ContextVar[Tuple[LaunchLog, ...]] = contextvars.ContextVar("r
 _in_run: contextvars.ContextVar[bool] = contextvars.ContextVar("rlx_triton_in_run", default=False)
 _patch_lock = threading.Lock()
 _patch_depth = 0
-_originals: Dict[type, Callable] = {}
+_originals: Dict[Any, Callable] = {}
 
 
 def _planning() -> bool:
@@ -357,12 +359,12 @@ def _observed_run(original):
     return run
 
 
-def _kernel_classes() -> List[type]:
-    from triton.runtime.jit import JITFunction
+def _kernel_classes() -> List[Any]:
+    from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
 
-    classes: List[type] = [JITFunction]
+    classes: List[Any] = [JITFunction]
     try:
-        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.interpreter import InterpretedFunction  # type: ignore[import-untyped]
 
         classes.append(InterpretedFunction)
     except ImportError:  # a triton without the interpreter

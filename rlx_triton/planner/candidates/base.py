@@ -12,16 +12,21 @@ import enum
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_options):
+        """Only type checkers read it: candidate classes are dataclasses made by `candidate_dataclass`."""
+        return lambda function: function
 
 from ..policy import (
     U32_MAX,
-    HybridPrecisionSpec,
     KernelFamily,
     MemoryKind,
     MemoryPolicy,
     PrecisionProfile,
-    ScalarType,
     ThreadPolicy,
 )
 
@@ -59,7 +64,7 @@ def is_pow2(value: int) -> bool:
 
 @dataclass(frozen=True)
 class IntField:
-    """An integer written `<prefix><value>`; `legacy_default` fills rows written before it existed."""
+    """An integer written `<prefix><value>`; `legacy_default` fills a tag that lacks the field."""
 
     name: str
     prefix: str
@@ -221,14 +226,13 @@ def choice_field(*choices: str) -> Any:
     return dataclasses.field(metadata={"tag": ChoiceField("", tuple(choices))})
 
 
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
 def candidate_dataclass(cls: Type[C]) -> Type[C]:
     """Makes `cls` a frozen dataclass and builds its `TAG` from the fields' tag spellings, in
     declaration order, so each field is declared once."""
-    cls = dataclass(frozen=True)(cls)
-    cls.TAG = TagSpec(  # type: ignore[attr-defined]
-        tuple(dataclasses.replace(f.metadata["tag"], name=f.name) for f in dataclasses.fields(cls))
-    )
-    return cls
+    made: Any = dataclass(frozen=True)(cls)
+    made.TAG = TagSpec(tuple(dataclasses.replace(f.metadata["tag"], name=f.name) for f in dataclasses.fields(made)))
+    return made
 
 
 # ---------------------------------------------------------------- variants
@@ -244,21 +248,20 @@ class CandidateVariant(enum.Enum):
         return self.value.tag()
 
 
-def define_variants(
-    candidate_type: type, table: Sequence[Tuple[str, Any]], *, fp32: str, default: str
-) -> Type[CandidateVariant]:
+def define_variants(candidate_type: type, table: Sequence[Tuple[str, Any]], *, fp32: str, default: str) -> Any:
     """Builds the variants enum of a family (`XCandidate` -> `XVariant`, in the candidate's module).
     `ALL` keeps the table order, which is the plan order; `FP32` (the accuracy-safe candidate) and
     `DEFAULT` (the default plan's choice) are enum aliases of two table entries, so iteration and
-    `ALL` list each candidate once."""
+    `ALL` list each candidate once. Typed `Any`: a type checker cannot see the members of an enum
+    made at run time."""
     name = candidate_type.__name__.replace("Candidate", "Variant")
     module = candidate_type.__module__
     by_name = dict(table)
     members = list(table) + [("FP32", by_name[fp32]), ("DEFAULT", by_name[default])]
-    variants = CandidateVariant(name, members, module=module, qualname=name)  # type: ignore[call-overload]
+    variants: Any = CandidateVariant(name, members, module=module, qualname=name)  # type: ignore[call-arg]
     if len(variants) != len(table):
         raise ValueError(f"{name}: two variants share the same candidate")
-    variants.ALL = tuple(variants)  # type: ignore[attr-defined]
+    variants.ALL = tuple(variants)
     return variants
 
 
@@ -350,19 +353,6 @@ def first_error(*checks: Callable[[], Optional[str]]) -> Optional[str]:
 
 # ---------------------------------------------------------------- precision helpers
 
-FLOAT_STORAGE = frozenset({ScalarType.F32, ScalarType.F16, ScalarType.BF16})
-WIDE_ACCUM = frozenset({ScalarType.F32, ScalarType.F64})
-
-
-def check_float_pipeline(family: KernelFamily, hybrid: HybridPrecisionSpec) -> Optional[str]:
-    """Rule shared by the diarization families: float storage and an F32/F64 accumulator."""
-    if hybrid.accum.compute not in WIDE_ACCUM:
-        return f"{family.value} requires accumulator compute in F32/F64"
-    if hybrid.activations.storage not in FLOAT_STORAGE or hybrid.weights.storage not in FLOAT_STORAGE:
-        return f"{family.value} requires activation and weight storage in F32/F16/BF16"
-    return None
-
-
 # profile -> dot precisions it accepts, most preferred first (diarization families)
 PRECISION_PREFERENCE: Mapping[PrecisionProfile, Tuple[str, ...]] = {
     PrecisionProfile.ULTRA_LOW_LATENCY: ("tf32", "tf32x3", "ieee"),
@@ -390,10 +380,6 @@ def choose_by_precision(profile: PrecisionProfile, thread_policy: ThreadPolicy, 
         if c.precision in preference:
             return c
     return candidates[0]
-
-
-def float_pipeline_rule(family: KernelFamily) -> Callable[[HybridPrecisionSpec], Optional[str]]:
-    return lambda hybrid: check_float_pipeline(family, hybrid)
 
 
 def launch_default(plan: Any, fields: Mapping[str, int]) -> Any:
@@ -444,7 +430,6 @@ class FamilySpec:
     """Everything the plan and launch builders need to know about one family.
 
     - `validate_candidate(c, thread_policy, memory_policy)` -> the first rule's message or None.
-    - `validate_precision(hybrid)` -> family precision rule message or None.
     - `choose_default(profile, thread_policy, candidates)` -> the plan's default candidate.
     - `choose_launch(plan, fields)` -> the candidate a launch uses when none is given.
     - `check_launch(fields)` -> name of a field breaking a cross-field rule, or None.
@@ -455,7 +440,6 @@ class FamilySpec:
     variants: Type[CandidateVariant]
     launch_fields: Tuple[LaunchField, ...]
     validate_candidate: Callable[[Any, ThreadPolicy, MemoryPolicy], Optional[str]]
-    validate_precision: Callable[[HybridPrecisionSpec], Optional[str]]
     choose_default: Callable[[PrecisionProfile, ThreadPolicy, Sequence[Any]], Any]
     choose_launch: Callable[[Any, Mapping[str, int]], Any] = launch_default
     check_launch: Callable[[Mapping[str, int]], Optional[str]] = no_cross_field_rule
@@ -482,14 +466,12 @@ class FamilySpec:
         validate_candidate: Callable[[Any, ThreadPolicy, MemoryPolicy], Optional[str]],
         **rules: Any,
     ) -> "FamilySpec":
-        """A family with a `precision` field: float pipeline rule, precision-preference default."""
-        return cls(
-            family, variants, launch_fields, validate_candidate, float_pipeline_rule(family), choose_by_precision,
-            **rules,
-        )
+        """A family with a `precision` field: the precision-preference default."""
+        return cls(family, variants, launch_fields, validate_candidate, choose_by_precision, **rules)
 
     @property
-    def candidate_type(self) -> type:
+    def candidate_type(self) -> Any:
+        """The family's candidate class (a `candidate_dataclass`, with its `TAG`)."""
         return type(self.variants.ALL[0].value)  # type: ignore[attr-defined]
 
     @property

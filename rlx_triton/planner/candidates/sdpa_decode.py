@@ -25,14 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from ..policy import (
-    HybridPrecisionSpec,
-    KernelFamily,
-    MemoryPolicy,
-    PrecisionProfile,
-    ScalarType,
-    ThreadPolicy,
-)
+from ..policy import KernelFamily, MemoryPolicy, PrecisionProfile, ThreadPolicy
 from .base import (
     Candidate,
     FamilySpec,
@@ -69,7 +62,8 @@ def _sdpa(split_k, tg_size, tile_m, tile_n, tile_k, use_f16_kv, partial_reduce) 
     return SdpaDecodeCandidate(split_k, tg_size, tile_m, tile_n, tile_k, 1, 1, use_f16_kv, partial_reduce)
 
 
-# The four original variants first, unchanged (their tags are names in winner tables); then two for grouped-query heads and long caches:
+# The seed's four variants first (their tags are names in winner tables); then two for grouped-query heads
+# and long caches:
 # 16 packed query rows per program make the dots tensor-core sized, and 16 splits fill an H100's
 # 132 SMs when batch * kv_heads is small.
 SdpaDecodeVariant = define_variants(
@@ -119,15 +113,6 @@ def validate_candidate(c: SdpaDecodeCandidate, thread_policy: ThreadPolicy, memo
     return first_error(
         split_k, lambda: check_tg_set(c.tg_size), tiles, lambda: check_tg_limit(c.tg_size, thread_policy), memory
     )
-
-
-KV_CACHE_STORAGE = frozenset({ScalarType.F16, ScalarType.BF16, ScalarType.F32})
-
-
-def validate_precision(hybrid: HybridPrecisionSpec) -> Optional[str]:
-    if hybrid.kv_cache.storage not in KV_CACHE_STORAGE:
-        return "sdpa decode requires kv-cache storage in F16/BF16/F32"
-    return None
 
 
 def choose_default(profile: PrecisionProfile, thread_policy: ThreadPolicy, candidates: Sequence[SdpaDecodeCandidate]):
@@ -181,7 +166,6 @@ SPEC = FamilySpec(
         LaunchField("head_dim_v", high=512, required=False),
     ),
     validate_candidate=validate_candidate,
-    validate_precision=validate_precision,
     choose_default=choose_default,
     choose_launch=choose_launch,
     check_launch=check_launch,
