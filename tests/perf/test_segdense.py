@@ -9,6 +9,8 @@ import triton
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import segdense as kernels
+from rlx_triton.backends.triton.segdense import kernels as segdense_kernels
+from rlx_triton.backends.triton.segdense import launch as segdense_launch
 from rlx_triton.backends.triton.launches import describe_call
 from rlx_triton.planner import SegdenseVariant
 from rlx_triton.router import Request
@@ -31,13 +33,13 @@ def reference_launches(x, weights, biases, wc, bc, *, activation, candidate):
     scratch = torch.empty(2 if num_linear else 1, max(R, 1), d_max)
     out = torch.empty(R, C)
     act = kernels.ACTIVATIONS.index(activation)
-    meta = kernels._meta(candidate, C)
+    meta = segdense_launch._meta(candidate, C)
     grid = (triton.cdiv(R, meta["BLOCK_R"]),)
-    kernels._segdense_kernel[grid](rows, w_stack, b_stack, wc.detach(), bc.detach(), scratch, out,
+    segdense_kernels._segdense_kernel[grid](rows, w_stack, b_stack, wc.detach(), bc.detach(), scratch, out,
                                    R, f_in, C, d_max, NUM_LINEAR=num_linear, DIMS=tuple(dims[1:]), ACTIVATION=act,
                                    **meta)
     if not candidate.fused_activation and act != 0:
-        kernels._segdense_activation_kernel[grid](out, R, C, ACTIVATION=act, BLOCK_R=meta["BLOCK_R"],
+        segdense_kernels._segdense_activation_kernel[grid](out, R, C, ACTIVATION=act, BLOCK_R=meta["BLOCK_R"],
                                                   BLOCK_C=meta["BLOCK_C"], num_warps=meta["num_warps"])
     return out.reshape(*x.shape[:-1], C)
 

@@ -7,6 +7,8 @@ import triton
 import triton.language as tl
 
 from rlx_triton.backends.triton import conv as tconv
+from rlx_triton.backends.triton.conv import launch as tconv_launch
+from rlx_triton.backends.triton.conv import weights as tconv_weights
 from rlx_triton.backends.triton import launches
 from rlx_triton.ops.conv import ConvEpilogue, sinc_filters
 from tests.reference.conv import assert_matches_float64, conv1d_float64, random_sincnet, sincnet_float64
@@ -81,7 +83,7 @@ def test_packed_weights_follow_in_place_updates():
     x = torch.randn(1, 7, 40)
     w = torch.randn(5, 7, 3)
     first = tconv.conv1d(x, w, None, candidate=DEFAULT)
-    assert tconv._packed_weight(w) is tconv._packed_weight(w)     # packed once per weight version
+    assert tconv_weights._packed_weight(w) is tconv_weights._packed_weight(w)     # packed once per weight version
     w.mul_(2.0)
     second = tconv.conv1d(x, w, None, candidate=DEFAULT)
     assert torch.allclose(second, 2 * first, rtol=1e-5, atol=1e-5)
@@ -136,8 +138,8 @@ def test_sinc_conv_abs_pool_block_with_the_waveform_norm_folded_in():
     wav = torch.randn(2, 1, 3200)
     with torch.no_grad():
         filters = module.conv1d[0].filterbank.filters()
-        norm = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
-        out = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
+        norm = tconv_launch._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        out = tconv_launch._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
                                 out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=WIDE)
         m64 = module.double()
         ref = m64.pool1d[0](m64.conv1d[0](m64.wav_norm1d(wav.double())).abs())
@@ -151,12 +153,12 @@ def test_the_symmetric_sinc_kernel_halves_the_taps_and_gives_the_direct_conv():
     module, wav = random_sincnet(), torch.randn(2, 1, 3200)
     with torch.no_grad():
         filters = _sincnet_args(module, wav)[1]
-        norm = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        norm = tconv_launch._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
         common = dict(stride=10, padding=0, dilation=1, pool=3, abs_=True, out_slope=None, out_dtype=torch.float32,
                       in_norm=norm, candidate=WIDE)
-        (sym,), out = tconv._conv_block_plan(wav, filters, None, symmetric=True, **common)
+        (sym,), out = tconv_launch._conv_block_plan(wav, filters, None, symmetric=True, **common)
         launches.run([sym])
-        direct = tconv._conv_block(wav, filters, None, **common)
+        direct = tconv_launch._conv_block(wav, filters, None, **common)
     assert sym.name == "_sinc_conv_kernel" and tconv.symmetric_bank(filters, 1)
     ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
     assert rel_err(out, ref) <= 1e-5 and rel_err(direct, ref) <= 1e-5
@@ -217,7 +219,7 @@ def test_instance_norm_rows_give_center_scale_and_shift():
     x = torch.randn(3, 7, 333) * 4 + 2
     gamma, beta = torch.randn(7), torch.randn(7)
     out = torch.empty_like(x)
-    norm = tconv._row_norm(x, gamma, beta, eps=1e-5, slope=0.01, out=out)
+    norm = tconv_launch._row_norm(x, gamma, beta, eps=1e-5, slope=0.01, out=out)
     ref = F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)
     assert rel_err(out, F.leaky_relu(ref, 0.01)) <= TOL[torch.float32]
     assert torch.equal(norm.center, x[:, :, 0].flatten())
@@ -227,7 +229,7 @@ def test_instance_norm_rows_give_center_scale_and_shift():
 def test_long_rows_use_chunked_statistics():
     x = torch.randn(2, 1, 20000) * 3 + 5                  # > 16384 samples: chunked statistics
     gamma, beta = torch.tensor([1.3]), torch.tensor([-0.2])
-    norm = tconv._row_norm(x, gamma, beta, eps=1e-5)
+    norm = tconv_launch._row_norm(x, gamma, beta, eps=1e-5)
     ref = F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)
     assert torch.equal(norm.center, x[:, 0, 0])
     assert rel_err(_normalized(x, norm), ref) <= 1e-5
@@ -238,8 +240,8 @@ def test_conv_block_reads_the_previous_norm_and_leaky_in_its_prologue():
     h = torch.randn(2, 80, 98).abs()
     norm, conv = module.norm1d[0], module.conv1d[1]
     with torch.no_grad():
-        row_norm = tconv._row_norm(h, norm.weight, norm.bias, eps=1e-5)
-        out = tconv._conv_block(h, conv.weight, conv.bias, stride=1, padding=0, dilation=1, pool=3,
+        row_norm = tconv_launch._row_norm(h, norm.weight, norm.bias, eps=1e-5)
+        out = tconv_launch._conv_block(h, conv.weight, conv.bias, stride=1, padding=0, dilation=1, pool=3,
                                 abs_=False, out_slope=None, out_dtype=torch.float32, in_norm=row_norm,
                                 in_slope=0.01, candidate=DEFAULT)
         m64 = module.double()
@@ -272,8 +274,8 @@ def test_sincnet_in_half_precision_keeps_float32_intermediates(dtype, tol):
 
 def test_sincnet_with_chunked_waveform_statistics(monkeypatch):
     """Waveforms longer than _SPLIT_ROW_MIN (10 s chunks) take the chunked statistics path."""
-    monkeypatch.setattr(tconv, "_SPLIT_ROW_MIN", 1024)
-    monkeypatch.setattr(tconv, "_STATS_CHUNK", 1024)
+    monkeypatch.setattr(tconv_launch, "_SPLIT_ROW_MIN", 1024)
+    monkeypatch.setattr(tconv_launch, "_STATS_CHUNK", 1024)
     module = random_sincnet()
     wav = torch.randn(2, 1, 3200) + 0.5
     out = _run_sincnet(module, wav, WIDE)
@@ -287,14 +289,14 @@ def _sincnet_blocks(module, wav, candidate):
     blocks = []
     with torch.no_grad():
         filters = sinc_filters(fb.low_hz_, fb.band_hz_, window_=fb.window_, n_=fb.n_)
-        norm = tconv._row_norm(wav, p["wav_norm_weight"], p["wav_norm_bias"], eps=1e-5)
-        h = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
+        norm = tconv_launch._row_norm(wav, p["wav_norm_weight"], p["wav_norm_bias"], eps=1e-5)
+        h = tconv_launch._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
                               out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate,
                               symmetric=tconv.symmetric_bank(filters, wav.shape[1]))
         blocks.append(h)
         for i, (w, b) in enumerate(zip(p["conv_weights"], p["conv_biases"])):
-            norm = tconv._row_norm(h, p["norm_weights"][i], p["norm_biases"][i], eps=1e-5)
-            h = tconv._conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=3, abs_=False, out_slope=None,
+            norm = tconv_launch._row_norm(h, p["norm_weights"][i], p["norm_biases"][i], eps=1e-5)
+            h = tconv_launch._conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=3, abs_=False, out_slope=None,
                                   out_dtype=torch.float32, in_norm=norm, in_slope=0.01, candidate=candidate)
             blocks.append(h)
     return blocks
@@ -351,11 +353,11 @@ def test_tf32x3_conv1d_propagates_nan_and_keeps_finite_outputs_finite():
 @pytest.mark.parametrize("chunked", [False, True], ids=["one_pass", "chunked"])
 def test_constant_rows_normalize_to_exactly_beta(value, chunked, monkeypatch):
     if chunked:
-        monkeypatch.setattr(tconv, "_SPLIT_ROW_MIN", 256)
-        monkeypatch.setattr(tconv, "_STATS_CHUNK", 256)
+        monkeypatch.setattr(tconv_launch, "_SPLIT_ROW_MIN", 256)
+        monkeypatch.setattr(tconv_launch, "_STATS_CHUNK", 256)
     x = torch.full((2, 3, 999), value)
     gamma, beta = torch.rand(3) + 0.5, torch.randn(3)
-    norm = tconv._row_norm(x, gamma, beta, eps=1e-5)
+    norm = tconv_launch._row_norm(x, gamma, beta, eps=1e-5)
     assert torch.equal(_normalized(x, norm).float(), beta.view(1, 3, 1).expand(2, 3, 999))
     assert torch.equal(norm.center, x[:, :, 0].flatten())
 
@@ -365,11 +367,11 @@ def test_offset_rows_keep_their_digits(chunked, monkeypatch):
     """Shifted statistics and the centred form (x - center) * scale + shift: a small signal on a large
     offset normalizes to float64's values (x * scale + shift would cancel ~4 digits here)."""
     if chunked:
-        monkeypatch.setattr(tconv, "_SPLIT_ROW_MIN", 256)
-        monkeypatch.setattr(tconv, "_STATS_CHUNK", 256)
+        monkeypatch.setattr(tconv_launch, "_SPLIT_ROW_MIN", 256)
+        monkeypatch.setattr(tconv_launch, "_STATS_CHUNK", 256)
     x = 100 + 0.02 * torch.randn(2, 3, 999)
     gamma, beta = torch.rand(3) + 0.5, torch.randn(3)
-    norm = tconv._row_norm(x, gamma, beta, eps=1e-5)
+    norm = tconv_launch._row_norm(x, gamma, beta, eps=1e-5)
     ref = F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5)
     assert rel_err(_normalized(x, norm), ref) <= 1e-5
 
@@ -384,7 +386,7 @@ def test_a_non_finite_value_gives_a_nan_row_like_torch(apply):
     gamma, beta = torch.rand(4) + 0.5, torch.randn(4)
     ref = F.leaky_relu(F.instance_norm(x.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5), 0.01)
     out = torch.empty_like(x)
-    norm = tconv._row_norm(x, gamma, beta, eps=1e-5, slope=0.01, out=out if apply else None)
+    norm = tconv_launch._row_norm(x, gamma, beta, eps=1e-5, slope=0.01, out=out if apply else None)
     got = out if apply else F.leaky_relu(_normalized(x, norm), 0.01)
     assert_matches_float64(got, ref, TOL[torch.float32])
     assert ref[0, 1:].isnan().all() and not ref[0, 0].isnan().any()
@@ -415,8 +417,8 @@ def test_prologue_norm_of_a_nan_row_spreads_nan_like_torch():
     h[1, 3, 4] = float("nan")
     gamma, beta = torch.rand(5) + 0.5, torch.randn(5)
     w, b = torch.randn(6, 5, 3) / 4, torch.randn(6)
-    norm = tconv._row_norm(h, gamma, beta, eps=1e-5)
-    out = tconv._conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=2, abs_=False, out_slope=None,
+    norm = tconv_launch._row_norm(h, gamma, beta, eps=1e-5)
+    out = tconv_launch._conv_block(h, w, b, stride=1, padding=0, dilation=1, pool=2, abs_=False, out_slope=None,
                             out_dtype=torch.float32, in_norm=norm, in_slope=0.01, candidate=DEFAULT)
     xn = F.leaky_relu(F.instance_norm(h.double(), weight=gamma.double(), bias=beta.double(), eps=1e-5), 0.01)
     ref = conv1d_float64(xn, w, b, pool=2)
@@ -445,7 +447,7 @@ def _sweep_case(candidate):
     w = torch.randn(9, 7, 5) / 6
     b = torch.randn(9)
     norm = tconv.RowNorm(torch.randn(14), torch.rand(14) + 0.5, torch.randn(14))
-    out = tconv._conv_block(x, w, b, stride=1, padding=1, dilation=1, pool=3, abs_=True, out_slope=0.01,
+    out = tconv_launch._conv_block(x, w, b, stride=1, padding=1, dilation=1, pool=3, abs_=True, out_slope=0.01,
                             out_dtype=torch.float32, in_norm=norm, in_slope=0.01, candidate=candidate)
     xn = F.leaky_relu(_normalized(x, norm), 0.01)
     ref = conv1d_float64(xn, w, b, 1, 1, 1, abs_=True, pool=3, negative_slope=0.01)
@@ -468,8 +470,8 @@ def _symmetric_sinc_block(wav, candidate):
     module = random_sincnet()
     with torch.no_grad():
         filters = _sincnet_args(module, wav)[1]
-        norm = tconv._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
-        out = tconv._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
+        norm = tconv_launch._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        out = tconv_launch._conv_block(wav, filters, None, stride=10, padding=0, dilation=1, pool=3, abs_=True,
                                 out_slope=None, out_dtype=torch.float32, in_norm=norm, candidate=candidate,
                                 symmetric=True)
     ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
@@ -490,7 +492,7 @@ def test_every_conv_candidate_runs_and_every_approval_holds():
 def test_gpu_dot_width_gives_the_same_sums(monkeypatch):
     """On GPUs BLOCK_K is issued as 16-wide dots (DOT_K); the interpreter uses one dot per BLOCK_K.
     Forcing the GPU width here checks the chunked loop too."""
-    monkeypatch.setattr(tconv, "_dot_k", lambda block_k, interpret: min(16, block_k))
+    monkeypatch.setattr(tconv_launch, "_dot_k", lambda block_k, interpret: min(16, block_k))
     assert _sweep_case(tconv.make_candidate(tile_k=64)) <= TOL[torch.float32]
 
 
@@ -590,7 +592,7 @@ def test_launch_count_is_the_plan_length(case, monkeypatch):
     from rlx_triton.ops import conv as ops
 
     if case == "chunked":
-        monkeypatch.setattr(tconv, "_SPLIT_ROW_MIN", 300)
+        monkeypatch.setattr(tconv_launch, "_SPLIT_ROW_MIN", 300)
     module = random_sincnet()
     wav = torch.empty(2, 1, 4000 if case != "chunked" else 12000, device="meta")
     args = list(_sincnet_args(module.to("meta"), wav))
