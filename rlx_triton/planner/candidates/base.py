@@ -12,7 +12,14 @@ import enum
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_options):
+        """Informs type checkers only (typing has it from Python 3.11): a no-op at run time."""
+        return lambda decorator: decorator
 
 from ..policy import (
     U32_MAX,
@@ -221,6 +228,7 @@ def choice_field(*choices: str) -> Any:
     return dataclasses.field(metadata={"tag": ChoiceField("", tuple(choices))})
 
 
+@dataclass_transform(frozen_default=True)
 def candidate_dataclass(cls: Type[C]) -> Type[C]:
     """Makes `cls` a frozen dataclass and builds its `TAG` from the fields' tag spellings, in
     declaration order, so each field is declared once."""
