@@ -1,7 +1,7 @@
 """Metal launcher of the 1-D conv family (metal/conv.metal): Conv1d with a fused bias | abs |
 max-pool | leaky ReLU epilogue, instance norm + leaky ReLU, and pyannote's SincNet built from them.
 
-Same function names and signatures as backends/triton/conv.py (`conv1d`, `sincnet`).
+Same function names and signatures as backends/triton/conv/ (`conv1d`, `sincnet`).
 Candidate -> launch: tg_size -> threadgroup size (multiple of 32); conv1d_pool runs one thread per
 output element (threads = groups * group_size covers them, the shader bounds-checks), the norm one
 threadgroup per (batch, channel) row. tile_*, stages, precision and fuse_epilogue do not change

@@ -1,6 +1,6 @@
 """Library fallback of the 1-D conv family: pyannote's SincNet stage and Conv1d with epilogues, in torch.
 
-Same function names and signatures as rlx_triton/backends/triton/conv.py (candidate and route are ignored).
+Same function names and signatures as rlx_triton/backends/triton/conv/ (candidate and route are ignored).
 It runs the exact module sequence of pyannote (instance_norm, conv1d, abs, max_pool1d, leaky_relu),
 so it is differentiable and matches the pyannote module bit for bit on the same device.
 """

@@ -1,6 +1,6 @@
 """Library fallback of the conv family's 2-D ops: conv2d (+bias, residual, ReLU), linear, stats_pool.
 
-Same function names and signatures as `backends/triton/conv2d.py`; `candidate` and `route` are ignored here.
+Same function names and signatures as `backends/triton/conv2d/`; `candidate` and `route` are ignored here.
 Half-precision inputs are computed in fp32 and rounded once, like the Triton kernels do.
 """
 from __future__ import annotations

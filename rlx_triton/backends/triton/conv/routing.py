@@ -41,6 +41,6 @@ APPROVALS = approvals_by_precision("conv", {"ieee": CONV1D_MAX_REL_ERR, "tf32x3"
 # (H200), 638 vs 658 us (A100). In the interpreter the cost is per program, so the widest ieee tile wins
 # (measured on SincNet, 2 x 2000 samples, on a loaded 2-core machine: 64x32 tiles 5.8-10 s, 128x64 tiles
 # 3.3-5 s per forward).
-RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag(), "sm90": ConvVariant.TF32X3_P64_CO32.tag(),
-           "sm80": ConvVariant.TF32X3_P64_CO32.tag()}
+RECIPES = {"interpreter": ConvVariant["IEEE_P128_CO64"].tag(), "sm90": ConvVariant["TF32X3_P64_CO32"].tag(),
+           "sm80": ConvVariant["TF32X3_P64_CO32"].tag()}
 SPEED_EVIDENCE: dict = {}

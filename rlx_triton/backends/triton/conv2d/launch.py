@@ -17,10 +17,10 @@ recipe_key) give a first forward its tiles without tuning.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import torch
-import triton
+import triton  # type: ignore[import-untyped]  # triton ships no type information
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.conv.launch import UNIT_OF_PRECISION, all_candidates
@@ -130,8 +130,9 @@ def conv2d_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     flags = dict(KH=kh, KW=kw, FOLD_TAPS=fold_taps, HAS_BIAS=fused and bias is not None,
                  HAS_RESIDUAL=fused and residual is not None, APPLY_RELU=fused and relu)
     weight_bytes = _nbytes(w_split) if candidate.precision == "tf32x3" else _nbytes(weight)
-    counts = dict(bytes_read=_nbytes(x) + weight_bytes + (_nbytes(bias) + _nbytes(residual) if fused else 0),
-                  bytes_written=_nbytes(gemm_out), unit=UNIT_OF_PRECISION[candidate.precision])
+    epilogue_bytes = _nbytes(bias) + _nbytes(residual) if fused else 0
+    counts: Dict[str, Any] = dict(bytes_read=_nbytes(x) + weight_bytes + epilogue_bytes, bytes_written=_nbytes(gemm_out),
+                                  unit=UNIT_OF_PRECISION[candidate.precision])
 
     def grid_for(meta):
         return (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))

@@ -53,8 +53,8 @@ def _trunk_recipes() -> dict:
     --device h200 / a100 embedding). The seg_1 projection (5120 -> 256 as a 1x1 conv over 32 rows) is
     a weight stream on 8 CTAs: the ieee tile reads the weights once, the split terms would read them
     four times (est. 45 vs 79 us on an H200)."""
-    narrow, wide = ConvVariant.TF32X3_P64_CO32.tag(), ConvVariant.TF32X3_P64_CO64.tag()
-    table = {"3x3/1 1->32": narrow, "3x3/1 32->32": narrow, "1x1/1 8192->256": ConvVariant.IEEE_P64_CO32.tag(),
+    narrow, wide = ConvVariant["TF32X3_P64_CO32"].tag(), ConvVariant["TF32X3_P64_CO64"].tag()
+    table = {"3x3/1 1->32": narrow, "3x3/1 32->32": narrow, "1x1/1 8192->256": ConvVariant["IEEE_P64_CO32"].tag(),
              "*": wide}
     for c_in in (32, 64, 128):
         table.update({f"3x3/2 {c_in}->{2 * c_in}": wide, f"1x1/2 {c_in}->{2 * c_in}": wide,
@@ -67,5 +67,5 @@ def _trunk_recipes() -> dict:
 # `rlx-triton tune wespeaker` records measured winners, which take precedence). In the interpreter the
 # cost is per program, so the widest ieee tile wins (measured on a 2x4x16x48 3x3 conv: 128x64 tiles
 # 0.17 s, 64x32 tiles 0.34 s).
-RECIPES = {"interpreter": ConvVariant.IEEE_P128_CO64.tag(), "sm90": _trunk_recipes(), "sm80": _trunk_recipes()}
+RECIPES = {"interpreter": ConvVariant["IEEE_P128_CO64"].tag(), "sm90": _trunk_recipes(), "sm80": _trunk_recipes()}
 SPEED_EVIDENCE: dict = {}

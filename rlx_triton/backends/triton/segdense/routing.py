@@ -24,5 +24,5 @@ _WHERE = "interpreter, tests/triton/test_segdense.py (vs float64)"
 # tf32 stays unapproved: no accuracy evidence is kept for it, and TF32 products have been measured to move
 # diarization error rates (the diarization kernels default to true fp32)
 APPROVALS = approvals_by_precision("segdense", {"ieee": 1e-5, "tf32x3": 2e-5}, _WHERE)
-RECIPES = {}
-SPEED_EVIDENCE = {}
+RECIPES: dict = {}
+SPEED_EVIDENCE: dict = {}
