@@ -29,17 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-BENCHES = {
-    "dispatch_overhead": "bench.dispatch_overhead",
-    "sdpa_decode": "bench.sdpa_decode",
-    "attention_serving": "bench.attention_serving",
-    "fbank": "bench.fbank",
-    "sincnet": "bench.sincnet",
-    "lstm": "bench.lstm",
-    "pyannote_segmentation": "bench.pyannote_segmentation",
-    "embedding": "bench.embedding",
-    "diarization": "bench.diarization",
-}
+from rlx_triton.perf.cases import BENCH_NAMES  # noqa: E402  (after the checkout is on sys.path)
+
+BENCHES = {name: f"bench.{name}" for name in BENCH_NAMES}
 # summary key -> bench name whose speedups it summarises (geometric mean)
 SPEEDUP_KEYS = {
     "sdpa_decode_geomean_speedup": "sdpa_decode",

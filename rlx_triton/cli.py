@@ -15,6 +15,7 @@ import argparse
 import importlib
 import importlib.util
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -289,17 +290,19 @@ def _bench_root() -> Optional[Path]:
 
 
 def cmd_bench(args) -> int:
+    """Runs bench/run.py of the source checkout in its own process (the package never imports bench/)."""
+    from rlx_triton.perf.cases import BENCH_NAMES
+
     root = _bench_root()
     if root is None:
         raise UsageError("the benchmarks live in the source checkout's bench/ folder, which the installed package "
                          "does not ship: run this command inside a clone of the repository")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    from bench import run as bench_run
-
+    unknown = [name for name in args.only or () if name not in BENCH_NAMES]
+    if unknown:
+        raise UsageError(f"unknown bench {', '.join(unknown)}; choose from {', '.join(BENCH_NAMES)}")
     argv = (["--quick"] if args.quick else []) + (["--out", args.out] if args.out else []) + \
         (["--json", args.json] if args.json else []) + list(args.only or [])
-    return bench_run.main(argv)
+    return subprocess.run([sys.executable, str(root / "bench" / "run.py"), *argv]).returncode
 
 
 # ------------------------------------------------------------------------------------------ tune

@@ -2,11 +2,13 @@
 
 An op answers with the Route of its call (router.route.explain); an rt.nn module with the Route of its
 forward (its own `explain`); any other nn.Module, such as a model after
-rt.integrations.pyannote.optimize, with {module path: Route} for every rlx module its forward runs (a
-warning says so when that is none).
+rt.integrations.pyannote.optimize or a transformers model with rt attention registered, with
+{module path: Route} for every rlx module its forward runs, or else for every rlx_triton op call it makes
+(a warning says so when nothing was routed). Integrations build on this module, never the reverse.
 """
 from __future__ import annotations
 
+import contextvars
 import inspect
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, Union
@@ -25,8 +27,8 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
 
     Returns:
         a Route for an op or an rt.nn module (nothing runs); for another nn.Module, {module path: Route} for
-        every rlx module its forward runs (the forward runs once, under torch.no_grad()); {} with a
-        UserWarning when it runs none.
+        every rlx module its forward runs, else for every rlx_triton op call it makes (the forward runs
+        once, under torch.no_grad()); {} with a UserWarning when nothing was routed.
 
     Raises:
         TypeError: target is neither an rlx_triton op nor an nn.Module, or the call does not fit the op's
@@ -50,19 +52,76 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
     if isinstance(target, nn.Module):
         if explains_itself(target):
             return target.explain(*args, **kwargs)
-        from rlx_triton.integrations.pyannote import explain as explain_model
-
-        routes = explain_model(target, *args, **kwargs)
-        if not routes:   # no rlx module in it: the routes of the op calls its forward makes (registered attention)
-            routes = routed_calls(target, *args, **kwargs)
-        if not routes:
-            warnings.warn(f"explain: the forward of this {type(target).__name__} runs no rlx_triton module, so no "
-                          "route is taken: rt.integrations.pyannote.optimize(model) swaps them into a pyannote "
-                          "model; attention registered with rt.integrations.transformers is routed per call "
-                          "(rt.explain(rt.scaled_dot_product_attention, q, k, v) shows one)", stacklevel=2)
-        return routes
+        return explain_model(target, *args, **kwargs)
     raise TypeError(f"explain: {getattr(target, '__name__', type(target).__name__)!r} is not an rlx_triton op "
                     "or a torch.nn.Module")
+
+
+# An object installed as a module's `forward` (a CUDA-graph replay, say) runs the module's own forward while
+# a model is explained, so that every rlx module in it is seen running; it may also describe itself through
+# `explain_forward` (see explain_model).
+_explaining: contextvars.ContextVar[bool] = contextvars.ContextVar("rlx_triton_explaining", default=False)
+
+
+def explaining_now() -> bool:
+    """Whether a model forward runs inside explain_model (installed forwards then run eagerly)."""
+    return _explaining.get()
+
+
+def explain_model(model: Any, *inputs: Any, **kwargs: Any) -> Dict[str, Any]:
+    """{module path: Route} for every rlx module of `model` that runs in `model(*inputs, **kwargs)`.
+
+    The forward runs once, eagerly, under torch.no_grad(); each rlx module records the route its call takes
+    (a module called twice gets a second key, "<path>#<n>"). A module whose instance `forward` is an object
+    with `explain_forward(path, inputs, kwargs, called_directly)` adds the {key: note} that returns (a
+    CUDA-graph replay says whether this call would replay). A model that runs no rlx module is explained by
+    the op calls its forward makes (routed_calls); a UserWarning says so when nothing was routed at all.
+    """
+    import torch
+
+    routes: Dict[str, Any] = {}
+    with torch.no_grad():
+        for path, module in model.named_modules():
+            describe = getattr(module.__dict__.get("forward"), "explain_forward", None)
+            if describe is not None:
+                routes.update(describe(path, inputs, kwargs, called_directly=module is model))
+    routed = _routes_of_rlx_modules(model, inputs, kwargs)
+    if not routed:   # no rlx module in it: the routes of the op calls its forward makes (registered attention)
+        routed = routed_calls(model, *inputs, **kwargs)
+    if not routed:
+        warnings.warn(f"explain: nothing was routed: the forward of this {type(model).__name__} runs no "
+                      "rlx_triton module and makes no rlx_triton op call; rt.integrations.pyannote.optimize(model) "
+                      "swaps them into a pyannote model; attention registered with rt.integrations.transformers "
+                      "is routed per call (rt.explain(rt.scaled_dot_product_attention, q, k, v) shows one)",
+                      stacklevel=3)
+    routes.update(routed)
+    return routes
+
+
+def _routes_of_rlx_modules(model: Any, inputs: tuple, kwargs: dict) -> Dict[str, Any]:
+    """{module path: Route} from the `explain` of each rlx module, called with the arguments its forward gets."""
+    import torch
+
+    routes: Dict[str, Any] = {}
+
+    def hook_for(path: str, explain_call: Any) -> Any:
+        def hook(module: Any, args: tuple, kw: dict) -> None:
+            route = explain_call(*args, **kw)
+            routes[path if path not in routes else f"{path}#{sum(k.startswith(path) for k in routes)}"] = route
+
+        return hook
+
+    handles = [module.register_forward_pre_hook(hook_for(path, module.explain), with_kwargs=True)
+               for path, module in model.named_modules() if explains_itself(module)]
+    token = _explaining.set(True)
+    try:
+        with torch.no_grad():
+            model(*inputs, **kwargs)
+    finally:
+        _explaining.reset(token)
+        for handle in handles:
+            handle.remove()
+    return routes
 
 
 def routed_calls(model: Any, *args: Any, **kwargs: Any) -> Dict[str, Any]:

@@ -38,3 +38,43 @@ def test_a_model_with_rlx_modules_explains_them_without_a_warning():
         warnings.simplefilter("error")
         routes = rt.explain(model, torch.randn(2, 4, 3))
     assert list(routes) == ["0"] and routes["0"].op == "lstm"
+
+
+class _DescribedForward:
+    """An installed instance `forward` (as a CUDA-graph replay is) that describes itself to explain."""
+
+    def __init__(self, module):
+        self.module = module
+        self.ran_while_explaining = []
+
+    def __call__(self, *args):
+        from rlx_triton.explaining import explaining_now
+
+        self.ran_while_explaining.append(explaining_now())
+        return type(self.module).forward(self.module, *args)
+
+    def explain_forward(self, path, inputs, kwargs, called_directly):
+        return {f"{path}#note": ("note", called_directly, tuple(tuple(x.shape) for x in inputs))}
+
+
+def test_an_installed_forward_describes_itself_and_runs_knowing_it_is_explained():
+    model = torch.nn.Sequential(rt.nn.LSTM(3, 5, batch_first=True))
+    forward = _DescribedForward(model)
+    model.forward = forward
+    routes = rt.explain(model, torch.randn(2, 4, 3))
+    assert routes["#note"] == ("note", True, ((2, 4, 3),))
+    assert routes["0"].op == "lstm"
+    assert forward.ran_while_explaining == [True]
+    model(torch.randn(2, 4, 3))
+    assert forward.ran_while_explaining == [True, False]
+
+
+def test_the_pyannote_explain_of_a_model_is_the_generic_one_and_warns_alike():
+    from rlx_triton.integrations import pyannote
+
+    model = torch.nn.Sequential(rt.nn.LSTM(3, 5, batch_first=True))
+    x = torch.randn(2, 4, 3)
+    with rt.use_backend("torch"):
+        assert pyannote.explain(model, x) == rt.explain(model, x)
+    with pytest.warns(UserWarning, match="nothing was routed"):
+        assert pyannote.explain(torch.nn.Linear(3, 4), torch.randn(2, 3)) == {}

@@ -21,7 +21,6 @@ registrations are in the table. Modules and models no recogniser matches are lef
 """
 from __future__ import annotations
 
-import contextvars
 import importlib
 import importlib.util
 import types
@@ -30,6 +29,8 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import torch
 from torch import nn
+
+from rlx_triton.explaining import explain_model, explaining_now
 
 
 @dataclass(frozen=True)
@@ -181,9 +182,6 @@ register_recogniser("pyannet", is_pyannet, swap_pyannet)
 # ---------------------------------------------------------------------------------------------
 MAX_GRAPH_SHAPES = 8   # captured input shapes per model; further shapes run eagerly
 
-_eager_only: contextvars.ContextVar[bool] = contextvars.ContextVar("rlx_triton_pyannote_eager", default=False)
-
-
 @dataclass(frozen=True)
 class GraphCapture:
     """What `explain` reports for a model whose forward replays CUDA graphs: the captured input shapes and
@@ -262,6 +260,13 @@ class SegmentationGraphs:
             return "eager", "a CUDA graph is being captured around the call"
         return self._decide_shape(self._key(x), tuple(x.shape))
 
+    def explain_forward(self, path: str, inputs: tuple, kwargs: dict, called_directly: bool) -> Dict[str, Any]:
+        """What explain_model reports for the module this forward is installed on: its GraphCapture."""
+        decision, reason = self.decide(inputs, kwargs) if called_directly else (
+            "eager", "not decided here: it depends on the input this submodule receives")
+        shapes = tuple(key[0] for key in self.graphs)
+        return {f"{path}#cuda_graphs": GraphCapture(path, shapes, decision, reason)}
+
     def _decide_shape(self, key: tuple, shape: Tuple[int, ...]) -> Tuple[str, str]:
         """The decision for a capturable call, from what was captured and seen of its key."""
         graph = self.graphs.get(key)
@@ -276,7 +281,7 @@ class SegmentationGraphs:
         return "capture", f"input shape {shape} is called again"
 
     def __call__(self, *args, **kwargs):
-        if _eager_only.get():
+        if explaining_now():   # explain sees every rlx module run, which a replay hides
             return self.eager(*args, **kwargs)
         decision, _reason = self.decide(args, kwargs)
         if decision == "eager":
@@ -453,16 +458,9 @@ def optimize(model, *, cuda_graphs: bool = False):
     return model
 
 
-def _route_of(module: nn.Module):
-    """The module's own `explain` where it returns the one Route of its forward, else None."""
-    from rlx_triton.explaining import explains_itself
-
-    return module.explain if explains_itself(module) else None
-
-
 def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:
     """{module path: Route} for every rlx module of `model` that runs in `model(*inputs, **kwargs)`
-    (what rt.explain returns for a model).
+    (rlx_triton.explaining.explain_model, what rt.explain returns for a model).
 
     The forward runs once, eagerly, under torch.no_grad(); each rlx module records the route its call
     takes (a module called twice gets a second key, "<path>#<n>"). A model optimized with cuda_graphs=True
@@ -477,34 +475,4 @@ def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"explain: model must be an nn.Module, got {type(model).__name__}")
-    routes: Dict[str, Any] = {}
-    with torch.no_grad():
-        for path, module in model.named_modules():
-            graphs = module.__dict__.get("forward")
-            if isinstance(graphs, SegmentationGraphs):
-                decision, reason = graphs.decide(inputs, kwargs) if module is model else (
-                    "eager", "not decided here: it depends on the input this submodule receives")
-                shapes = tuple(key[0] for key in graphs.graphs)
-                routes[f"{path}#cuda_graphs"] = GraphCapture(path, shapes, decision, reason)
-    handles = []
-
-    def hook_for(path: str, explain_call):
-        def hook(module, args, kw):
-            route = explain_call(*args, **kw)
-            routes[path if path not in routes else f"{path}#{sum(k.startswith(path) for k in routes)}"] = route
-
-        return hook
-
-    for path, module in model.named_modules():
-        explain_call = _route_of(module)
-        if explain_call is not None:
-            handles.append(module.register_forward_pre_hook(hook_for(path, explain_call), with_kwargs=True))
-    token = _eager_only.set(True)
-    try:
-        with torch.no_grad():
-            model(*inputs, **kwargs)
-    finally:
-        _eager_only.reset(token)
-        for handle in handles:
-            handle.remove()
-    return routes
+    return explain_model(model, *inputs, **kwargs)

@@ -10,6 +10,10 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+# the benchmarks of the source checkout, bench/<name>.py, in the order bench/run.py runs them
+BENCH_NAMES = ("dispatch_overhead", "sdpa_decode", "attention_serving", "fbank", "sincnet", "lstm",
+               "pyannote_segmentation", "embedding", "diarization")
+
 KV_BYTES_LIMIT = 24 * 2**30  # decode cases whose K+V would not fit comfortably are left out
 LLAMA3_8B = dict(heads=32, kv_heads=8, head_dim=128)
 SERVING_CONTEXT = 4096

@@ -1,6 +1,8 @@
-"""Backend registry: each backend package registers itself (name, precedence, probe, families).
+"""Backend registry: the backends the router walks (name, precedence, probe, families).
 
-The router never names a backend or a family: it walks what is registered here. A backend's family
+The router never names a backend or a family: it walks what is registered here. The built-in backends
+are registered on first use from `rlx_triton.backends.SPECS` (each backend package declares its SPEC as
+data); third-party backends and tests add theirs with `register_backend`. A backend's family
 modules are imported lazily, only once the backend can run on the device at hand, so that triton is
 not imported on machines that cannot use it; each is checked against the family protocol
 (router/protocol.py) when it is first loaded.
@@ -9,28 +11,14 @@ from __future__ import annotations
 
 import importlib
 import threading
-from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from rlx_triton.router.backend_spec import BackendSpec
 from rlx_triton.router.protocol import check_family_module
 
-
-@dataclass(frozen=True)
-class BackendSpec:
-    name: str
-    precedence: int  # lower is tried first; the library fallback is last
-    package: str  # e.g. "rlx_triton.backends.triton"; family modules live at <package>.<family>
-    families: Tuple[str, ...]  # family values this backend implements (module names)
-    probe: Callable[[object], Optional[str]]  # DeviceFacts -> None if it runs there, else the reason
-    is_library: bool = False  # the always-correct torch fallback
-    # ops of a family whose kernels live in a sibling module (e.g. conv2d of the conv family in conv2d.py)
-    op_modules: Tuple[Tuple[str, str], ...] = ()
-    # attributes every family module of this backend defines beyond the protocol (e.g. AUDIT_KERNELS)
-    module_attributes: Tuple[str, ...] = ()
-
-    def module_name(self, family: str, op: Optional[str] = None) -> str:
-        return dict(self.op_modules).get(op, family) if op is not None else family
+__all__ = ["BackendSpec", "backend", "backends", "family_module", "library_backend", "register_backend",
+           "unregister_backend"]
 
 
 _backends: Dict[str, BackendSpec] = {}
@@ -64,10 +52,18 @@ def _forget_routes() -> None:
 
 
 def _ensure_loaded() -> None:
+    """Registers the built-in backends once; a backend registered under the same name before stays."""
     global _loaded
-    if not _loaded:
-        importlib.import_module("rlx_triton.backends")  # each backend package registers on import
-        _loaded = True
+    if _loaded:
+        return
+    from rlx_triton import backends as built_in  # on first use: the backends import this package's spec type
+
+    with _lock:
+        if not _loaded:
+            for spec in built_in.SPECS:
+                _backends.setdefault(spec.name, spec)
+            _loaded = True
+    _forget_routes()
 
 
 def backends() -> List[BackendSpec]:

@@ -3,7 +3,7 @@
 It runs only where a compile-and-run smoke test passes on an MPS device, not merely where
 torch.backends.mps.is_available() says so.
 """
-from rlx_triton.router.registry import BackendSpec, register_backend
+from rlx_triton.router.backend_spec import BackendSpec
 
 # families with a shader in metal/<family>.metal
 SHADER_FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense")
@@ -19,4 +19,5 @@ def probe(facts) -> "str | None":
     return smoke_test()
 
 
-register_backend(BackendSpec(name="metal", precedence=10, package=__name__, families=FAMILIES, probe=probe))
+# what the router registers (rlx_triton.backends.SPECS)
+SPEC = BackendSpec(name="metal", precedence=10, package=__name__, families=FAMILIES, probe=probe)

@@ -6,7 +6,7 @@ only once the probe below says the backend runs on the device at hand.
 """
 import importlib.util
 
-from rlx_triton.router.registry import BackendSpec, register_backend
+from rlx_triton.router.backend_spec import BackendSpec
 
 FAMILIES = ("sdpa_decode", "conv", "fbank", "lstm", "segdense", "varlen_attention")
 # the 2-D convolutions of the conv family live in their own module
@@ -33,5 +33,6 @@ def probe(facts) -> "str | None":
     return f"triton does not run on {facts.kind} devices"
 
 
-register_backend(BackendSpec(name="triton", precedence=0, package=__name__, families=FAMILIES, op_modules=OP_MODULES,
-                             module_attributes=MODULE_ATTRIBUTES, probe=probe))
+# what the router registers (rlx_triton.backends.SPECS)
+SPEC = BackendSpec(name="triton", precedence=0, package=__name__, families=FAMILIES, op_modules=OP_MODULES,
+                   module_attributes=MODULE_ATTRIBUTES, probe=probe)
