@@ -1,4 +1,4 @@
-"""The fbank launcher as launch records (backends/triton/fbank.py `fbank_plan`) and its analysis as on an H200.
+"""The fbank launcher as launch records (backends/triton/fbank/launch.py `fbank_plan`) and its analysis as on an H200.
 
 In the interpreter the launcher runs exactly its records (both frames kernels, the CMN pass), with the
 JIT's own specialisation. At the WeSpeaker bench shape, routed and planned on meta tensors as on an H200,

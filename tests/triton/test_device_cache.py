@@ -97,7 +97,7 @@ def test_a_constant_missing_during_capture_names_the_warm_up(monkeypatch):
 
 def test_fbank_constants_built_in_inference_mode_are_normal_tensors():
     from rlx_triton.backends.torch_ref.fbank import FbankOptions
-    from rlx_triton.backends.triton import fbank
+    from rlx_triton.backends.triton.fbank import launch as fbank
 
     with torch.inference_mode():
         window = fbank._window(FbankOptions(window_type="hamming", frame_length=20.0), torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""The fused fbank kernels (backends/triton/fbank.py) against the float64 reference, in the interpreter.
+"""The fused fbank kernels (backends/triton/fbank/) against the float64 reference, in the interpreter.
 
 Both frames kernels are checked: the dense DFT (ieee candidates, and DFT sizes the two-stage DFT does not
 factor) and the two-stage DFT on tensor cores (tf32x3 candidates), the latter with the interpreter's dots
