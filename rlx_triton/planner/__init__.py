@@ -52,6 +52,7 @@ from .policy import (
     MemoryPolicy,
     PrecisionProfile,
     PrecisionProfileTag,
+    ScalarType,
     ThreadPolicy,
     TokenBucketStrategy,
     TuneCacheEviction,
@@ -63,6 +64,7 @@ from .tune_cache import TuneCache, TuneCacheEntry
 __all__ = [
     "FAMILIES",
     "SCHEMA_VERSION",
+    "ScalarType",
     "Candidate",
     "CandidateNotPresent",
     "CandidateVariant",

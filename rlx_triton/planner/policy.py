@@ -27,6 +27,26 @@ class KernelFamily(enum.Enum):
         return "".join(part.capitalize() for part in self.value.split("_"))
 
 
+class ScalarType(enum.Enum):
+    """The floating-point element types the kernels take (inputs, caches, outputs), by their short names."""
+
+    F64 = "f64"
+    F32 = "f32"
+    BF16 = "bf16"
+    F16 = "f16"
+
+    @classmethod
+    def from_dtype(cls, dtype: str) -> "ScalarType":
+        """The element type of a torch dtype name ("float16", "torch.bfloat16", ...); ValueError otherwise."""
+        name = str(dtype).removeprefix("torch.")
+        if name not in _TORCH_SCALAR_TYPES:
+            raise ValueError(f"ScalarType.from_dtype: dtype must be one of {sorted(_TORCH_SCALAR_TYPES)}, got {dtype!r}")
+        return cls(_TORCH_SCALAR_TYPES[name])
+
+
+_TORCH_SCALAR_TYPES = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
 class PrecisionProfile(enum.Enum):
     """The user-facing precision choice; values match `rlx_triton.config.PROFILE_NAMES`."""
 

@@ -38,3 +38,18 @@ def test_token_bucket_default_edges():
 def test_policies_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         ThreadPolicy().max_threads_per_tg = 1
+
+
+@pytest.mark.parametrize("dtype,short", [("float64", "f64"), ("torch.float32", "f32"), ("bfloat16", "bf16"),
+                                         ("float16", "f16")])
+def test_scalar_type_names_each_floating_dtype_the_kernels_take(dtype, short):
+    from rlx_triton.planner import ScalarType
+
+    assert ScalarType.from_dtype(dtype).value == short
+
+
+def test_scalar_type_of_a_dtype_no_kernel_takes_is_a_value_error_naming_it():
+    from rlx_triton.planner import ScalarType
+
+    with pytest.raises(ValueError, match="dtype.*int8"):
+        ScalarType.from_dtype("int8")

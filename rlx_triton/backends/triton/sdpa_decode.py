@@ -897,7 +897,7 @@ APPROVALS = {
 }
 
 # Built-in recipe per CUDA device class: the candidate with the widest split cap (split_k 16, 16-row tiles),
-# since the split count now comes from the device and split_k only bounds it: the rule can then fill the
+# since the split count comes from the device and split_k only bounds it: the rule can then fill the
 # SMs at small batch and still takes one split where the batch fills them. A guess from `rlx-triton perf`
 # (uncalibrated: no GPU run has measured it), labelled as such in SPEED_EVIDENCE; a winner-table entry
 # replaces it. The interpreter and the CPU keep the plan's launch rule.
