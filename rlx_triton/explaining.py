@@ -80,7 +80,8 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
 
     if isinstance(target, nn.Module):
         if explains_itself(target):
-            return target.explain(*args, **kwargs)
+            own_explain = getattr(target, "explain")  # not an nn.Module attribute torch's types know
+            return own_explain(*args, **kwargs)
         return explain_model(target, *args, **kwargs)
     raise TypeError(f"explain: {getattr(target, '__name__', type(target).__name__)!r} is not an rlx_triton op "
                     "or a torch.nn.Module")
