@@ -32,7 +32,6 @@ from rlx_triton.config import settings
 from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
-from rlx_triton.router.request import dtype_name
 from rlx_triton.router.route import Route, exact_route, remember_exact_route
 
 
@@ -238,11 +237,9 @@ def _mask_kind(attn_mask) -> str:
 
 def _nested_request(query, key, value, attn_mask, dropout_p) -> Request:
     """Nested tensors have no fixed shape to route on: the request says so, and only torch's op takes them."""
-    return Request(
-        _FAMILY, "scaled_dot_product_attention", (), dtype_name(query.dtype), query.device,
-        (("mask", _mask_kind(attn_mask)), ("dropout", dropout_p > 0.0), ("layout", "nested"),
-         ("requires_grad", needs_grad(query, key, value, attn_mask))),
-    )
+    return SDPA_REQUEST.unshaped(
+        {"mask": _mask_kind(attn_mask), "dropout": dropout_p > 0.0, "layout": "nested",
+         "requires_grad": needs_grad(query, key, value, attn_mask)}, tensor=query)
 
 
 def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
@@ -264,22 +261,17 @@ def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enab
         layout = "broadcast"
     if layout == "batched" and num_v_heads != num_kv_heads:
         layout = "unequal_kv_heads"   # enable_gqa with key and value head counts that differ: torch's op
-    group = num_heads // num_kv_heads if layout == "batched" else 1
     if lower_right:  # a lower-right CausalBias, which was the call's mask
         causal = "bottom_right"
     elif is_causal:
         causal = "top_left" if attn_mask is None else "top_left_with_mask"
     else:
         causal = "none"
-    return Request(
-        _FAMILY, "scaled_dot_product_attention",
-        (("m", seq_q * group), ("tokens", seq_q), ("batch", batch), ("num_heads", num_heads),
-         ("head_dim", head_dim), ("seq_q", seq_q), ("seq_kv", seq_kv), ("num_kv_heads", num_kv_heads),
-         ("head_dim_v", head_dim_v)),
-        dtype_name(query.dtype), query.device,
-        (("mask", _mask_kind(attn_mask)), ("causal", causal), ("dropout", dropout_p > 0.0), ("layout", layout),
-         ("requires_grad", needs_grad(query, key, value, attn_mask))),
-    )
+    return SDPA_REQUEST.make(
+        {"batch": batch, "num_heads": num_heads, "head_dim": head_dim, "seq_q": seq_q, "seq_kv": seq_kv,
+         "num_kv_heads": num_kv_heads, "head_dim_v": head_dim_v},
+        {"mask": _mask_kind(attn_mask), "causal": causal, "dropout": dropout_p > 0.0, "layout": layout,
+         "requires_grad": needs_grad(query, key, value, attn_mask)}, tensor=query)
 
 
 def _run_sdpa(chosen: Route, query, key, value, attn_mask, is_causal, scale, enable_gqa, lower_right) -> torch.Tensor:
@@ -614,13 +606,9 @@ def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, 
     features.update(attention_option_features(paged=block_table is not None,
                                               local_window=_decode_window(window_size, s_max) != (-1, -1),
                                               softcap=softcap, alibi_slopes=alibi_slopes))
-    return Request.make(
-        KernelFamily.SDPA_DECODE, "sdpa_decode", tensor=query,
-        fields={"m": seq_q * (heads // kv_heads), "tokens": seq_q, "batch": batch, "num_heads": heads,
-                "head_dim": head_dim, "seq_q": seq_q, "seq_kv": s_max, "num_kv_heads": kv_heads,
-                "head_dim_v": v_cache.shape[-1]},
-        features=features,
-    )
+    return SDPA_DECODE_REQUEST.make(
+        {"batch": batch, "num_heads": heads, "head_dim": head_dim, "seq_q": seq_q, "seq_kv": s_max,
+         "num_kv_heads": kv_heads, "head_dim_v": v_cache.shape[-1]}, features, tensor=query)
 
 
 @torch.library.custom_op("rlx_triton::sdpa_decode", mutates_args=())
@@ -803,3 +791,68 @@ def patch_sdpa() -> Iterator[None]:
         yield
     finally:
         functional.scaled_dot_product_attention = original
+
+
+# ==================================================================================================
+# request specs of the two attention ops (rlx_triton/ops/_request_spec.py): what each sends the router,
+# read by its request builder above and by `rlx-triton explain`
+# ==================================================================================================
+from rlx_triton.ops._request_spec import Derived as _Derived  # noqa: E402
+from rlx_triton.ops._request_spec import Feature as _Feature  # noqa: E402
+from rlx_triton.ops._request_spec import Given as _Given  # noqa: E402
+from rlx_triton.ops._request_spec import RequestSpec as _RequestSpec  # noqa: E402
+from rlx_triton.ops._request_spec import flag as _flag  # noqa: E402
+
+_ATTENTION_GIVEN = (
+    _Given("batch"), _Given("num_heads"), _Given("head_dim"), _Given("seq_kv"),
+    _Given("seq_q", 1, "one query token: a decode step"),
+    _Given("num_kv_heads", lambda f: f["num_heads"], "= num_heads (no grouped-query heads)"),
+    _Given("head_dim_v", lambda f: f["head_dim"], "= head_dim"),
+)
+_TOKENS = _Derived("tokens", lambda f, o: f["seq_q"], "= seq_q", ("seq_q",))
+
+
+def _heads_divide(fields, features) -> Optional[str]:
+    if fields["num_heads"] % fields["num_kv_heads"]:
+        return (f"num_heads={fields['num_heads']} must be a multiple of num_kv_heads={fields['num_kv_heads']} "
+                f"(grouped-query attention)")
+    return None
+
+
+def _batched_heads_divide(fields, features) -> Optional[str]:
+    """Grouped heads divide where the layout is batched (otherwise torch's op broadcasts them)."""
+    return _heads_divide(fields, features) if features["layout"] == "batched" else None
+
+
+def _grouped_rows(fields, features) -> int:
+    """Query rows per KV head: the GQA group's query tokens where the heads are grouped (a batched layout)."""
+    if features["layout"] != "batched":
+        return fields["seq_q"]
+    return fields["seq_q"] * (fields["num_heads"] // fields["num_kv_heads"])
+
+
+SDPA_DECODE_REQUEST = _RequestSpec(
+    _FAMILY, "sdpa_decode", _ATTENTION_GIVEN,
+    (_Derived("m", lambda f, o: f["seq_q"] * (f["num_heads"] // f["num_kv_heads"]), "seq_q x num_heads / num_kv_heads",
+              ("seq_q", "num_heads", "num_kv_heads"), "query rows per KV head"), _TOKENS),
+    {"mask": _Feature("none", ("none",)), "causal": _Feature("bottom_right", ("bottom_right",)),
+     "dropout": _Feature(False, (False,)), "layout": _Feature("batched", ("batched",)),
+     "requires_grad": _flag(False),
+     # FlashAttention's options, named only when in use (a backend's coverage must name each one it takes)
+     "paged": _flag(False, sent_at_default=False), "window": _flag(False, sent_at_default=False),
+     "softcap": _flag(False, sent_at_default=False),
+     "alibi": _Feature("none", ("none", "per_head", "per_batch_head"), sent_at_default=False)},
+    (_heads_divide,),
+)
+
+SDPA_REQUEST = _RequestSpec(
+    _FAMILY, "scaled_dot_product_attention", _ATTENTION_GIVEN,
+    (_Derived("m", _grouped_rows, "seq_q x num_heads / num_kv_heads (seq_q where the layout is not batched)",
+              ("seq_q", "num_heads", "num_kv_heads", "layout"), "query rows per KV head"), _TOKENS),
+    {"mask": _Feature("none", ("none", "bool", "float")),
+     "causal": _Feature("none", ("none", "top_left", "top_left_with_mask", "bottom_right")),
+     "dropout": _flag(False),
+     "layout": _Feature("batched", ("batched", "broadcast", "unbatched", "unequal_kv_heads")),
+     "requires_grad": _flag(False)},
+    (_batched_heads_divide,),
+)
