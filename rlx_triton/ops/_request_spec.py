@@ -32,7 +32,7 @@ from rlx_triton.planner.policy import U32_MAX
 from rlx_triton.router import Request
 
 Values = Dict[str, Any]           # field name -> value (ints; a few given fields take a bool or a tuple)
-Features = Mapping[str, Hashable]
+Features = Mapping[str, Any]   # feature name -> value (Hashable: a bool, an int, a string, a tuple)
 Check = Callable[[Values, Features], Optional[str]]
 
 

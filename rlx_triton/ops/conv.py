@@ -9,7 +9,8 @@
 
 Each op validates its input (ValueError/TypeError naming the argument, before any launch; an input
 whose channels do not fit the weight raises InputShapeError, a RuntimeError like torch's and a
-ValueError), builds a routing Request and runs the backend module the router picks
+ValueError), builds a routing Request from its request spec (`SINCNET_REQUEST`, `CONV1D_REQUEST`, which
+`rlx-triton explain` reads too) and runs the backend module the router picks
 (backends/triton/conv.py, or backends/torch_ref/conv.py). Autograd, float64, odd 'same' padding and
 groups are typed refusals (Request features, coverage) that fall back to torch.
 """
@@ -24,8 +25,9 @@ import torch
 
 from rlx_triton.backends.triton.device_cache import capturing
 from rlx_triton.caches import BoundedCache
-from rlx_triton.ops._checks import (FLOAT_DTYPES, call_signature, check_device, check_dtype, check_input_channels,
-                                    check_int, check_is_tensor, check_shape, check_tensor, needs_grad)
+from rlx_triton.ops._checks import (FLOAT_DTYPES, backend_module, call_signature, check_device, check_dtype,
+                                    check_input_channels, check_int, check_is_tensor, check_shape, check_tensor,
+                                    needs_grad)
 from rlx_triton.ops._request_spec import Derived, Feature, Features, Given, RequestSpec, Values, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import routed_call
@@ -328,7 +330,7 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
     r = routed_call(signature, lambda: _sincnet_request(
         waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
         norm_biases, stride=stride, pool=pool, eps=eps, negative_slope=negative_slope, sample_rate=sample_rate))
-    return r.module.sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
+    return backend_module(r).sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
                             list(conv_biases), list(norm_weights), list(norm_biases), sinc_stride=stride,
                             pool=pool, eps=eps, negative_slope=negative_slope, candidate=r.candidate, route=r)
 
@@ -402,6 +404,6 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
     pad, mode = _padding(padding, weight.shape[2], stride, dilation)
     unbatched = input.dim() == 2
     x = input.unsqueeze(0) if unbatched else input
-    out = r.module.conv1d(x, weight, bias, stride, padding if mode != "zeros" else pad, dilation,
+    out = backend_module(r).conv1d(x, weight, bias, stride, padding if mode != "zeros" else pad, dilation,
                           epilogue=epilogue, candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out

@@ -1,7 +1,8 @@
 """Public 2-D ops of the conv family: conv2d with a fused epilogue, linear, stats_pool (TSTP), BN folding.
 
 Each op validates its input (errors name the argument, before any launch), builds a routing
-Request and runs the function of the same name in the backend module the router picks
+Request from a request spec (`CONV2D_REQUEST`, which linear uses too as a 1x1 conv2d, `STATS_POOL_REQUEST`;
+`rlx-triton explain` reads them too) and runs the function of the same name in the backend module the router picks
 (`backends/triton/conv2d.py`, or `backends/torch_ref/conv2d.py` as the library fallback).
 
     y = conv2d(x, weight, bias, stride=2, padding=1, residual=r, relu=True)   # NCHW
@@ -15,8 +16,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, call_signature, check_bool, check_device,
-                                    check_input_channels, check_int, check_shape, check_tensor, needs_grad)
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, backend_module, call_signature, check_bool,
+                                    check_device, check_input_channels, check_int, check_shape, check_tensor,
+                                    needs_grad)
 from rlx_triton.ops._request_spec import Derived, Feature, Features, Given, RequestSpec, Values, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import routed_call
@@ -137,7 +139,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     unbatched = x.dim() == 3
     if unbatched:
         x, residual = x.unsqueeze(0), None if residual is None else residual.unsqueeze(0)
-    out = r.module.conv2d(x, weight, bias, stride=_check_int("stride", stride, 1),
+    out = backend_module(r).conv2d(x, weight, bias, stride=_check_int("stride", stride, 1),
                           padding=_check_int("padding", padding, 0), residual=residual, relu=relu,
                           candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out
@@ -169,7 +171,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """torch.nn.functional.linear for 2-D x: the embedding projection, run as a 1x1 conv2d (a repeated call
     signature is not validated or routed again)."""
     r = routed_call(call_signature("linear", (x, weight, bias)), lambda: _linear_request(x, weight, bias))
-    return r.module.linear(x, weight, bias, candidate=r.candidate, route=r)
+    return backend_module(r).linear(x, weight, bias, candidate=r.candidate, route=r)
 
 
 def _pool_weights(x: torch.Tensor, weights: Optional[torch.Tensor]):
@@ -215,7 +217,7 @@ def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) 
     r = routed_call(call_signature("stats_pool", (sequences, weights)),
                     lambda: _stats_pool_request(sequences, weights))
     w, has_speakers = _pool_weights(sequences, weights)
-    out = r.module.stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate,
+    out = backend_module(r).stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate,
                               route=r)
     if w is not None and not has_speakers:
         out = out[:, 0]

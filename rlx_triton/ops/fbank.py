@@ -5,8 +5,9 @@
 Every keyword and default of torchaudio's kaldi.fbank is accepted, in the same order, plus one
 keyword-only extension, `input_scale` (the waveform is multiplied by it first; pyannote's WeSpeaker
 front end uses 32768). Options are validated once per option set (an `FbankOptions`, frozen and
-hashable); a bad option, or a waveform shorter than one frame, raises ValueError naming the option
-before any kernel runs. The router then picks the backend: the fused Triton kernel
+hashable, declared here and read by every backend); a bad option, or a waveform shorter than one frame,
+raises ValueError naming the option before any kernel runs. The routing Request comes from the op's
+request spec (`FBANK_REQUEST`, which `rlx-triton explain` reads too). The router then picks the backend: the fused Triton kernel
 (`backends/triton/fbank.py`) or the torch implementation (`backends/torch_ref/fbank.py`).
 
 Shapes (torchaudio's `channel` keyword decides how 2-D input is read):
@@ -37,7 +38,7 @@ from typing import Optional, Tuple
 import torch
 
 from rlx_triton.caches import LIMITS
-from rlx_triton.ops._checks import call_signature, check_dtype, check_is_tensor, needs_grad
+from rlx_triton.ops._checks import backend_module, call_signature, check_dtype, check_is_tensor, needs_grad
 from rlx_triton.ops._request_spec import Derived, Feature, Features, Given, RequestSpec, Values, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import Route, routed_call
@@ -401,5 +402,5 @@ def run(rows: torch.Tensor, options: FbankOptions, chosen: Route, *, single: boo
     if frames <= 0 or rows.shape[0] == 0:
         out = torch.empty(rows.shape[0], max(frames, 0), options.num_columns, device=rows.device, dtype=out_dtype)
     else:
-        out = chosen.module.fbank(rows, options, candidate=chosen.candidate, route=chosen).to(out_dtype)
+        out = backend_module(chosen).fbank(rows, options, candidate=chosen.candidate, route=chosen).to(out_dtype)
     return out[0] if single else out

@@ -4,7 +4,7 @@
                               batch_first=True)
 
 The op validates its input (errors name the argument, before any launch), builds a routing Request
-and runs `lstm` of the backend module the router picks (`backends/triton/lstm.py`, or
+from its request spec (`LSTM_REQUEST`, which `rlx-triton explain` reads too) and runs `lstm` of the backend module the router picks (`backends/triton/lstm.py`, or
 `backends/torch_ref/lstm.py`). Training with active dropout, proj_size > 0, packed sequences and
 autograd are typed refusals (Request features) that fall back to torch.
 """
@@ -15,8 +15,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from rlx_triton.ops._checks import (InputDtypeError, InputShapeError, call_signature, check_bool, check_device,
-                                    check_dtype, check_int, check_is_tensor, check_same_dtype, needs_grad)
+from rlx_triton.ops._checks import (InputDtypeError, InputShapeError, backend_module, call_signature, check_bool,
+                                    check_device, check_dtype, check_int, check_is_tensor, check_same_dtype, needs_grad)
 from rlx_triton.ops._request_spec import Derived, Feature, Given, RequestSpec, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import routed_call
@@ -126,7 +126,7 @@ def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: S
     r = routed_call(signature, lambda: _lstm_request(
         input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers, dropout=dropout, training=training,
         bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size))
-    return r.module.lstm(input, None if hx is None else tuple(hx), list(flat_weights), has_biases=has_biases,
+    return backend_module(r).lstm(input, None if hx is None else tuple(hx), list(flat_weights), has_biases=has_biases,
                          num_layers=num_layers, dropout=float(dropout), training=training,
                          bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size,
                          candidate=r.candidate, route=r)

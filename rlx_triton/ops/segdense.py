@@ -3,8 +3,8 @@
     scores = segdense(lstm_out, [l.weight for l in linears], [l.bias for l in linears],
                       classifier.weight, classifier.bias, activation="log_softmax")
 
-Validates its input (errors name the argument, before any launch), builds a routing Request and
-runs `segdense` of the backend module the router picks (`backends/triton/segdense.py`, or
+Validates its input (errors name the argument, before any launch), builds a routing Request from its
+request spec (`SEGDENSE_REQUEST`, which `rlx-triton explain` reads too) and runs `segdense` of the backend module the router picks (`backends/triton/segdense.py`, or
 `backends/torch_ref/segdense.py`). Autograd is a typed refusal that falls back to torch.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from rlx_triton.ops._checks import (InputShapeError, call_signature, check_device, check_dtype, check_is_tensor,
-                                    check_shape, needs_grad)
+from rlx_triton.ops._checks import (InputShapeError, backend_module, call_signature, check_device, check_dtype,
+                                    check_is_tensor, check_shape, needs_grad)
 from rlx_triton.ops._request_spec import Derived, Feature, Given, RequestSpec, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import routed_call
@@ -92,5 +92,5 @@ def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[
     signature = call_signature(OP, (x, weights, biases, classifier_weight, classifier_bias), (activation,))
     r = routed_call(signature, lambda: _segdense_request(x, weights, biases, classifier_weight, classifier_bias,
                                                          activation=activation))
-    return r.module.segdense(x, list(weights), list(biases), classifier_weight, classifier_bias,
+    return backend_module(r).segdense(x, list(weights), list(biases), classifier_weight, classifier_bias,
                              activation=activation, candidate=r.candidate)

@@ -259,23 +259,21 @@ def test_every_tag_word_of_every_field_has_a_meaning(family):
                 assert field.meaning(value, "float16") and field.meaning(value, "float32"), (family, value)
 
 
-def _decode_candidate(tag):
+def _decode_candidate(tag="skp4_tg256_tm16_tn64_tk128_pq1_pk1_f16kv_partial"):
     from rlx_triton.planner import SdpaDecodeCandidate
 
     return SdpaDecodeCandidate.from_tag(tag)
 
 
 def test_the_legend_of_an_fp32_decode_request_makes_no_fp16_claim():
-    legend = dict(cli_explain.tag_legend("sdpa_decode", _decode_candidate("skp4_tg256_tm16_tn64_tk128_pq1_pk1_f16kv_partial"),
-                                         "float32"))
+    legend = dict(cli_explain.tag_legend("sdpa_decode", _decode_candidate(), "float32"))
     assert legend["f16kv"] == "use_f16_kv=True  no effect on an fp32 request: the kernel keeps fp32 operands"
     assert not any("fp16" in text for text in legend.values())
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_legend_of_a_16_bit_decode_request_says_fp16_operands(dtype):
-    legend = dict(cli_explain.tag_legend("sdpa_decode", _decode_candidate("skp4_tg256_tm16_tn64_tk128_pq1_pk1_f16kv_partial"),
-                                         dtype))
+    legend = dict(cli_explain.tag_legend("sdpa_decode", _decode_candidate(), dtype))
     assert legend["f16kv"] == "use_f16_kv=True  QK^T and PV dots on fp16/bf16 operands (tensor cores)"
 
 

@@ -91,12 +91,11 @@ def validate_candidate(c: LstmCandidate, thread_policy, memory_policy):
 SPEC = base.FamilySpec.diarization(
     KernelFamily.LSTM,
     LstmVariant,
-    base.diarization_launch_fields("batch", "seq", "input_size", "hidden", "layers", "directions", high={"directions": 2},
-                                   meanings={"batch": "sequences in the call", "seq": "timesteps",
-                                             "input_size": "features per timestep", "hidden": "hidden units",
-                                             "layers": "stacked layers",
-                                             "directions": "1, or 2 for a bidirectional LSTM",
-                                             "tokens": "timesteps: the length the planner buckets on"}),
+    base.diarization_launch_fields(
+        "batch", "seq", "input_size", "hidden", "layers", "directions", high={"directions": 2},
+        meanings={"batch": "sequences in the call", "seq": "timesteps", "input_size": "features per timestep",
+                  "hidden": "hidden units", "layers": "stacked layers", "directions": "1, or 2 for a bidirectional LSTM",
+                  "tokens": "timesteps: the length the planner buckets on"}),
     validate_candidate,
     tile_fields=("batch_tile", "hidden_tile"),
 )
