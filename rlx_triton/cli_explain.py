@@ -232,8 +232,8 @@ def field_meaning(spec: "RequestSpec", name: str) -> str:
 
 def help_text() -> str:
     """The families, their ops, fields and features, for `explain --help`."""
-    lines = ["families, their ops (the first is the family's default), fields (--field NAME=VALUE) and features "
-             "(--feature NAME=VALUE):"]
+    lines = ["families and their ops (the first is the family's default), with their fields (--field NAME=VALUE) "
+             "and features (--feature NAME=VALUE):"]
     for family, specs in family_ops().items():
         lines.append(f"  {family}")
         meanings: Dict[str, str] = {}

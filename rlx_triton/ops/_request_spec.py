@@ -30,6 +30,7 @@ from rlx_triton.planner.candidates import FAMILIES
 from rlx_triton.planner.candidates.base import LaunchField
 from rlx_triton.planner.policy import U32_MAX
 from rlx_triton.router import Request
+from rlx_triton.router.request import dtype_name
 
 Values = Dict[str, Any]           # field name -> value (ints; a few given fields take a bool or a tuple)
 Features = Mapping[str, Any]   # feature name -> value (Hashable: a bool, an int, a string, a tuple)
@@ -112,6 +113,7 @@ class RequestSpec:
     _sent: Tuple[str, ...] = dataclasses.field(init=False, repr=False)
     _optional: Tuple[Given, ...] = dataclasses.field(init=False, repr=False)
     _quiet_defaults: Mapping[str, Hashable] = dataclasses.field(init=False, repr=False)
+    _field_count: int = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         names = self.field_names
@@ -130,6 +132,7 @@ class RequestSpec:
             raise ValueError(f"{self.op}: the {self.family} family's launch fields {missing} are not declared")
         object.__setattr__(self, "_sent", tuple(f.name for f in launch if f.name in names))
         object.__setattr__(self, "_optional", tuple(g for g in self.given if not g.required))
+        object.__setattr__(self, "_field_count", len(names))
         object.__setattr__(self, "_quiet_defaults", {name: f.default for name, f in self.features.items()
                                                      if not f.sent_at_default})
 
@@ -191,14 +194,23 @@ class RequestSpec:
              dtype: Any = None, device: Any = None) -> Request:
         """The routing Request of a call with these given fields and features, on `tensor`'s dtype and device
         (or `dtype` and `device`): every derived field computed, the launch fields in the planner's order,
-        the features in the spec's order (an option at its default left out where the spec says so)."""
+        the features in the spec's order (an option at its default left out where the spec says so).
+        Ops call it on every call with a new signature, so it builds the Request directly."""
         values = self.complete(given, features)
-        if len(values) != len(self.given) + len(self.derived):
+        if len(values) != self._field_count:
             unknown = sorted(set(values) - set(self.field_names))
             raise TypeError(f"{self.op}: no field {', '.join(unknown)} in its request spec")
-        return Request.make(self.family, self.op, tensor=tensor, dtype=dtype, device=device,
-                            fields={name: values[name] for name in self._sent},
-                            features=self._ordered(features))
+        if tensor is not None:
+            dtype = tensor.dtype if dtype is None else dtype
+            device = tensor.device if device is None else device
+        if dtype is None or device is None:
+            raise TypeError(f"{self.op}: a request needs a tensor, or both dtype and device")
+        fields = tuple([(name, values[name]) for name in self._sent])
+        if not all(type(value) is int for _, value in fields):
+            fields = tuple([(name, int(value)) for name, value in fields])
+        return Request(self.family, self.op, fields, dtype if isinstance(dtype, str) else dtype_name(dtype),
+                       device if isinstance(device, torch.device) else torch.device(device),
+                       tuple(self._ordered(features).items()))
 
     def unshaped(self, features: Features, *, tensor: torch.Tensor) -> Request:
         """The Request of a call with no fixed shape (nested tensors): no launch fields, so only torch's op
@@ -213,7 +225,7 @@ class RequestSpec:
             if name in features:
                 known += 1
                 value = features[name]
-                if name not in quiet or value != quiet[name]:
+                if not quiet or name not in quiet or value != quiet[name]:
                     ordered[name] = value
         if known != len(features):
             unknown = sorted(set(features) - set(self.features))
