@@ -45,10 +45,18 @@ def _version() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with usage errors as one line (and exit 2)."""
+    """argparse, with usage errors as one line (and exit 2), and an epilog that may be built when the help
+    is shown (`lazy_epilog`: explain's lists every op's fields, which takes importing the ops)."""
+
+    lazy_epilog: Optional[Callable[[], str]] = None
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def format_help(self) -> str:
+        if self.lazy_epilog is not None:
+            self.epilog, self.lazy_epilog = self.lazy_epilog(), None
+        return super().format_help()
 
 
 def _add_json(parser: argparse.ArgumentParser, what: str) -> None:
@@ -183,14 +191,13 @@ def cmd_explain(args) -> int:
     import torch
 
     from rlx_triton import cli_explain
-    from rlx_triton.router import Request, route, use_backend
+    from rlx_triton.router import route, use_backend
 
     spec = cli_explain.op_spec(args.family, args.op)
-    dtype = cli_explain.check_dtype(args.dtype)
-    fields, features, filled = cli_explain.resolve(spec, args.field, args.feature)
+    dtype = cli_explain.check_dtype(spec, args.dtype)
+    given, features, filled = cli_explain.resolve(spec, args.field, args.feature)
     device, profile = _explain_device(args.device)
-    request = Request.make(spec.family, spec.op, device=device, dtype=getattr(torch, dtype), fields=fields,
-                           features=features)
+    request = spec.make(given, features, device=device, dtype=getattr(torch, dtype))
     if profile is not None:
         from rlx_triton.router.device import routing_as
 
@@ -206,7 +213,8 @@ def cmd_explain(args) -> int:
         "candidate": decided.candidate_tag, "kernel": decided.kernel_name, "evidence": decided.evidence,
         "detail": decided.evidence_detail, "accuracy": decided.approval.label() if decided.approval else None,
         "speed": decided.speed, "skipped": {name: str(reason) for name, reason in decided.skipped},
-        "fields": fields, "filled": {name: why for name, _value, why in filled}, "features": features,
+        "fields": request.field_map, "filled": {name: why for name, _value, why in filled},
+        "features": request.feature_map,
         "legend": dict(legend),
     }
     if write_json(args.json, report):
@@ -359,13 +367,16 @@ def build_parser() -> argparse.ArgumentParser:
         "explain", help="the route a call of a given shape takes, here or on a named GPU",
         description="The route (backend, candidate, evidence, why every other backend was skipped) that a call "
                     "of the given shape would take, without running it.",
-        epilog=cli_explain.help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    explain.add_argument("family", help=", ".join(cli_explain.FAMILY_OPS))
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    explain.lazy_epilog = cli_explain.help_text
+    explain.add_argument("family", help="a kernel family (listed below)")
     explain.add_argument("op", nargs="?", help="an op of the family (default: the family's first op)")
-    explain.add_argument("--field", action="append", metavar="NAME=INT", help="a launch field (repeatable)")
+    explain.add_argument("--field", action="append", metavar="NAME=VALUE",
+                         help="a field of the call, as listed below (repeatable)")
     explain.add_argument("--feature", action="append", metavar="NAME=VALUE",
                          help="change a feature of the plain call (repeatable)")
-    explain.add_argument("--dtype", default="float32", help=", ".join(cli_explain.FLOAT_DTYPES) + " (default float32)")
+    explain.add_argument("--dtype", default="float32",
+                         help="the call's dtype, e.g. float16 or bfloat16 (default float32)")
     explain.add_argument("--device", default="cpu",
                          help="cpu, cuda[:N], mps, or a GPU profile to explain for without one: "
                               + ", ".join(_profile_keys()) + " (a unique prefix will do: a100, h100, rtx4090)")

@@ -12,12 +12,13 @@ ops/sdpa_decode.py), rt.flash_attn_with_kvcache (ops/flash_attn.py) and the varl
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 
 from rlx_triton.config import settings
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor
+from rlx_triton.ops._request_spec import Derived, Given
 
 class AttentionInputError(ValueError, RuntimeError):
     """Bad attention input: a ValueError naming the argument, and a RuntimeError like torch's own checks."""
@@ -121,3 +122,23 @@ def is_fake(tensor: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake as is_fake_tensor
 
     return is_fake_tensor(tensor) or tensor.device.type == "meta"
+
+
+# --------------------------------------------------------------------------------------------------
+# what the attention ops' request specs share (ops/sdpa.py SDPA_REQUEST, ops/sdpa_decode.py SDPA_DECODE_REQUEST)
+# --------------------------------------------------------------------------------------------------
+ATTENTION_GIVEN = (
+    Given("batch"), Given("num_heads"), Given("head_dim"), Given("seq_kv"),
+    Given("seq_q", 1, "one query token: a decode step"),
+    Given("num_kv_heads", lambda f: f["num_heads"], "= num_heads (no grouped-query heads)"),
+    Given("head_dim_v", lambda f: f["head_dim"], "= head_dim"),
+)
+TOKENS = Derived("tokens", lambda f, o: f["seq_q"], "= seq_q", ("seq_q",))
+
+
+def heads_divide(fields: Dict[str, Any], features: Mapping[str, Any]) -> Optional[str]:
+    """The request's problem where its query heads are not a whole number of groups per KV head."""
+    if fields["num_heads"] % fields["num_kv_heads"]:
+        return (f"num_heads={fields['num_heads']} must be a multiple of num_kv_heads={fields['num_kv_heads']} "
+                f"(grouped-query attention)")
+    return None

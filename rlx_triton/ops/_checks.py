@@ -7,9 +7,13 @@ call can validate and bind in one line.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from rlx_triton.router.route import Route
 
 # the dtypes the kernels take; float64 inputs are accepted where the op falls back to torch for them
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -149,7 +153,7 @@ def call_signature(op: str, tensors: Sequence, options: Sequence = ()) -> Option
     """
     if torch.compiler.is_compiling():
         return None
-    parts = [op]
+    parts: list = [op]
     try:
         wants_grad = _describe_tensors(tensors, parts)
         parts.append(wants_grad and torch.is_grad_enabled())
@@ -182,3 +186,11 @@ def _typed(option):
     if type(option) in (list, tuple):
         return (type(option), *map(_typed, option))
     return (type(option), option)
+
+
+def backend_module(route: "Route") -> ModuleType:
+    """The backend module that runs a routed call: route() always names one, so a Route without one (built by
+    hand) is a bug, not bad input."""
+    if route.module is None:
+        raise RuntimeError(f"the route of {route.family}.{route.op} names no backend module to run it")
+    return route.module

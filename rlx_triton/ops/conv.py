@@ -9,7 +9,8 @@
 
 Each op validates its input (ValueError/TypeError naming the argument, before any launch; an input
 whose channels do not fit the weight raises InputShapeError, a RuntimeError like torch's and a
-ValueError), builds a routing Request and runs the backend module the router picks
+ValueError), builds a routing Request from its request spec (`SINCNET_REQUEST`, `CONV1D_REQUEST`, which
+`rlx-triton explain` reads too) and runs the backend module the router picks
 (backends/triton/conv/, or backends/torch_ref/conv.py). Autograd, float64, odd 'same' padding and
 groups are typed refusals (Request features, coverage) that fall back to torch.
 """
@@ -24,8 +25,10 @@ import torch
 
 from rlx_triton.backends.triton.device_cache import capturing
 from rlx_triton.caches import BoundedCache
-from rlx_triton.ops._checks import (FLOAT_DTYPES, call_signature, check_device, check_dtype, check_input_channels,
-                                    check_int, check_is_tensor, check_shape, check_tensor, needs_grad)
+from rlx_triton.ops._checks import (FLOAT_DTYPES, backend_module, call_signature, check_device, check_dtype,
+                                    check_input_channels, check_int, check_is_tensor, check_shape, check_tensor,
+                                    needs_grad)
+from rlx_triton.ops._request_spec import Derived, Feature, Features, Given, RequestSpec, Values, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import routed_call
 
@@ -70,6 +73,90 @@ def _check_int(name: str, value, low: int) -> int:
 
 def _conv_len(length: int, taps: int, stride: int, padding: int, dilation: int) -> int:
     return (length + 2 * padding - dilation * (taps - 1) - 1) // stride + 1
+
+
+# ------------------------------------------------------------------------------------ request specs
+
+
+def _conv1d_output(f: Values, o: Features) -> int:
+    """conv1d's output length before the pool ('same' padding with an odd total keeps the length)."""
+    if o["padding_mode"] == "same_asymmetric":
+        return f["length"]
+    return _conv_len(f["length"], f["taps"], f["stride"], f["padding"], f["dilation"])
+
+
+def _conv1d_too_short(f: Values, o: Features) -> Optional[str]:
+    out_len = _conv1d_output(f, o)
+    if out_len < 1:
+        return (f"length={f['length']} is shorter than the dilated kernel ({f['dilation'] * (f['taps'] - 1) + 1} "
+                f"taps) after padding")
+    if out_len // int(o["pool"]) < 1:
+        return f"pool={o['pool']} is larger than the conv output length {out_len}"
+    return None
+
+
+def _block_taps(f: Values, o: Features) -> tuple:
+    """The kernel size of each SincNet conv block: one int for every block, or one per block."""
+    taps = f["block_taps"]
+    return tuple(taps) if isinstance(taps, (tuple, list)) else (taps,) * int(o["blocks"])
+
+
+def _sincnet_frames(f: Values, o: Features) -> int:
+    """Frames out of SincNet: the strided sinc conv, then each conv block, every one max-pooled by `pool`."""
+    pool = int(o["pool"])
+    length = _conv_len(f["length"], f["taps"], f["stride"], 0, 1) // pool
+    for taps in _block_taps(f, o):
+        length = _conv_len(length, taps, 1, 0, 1) // pool
+    return length
+
+
+def _sincnet_too_short(f: Values, o: Features) -> Optional[str]:
+    if len(_block_taps(f, o)) != int(o["blocks"]):
+        return f"block_taps names {len(_block_taps(f, o))} conv blocks, but blocks={o['blocks']}"
+    frames = _sincnet_frames(f, o)
+    if frames < 2:
+        # torch's instance_norm refuses a single element per channel ("Expected more than 1 spatial
+        # element"), so pyannote's SincNet needs two output frames; so does this op
+        return (f"length={f['length']} samples is too short for SincNet, which needs at least two output frames "
+                f"(got {max(frames, 0)})")
+    return None
+
+
+_CONV1D_DEFAULTS = "F.conv1d's default"
+
+CONV1D_REQUEST = RequestSpec(
+    FAMILY, "conv1d",
+    given=(Given("batch"), Given("c_in"), Given("c_out"), Given("length"), Given("taps"),
+           Given("stride", 1, _CONV1D_DEFAULTS),
+           Given("padding", 0, _CONV1D_DEFAULTS, "zeros added on each side ('same': half the dilated kernel)",
+                 low=0),
+           Given("dilation", 1, _CONV1D_DEFAULTS, "spacing between kernel taps")),
+    derived=(Derived("tokens", lambda f, o: _conv1d_output(f, o) // int(o["pool"]),
+                     "((length + 2 x padding - dilation x (taps - 1) - 1) // stride + 1) // pool",
+                     ("length", "taps", "stride", "padding", "dilation", "pool", "padding_mode"),
+                     "output length after the pool ('same' padding: length // pool)"),),
+    features={"groups": Feature(1, (1,)), "padding_mode": Feature("zeros", ("zeros", "same_asymmetric")),
+              "pool": Feature(1), "abs": flag(False), "leaky": flag(False), "requires_grad": flag(False)},
+    checks=(_conv1d_too_short,),
+)
+
+SINCNET_REQUEST = RequestSpec(
+    FAMILY, "sincnet",
+    given=(Given("batch"), Given("length"),
+           Given("c_out", 80, "pyannote's 80 sinc filters"),
+           Given("taps", 251, "pyannote's sinc filter length"),
+           Given("stride", 10, "pyannote's sinc stride"),
+           Given("block_taps", 5, "pyannote's conv blocks",
+                 "kernel size of each conv block after the sinc conv (the op may send one per block)")),
+    derived=(Derived("c_in", lambda f, o: 1, "1", (), "mono waveforms"),
+             Derived("tokens", _sincnet_frames,
+                     "frames after the sinc conv (taps, stride) and each conv block (block_taps), each pooled",
+                     ("length", "taps", "stride", "block_taps", "pool", "blocks"))),
+    features={"groups": Feature(1, (1,)), "padding_mode": Feature("zeros", ("zeros",)), "pool": Feature(3),
+              "blocks": Feature(2), "streaming": Feature(False, (False,)), "sample_rate": Feature(16000),
+              "requires_grad": flag(False)},
+    checks=(_sincnet_too_short,),
+)
 
 
 # ------------------------------------------------------------------------------------ sinc filters
@@ -178,7 +265,7 @@ def is_sinc_filter_bank(filters: torch.Tensor) -> bool:
 def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
                      norm_weights, norm_biases, *, stride: int = 10, pool: int = 3, eps: float = 1e-5,
                      negative_slope: float = 0.01, sample_rate: int = 16000) -> Request:
-    check_tensor("waveforms", waveforms, (3,), FLOAT_DTYPES)
+    check_tensor("waveforms", waveforms, (3,), SINCNET_REQUEST.dtypes)
     if waveforms.shape[1] != 1:
         # pyannote's SincNet raises ValueError here too (its InstanceNorm1d(1) sees the channels)
         raise ValueError(f"waveforms must have shape (batch, 1, samples): expected 1 channel, got "
@@ -199,7 +286,6 @@ def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, co
     _check_like("wav_norm_weight", wav_norm_weight, waveforms, "waveforms", (1,))
     _check_like("wav_norm_bias", wav_norm_bias, waveforms, "waveforms", (1,))
     channels = sinc_filters.shape[0]
-    length = _conv_len(waveforms.shape[2], sinc_filters.shape[2], stride, 0, 1) // pool
     for i in range(len(conv_weights) + 1):
         _check_like(f"norm_weights[{i}]", norm_weights[i], waveforms, "waveforms", (channels,))
         _check_like(f"norm_biases[{i}]", norm_biases[i], waveforms, "waveforms", (channels,))
@@ -210,21 +296,21 @@ def _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, co
             raise ValueError(f"conv_weights[{i}] must have shape (out, {channels}, taps), got {tuple(w.shape)}")
         _check_like(f"conv_biases[{i}]", conv_biases[i], waveforms, "waveforms", (w.shape[0],))
         channels = w.shape[0]
-        length = _conv_len(length, w.shape[2], 1, 0, 1) // pool
-    if length < 2:
+    given = {"batch": waveforms.shape[0], "length": waveforms.shape[2], "c_out": sinc_filters.shape[0],
+             "taps": sinc_filters.shape[2], "stride": stride, "block_taps": tuple(w.shape[2] for w in conv_weights)}
+    tensors = [waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, *conv_weights, *conv_biases,
+               *norm_weights, *norm_biases]
+    features = {"groups": 1, "padding_mode": "zeros", "pool": pool, "blocks": len(conv_weights), "streaming": False,
+                "sample_rate": int(sample_rate), "requires_grad": needs_grad(*tensors)}
+    frames = _sincnet_frames(given, features)
+    if frames < 2:
         # torch's instance_norm refuses a single element per channel ("Expected more than 1 spatial
         # element"), so pyannote's SincNet needs two output frames; so does this op
         raise ValueError(f"waveforms has {waveforms.shape[2]} samples: too short for SincNet, which needs at "
-                         f"least two output frames (got {max(length, 0)})")
+                         f"least two output frames (got {max(frames, 0)})")
     if not (isinstance(eps, float) and eps > 0):
         raise ValueError(f"eps must be a positive float, got {eps!r}")
-    tensors = [waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, *conv_weights, *conv_biases,
-               *norm_weights, *norm_biases]
-    fields = {"batch": waveforms.shape[0], "c_in": 1, "c_out": sinc_filters.shape[0],
-              "length": waveforms.shape[2], "taps": sinc_filters.shape[2], "stride": stride, "tokens": length}
-    features = {"groups": 1, "padding_mode": "zeros", "pool": pool, "blocks": len(conv_weights), "streaming": False,
-                "sample_rate": int(sample_rate), "requires_grad": needs_grad(*tensors)}
-    return Request.make(FAMILY, op="sincnet", tensor=waveforms, fields=fields, features=features)
+    return SINCNET_REQUEST.make(given, features, tensor=waveforms)
 
 
 @routed_op(_sincnet_request)
@@ -244,7 +330,7 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
     r = routed_call(signature, lambda: _sincnet_request(
         waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
         norm_biases, stride=stride, pool=pool, eps=eps, negative_slope=negative_slope, sample_rate=sample_rate))
-    return r.module.sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
+    return backend_module(r).sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
                             list(conv_biases), list(norm_weights), list(norm_biases), sinc_stride=stride,
                             pool=pool, eps=eps, negative_slope=negative_slope, candidate=r.candidate, route=r)
 
@@ -268,7 +354,7 @@ def _padding(padding, taps: int, stride: int, dilation: int):
 
 def _conv1d_request(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
                     epilogue: Optional[ConvEpilogue] = None) -> Request:
-    check_tensor("input", input, (2, 3), FLOAT_DTYPES)
+    check_tensor("input", input, (2, 3), CONV1D_REQUEST.dtypes)
     check_tensor("weight", weight, (3,), FLOAT_DTYPES)
     if weight.device != input.device:
         raise ValueError(f"weight is on {weight.device} but input is on {input.device}")
@@ -287,21 +373,21 @@ def _conv1d_request(input, weight, bias=None, stride=1, padding=0, dilation=1, *
     taps = weight.shape[2]
     pad, mode = _padding(padding, taps, stride, dilation)
     length = input.shape[-1]
-    out_len = length if pad is None else _conv_len(length, taps, stride, pad, dilation)
-    if out_len < 1:
-        raise ValueError(f"input length {length} is shorter than the dilated kernel "
-                         f"({dilation * (taps - 1) + 1} taps) after padding")
     pool = 1 if epilogue is None else epilogue.pool
-    if out_len // pool < 1:
-        raise ValueError(f"epilogue.pool={pool} is larger than the conv output length {out_len}")
-    batch = input.shape[0] if input.dim() == 3 else 1
-    fields = {"batch": batch, "c_in": c_in, "c_out": weight.shape[0], "length": length, "taps": taps,
-              "stride": stride, "tokens": out_len // pool}
+    given = {"batch": input.shape[0] if input.dim() == 3 else 1, "c_in": c_in, "c_out": weight.shape[0],
+             "length": length, "taps": taps, "stride": stride, "padding": 0 if pad is None else pad,
+             "dilation": dilation}
     features = {"groups": 1, "padding_mode": mode, "pool": pool,
                 "abs": False if epilogue is None else epilogue.abs,
                 "leaky": epilogue is not None and epilogue.negative_slope is not None,
                 "requires_grad": needs_grad(input, weight, bias)}
-    return Request.make(FAMILY, op="conv1d", tensor=input, fields=fields, features=features)
+    out_len = _conv1d_output(given, features)
+    if out_len < 1:
+        raise ValueError(f"input length {length} is shorter than the dilated kernel "
+                         f"({dilation * (taps - 1) + 1} taps) after padding")
+    if out_len // pool < 1:
+        raise ValueError(f"epilogue.pool={pool} is larger than the conv output length {out_len}")
+    return CONV1D_REQUEST.make(given, features, tensor=input)
 
 
 @routed_op(_conv1d_request)
@@ -318,6 +404,6 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
     pad, mode = _padding(padding, weight.shape[2], stride, dilation)
     unbatched = input.dim() == 2
     x = input.unsqueeze(0) if unbatched else input
-    out = r.module.conv1d(x, weight, bias, stride, padding if mode != "zeros" else pad, dilation,
+    out = backend_module(r).conv1d(x, weight, bias, stride, padding if mode != "zeros" else pad, dilation,
                           epilogue=epilogue, candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out

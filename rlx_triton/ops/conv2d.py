@@ -1,7 +1,8 @@
 """Public 2-D ops of the conv family: conv2d with a fused epilogue, linear, stats_pool (TSTP), BN folding.
 
 Each op validates its input (errors name the argument, before any launch), builds a routing
-Request and runs the function of the same name in the backend module the router picks
+Request from a request spec (`CONV2D_REQUEST`, which linear uses too as a 1x1 conv2d, `STATS_POOL_REQUEST`;
+`rlx-triton explain` reads them too) and runs the function of the same name in the backend module the router picks
 (`backends/triton/conv2d/`, or `backends/torch_ref/conv2d.py` as the library fallback).
 
     y = conv2d(x, weight, bias, stride=2, padding=1, residual=r, relu=True)   # NCHW
@@ -15,8 +16,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, call_signature, check_bool, check_device,
-                                    check_input_channels, check_int, check_shape, check_tensor, needs_grad)
+from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, backend_module, call_signature, check_bool,
+                                    check_device, check_input_channels, check_int, check_shape, check_tensor,
+                                    needs_grad)
+from rlx_triton.ops._request_spec import Derived, Feature, Features, Given, RequestSpec, Values, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import routed_call
 
@@ -35,8 +38,60 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
 
 
+# ------------------------------------------------------------------------------------ request specs
+
+
+def _conv2d_output(f: Values, o: Features) -> tuple:
+    """(height, width) of conv2d's output."""
+    (kh, kw), padding = o["kernel"], int(o["padding"])
+    return (_out_size(f["height"], kh, f["stride"], padding), _out_size(f["width"], kw, f["stride"], padding))
+
+
+def _conv2d_too_small(f: Values, o: Features) -> Optional[str]:
+    out_h, out_w = _conv2d_output(f, o)
+    if out_h < 1 or out_w < 1:
+        kh, kw = o["kernel"]
+        return (f"height x width = {f['height']}x{f['width']} is smaller than the kernel {kh}x{kw} with "
+                f"padding={o['padding']}")
+    return None
+
+
+def _conv2d_tokens(f: Values, o: Features) -> int:
+    out_h, out_w = _conv2d_output(f, o)
+    return out_h * out_w
+
+
+CONV2D_REQUEST = RequestSpec(
+    FAMILY, "conv2d",
+    given=(Given("batch"), Given("c_in"), Given("c_out"),
+           Given("height", meaning="input height"), Given("width", meaning="input width"),
+           Given("stride", 1, "F.conv2d's default")),
+    derived=(Derived("length", lambda f, o: f["height"] * f["width"], "height x width", ("height", "width"),
+                     "input pixels"),
+             Derived("taps", lambda f, o: o["kernel"][0] * o["kernel"][1], "kernel height x width", ("kernel",)),
+             Derived("tokens", _conv2d_tokens,
+                     "((height + 2 x padding - kernel height) // stride + 1) x (the same for width)",
+                     ("height", "width", "stride", "kernel", "padding"), "output pixels")),
+    # a 3x3 kernel that keeps the size: the ResNet trunk's convolution
+    features={"kernel": Feature((3, 3)), "padding": Feature(1), "residual": flag(False), "relu": flag(False),
+              "requires_grad": flag(False)},
+    checks=(_conv2d_too_small,),
+)
+
+STATS_POOL_REQUEST = RequestSpec(
+    FAMILY, "stats_pool",
+    given=(Given("batch"), Given("c_in"), Given("length")),
+    derived=(Derived("c_out", lambda f, o: 2 * f["c_in"], "2 x c_in", ("c_in",),
+                     "mean and standard deviation of each channel"),
+             Derived("taps", lambda f, o: 1, "1", (), "pooling"),
+             Derived("stride", lambda f, o: 1, "1", (), "pooling"),
+             Derived("tokens", lambda f, o: 1, "1", (), "one statistics row per sequence")),
+    features={"weighted": flag(False), "requires_grad": flag(False)},
+)
+
+
 def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None, relu=False) -> Request:
-    check_tensor("x", x, (3, 4), FLOAT_DTYPES, "(batch, c_in, height, width) or (c_in, height, width)")
+    check_tensor("x", x, (3, 4), CONV2D_REQUEST.dtypes, "(batch, c_in, height, width) or (c_in, height, width)")
     check_tensor("weight", weight, (4,), FLOAT_DTYPES, "(c_out, c_in, kh, kw)")
     check_device("weight", weight, x, "the input")
     stride = _check_int("stride", stride, 1)
@@ -60,13 +115,11 @@ def _conv2d_request(x, weight, bias=None, *, stride=1, padding=0, residual=None,
         if tuple(residual.shape) != out_shape:
             raise ValueError(f"residual must have the output's shape {out_shape}, got {tuple(residual.shape)}")
     check_bool("relu", relu)
-    return Request.make(
-        FAMILY, "conv2d", tensor=x,
-        fields={"batch": batch, "c_in": c_in, "c_out": c_out, "length": height * width,
-                "taps": kh * kw, "stride": stride, "tokens": out_h * out_w},
-        features={"kernel": (kh, kw), "padding": padding, "residual": residual is not None, "relu": relu,
-                  "requires_grad": needs_grad(x, weight, bias, residual)},
-    )
+    return CONV2D_REQUEST.make(
+        {"batch": batch, "c_in": c_in, "c_out": c_out, "height": height, "width": width, "stride": stride},
+        {"kernel": (kh, kw), "padding": padding, "residual": residual is not None, "relu": relu,
+         "requires_grad": needs_grad(x, weight, bias, residual)},
+        tensor=x)
 
 
 @routed_op(_conv2d_request)
@@ -86,14 +139,14 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     unbatched = x.dim() == 3
     if unbatched:
         x, residual = x.unsqueeze(0), None if residual is None else residual.unsqueeze(0)
-    out = r.module.conv2d(x, weight, bias, stride=_check_int("stride", stride, 1),
+    out = backend_module(r).conv2d(x, weight, bias, stride=_check_int("stride", stride, 1),
                           padding=_check_int("padding", padding, 0), residual=residual, relu=relu,
                           candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out
 
 
 def _linear_request(x, weight, bias=None) -> Request:
-    check_tensor("x", x, (2,), FLOAT_DTYPES, "(rows, in_features)")
+    check_tensor("x", x, (2,), CONV2D_REQUEST.dtypes, "(rows, in_features)")
     check_tensor("weight", weight, (2,), FLOAT_DTYPES, "(out_features, in_features)")
     check_device("weight", weight, x, "the input")
     if weight.shape[1] != x.shape[1]:
@@ -105,13 +158,12 @@ def _linear_request(x, weight, bias=None) -> Request:
         check_device("bias", bias, x, "the input")
         check_shape("bias", bias, (weight.shape[0],))
     rows, in_features = x.shape
-    return Request.make(
-        FAMILY, "conv2d", tensor=x,
-        fields={"batch": rows, "c_in": in_features, "c_out": weight.shape[0], "length": 1, "taps": 1,
-                "stride": 1, "tokens": 1},
-        features={"kernel": (1, 1), "padding": 0, "residual": False, "relu": False,
-                  "requires_grad": needs_grad(x, weight, bias)},
-    )
+    # one pixel per row under a 1x1 kernel
+    return CONV2D_REQUEST.make(
+        {"batch": rows, "c_in": in_features, "c_out": weight.shape[0], "height": 1, "width": 1, "stride": 1},
+        {"kernel": (1, 1), "padding": 0, "residual": False, "relu": False,
+         "requires_grad": needs_grad(x, weight, bias)},
+        tensor=x)
 
 
 @routed_op(_linear_request)
@@ -119,7 +171,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """torch.nn.functional.linear for 2-D x: the embedding projection, run as a 1x1 conv2d (a repeated call
     signature is not validated or routed again)."""
     r = routed_call(call_signature("linear", (x, weight, bias)), lambda: _linear_request(x, weight, bias))
-    return r.module.linear(x, weight, bias, candidate=r.candidate, route=r)
+    return backend_module(r).linear(x, weight, bias, candidate=r.candidate, route=r)
 
 
 def _pool_weights(x: torch.Tensor, weights: Optional[torch.Tensor]):
@@ -143,17 +195,15 @@ def _pool_weights(x: torch.Tensor, weights: Optional[torch.Tensor]):
 
 
 def _stats_pool_request(sequences, weights=None) -> Request:
-    check_tensor("sequences", sequences, (3,), FLOAT_DTYPES, "(batch, features, frames)")
+    check_tensor("sequences", sequences, (3,), STATS_POOL_REQUEST.dtypes, "(batch, features, frames)")
     if sequences.shape[2] < 1:
         raise ValueError(f"sequences must have at least one frame, got shape {tuple(sequences.shape)}")
     w, _ = _pool_weights(sequences, weights)
     batch, features, frames = sequences.shape
-    return Request.make(
-        FAMILY, "stats_pool", tensor=sequences,
-        fields={"batch": batch * (1 if w is None else w.shape[1]), "c_in": features, "c_out": 2 * features,
-                "length": frames, "taps": 1, "stride": 1, "tokens": 1},
-        features={"weighted": w is not None, "requires_grad": needs_grad(sequences, weights)},
-    )
+    return STATS_POOL_REQUEST.make(
+        {"batch": batch * (1 if w is None else w.shape[1]), "c_in": features, "length": frames},
+        {"weighted": w is not None, "requires_grad": needs_grad(sequences, weights)},
+        tensor=sequences)
 
 
 @routed_op(_stats_pool_request)
@@ -167,7 +217,7 @@ def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) 
     r = routed_call(call_signature("stats_pool", (sequences, weights)),
                     lambda: _stats_pool_request(sequences, weights))
     w, has_speakers = _pool_weights(sequences, weights)
-    out = r.module.stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate,
+    out = backend_module(r).stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate,
                               route=r)
     if w is not None and not has_speakers:
         out = out[:, 0]

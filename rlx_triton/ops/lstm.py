@@ -4,8 +4,8 @@
                               batch_first=True)
 
 The op validates its input (errors name the argument, before any launch), builds a routing Request
-and runs `lstm` of the backend module the router picks (`backends/triton/lstm/`, or
-`backends/torch_ref/lstm.py`). Training with active dropout, proj_size > 0, packed sequences and
+from its request spec (`LSTM_REQUEST`, which `rlx-triton explain` reads too) and runs `lstm` of the
+backend module the router picks (`backends/triton/lstm/`, or `backends/torch_ref/lstm.py`). Training with active dropout, proj_size > 0, packed sequences and
 autograd are typed refusals (Request features) that fall back to torch.
 """
 from __future__ import annotations
@@ -15,14 +15,24 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, InputDtypeError, InputShapeError, call_signature, check_bool,
-                                    check_device, check_dtype, check_int, check_is_tensor, check_same_dtype,
-                                    needs_grad)
+from rlx_triton.ops._checks import (InputDtypeError, InputShapeError, backend_module, call_signature, check_bool,
+                                    check_device, check_dtype, check_int, check_is_tensor, check_same_dtype, needs_grad)
+from rlx_triton.ops._request_spec import Derived, Feature, Given, RequestSpec, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import routed_call
 
 FAMILY = "lstm"
 OP = "lstm"   # the prefix of every error message
+
+LSTM_REQUEST = RequestSpec(
+    FAMILY, "lstm",
+    given=(Given("batch"), Given("seq"), Given("input_size"), Given("hidden"),
+           Given("layers", 1, "nn.LSTM's default num_layers"),
+           Given("directions", 1, "nn.LSTM's default (2: bidirectional)")),
+    derived=(Derived("tokens", lambda f, o: f["seq"], "= seq", ("seq",)),),
+    features={"dropout_active": flag(False), "proj_size": Feature(0), "packed": flag(False),
+              "has_biases": flag(True), "batch_first": flag(False), "requires_grad": flag(False)},
+)
 
 
 def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, num_layers: int = 1,
@@ -39,7 +49,7 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
     data = input.data if packed else input
     if not isinstance(data, torch.Tensor):
         raise TypeError(f"{OP}: input must be a torch.Tensor or PackedSequence, got {type(input).__name__}")
-    check_dtype("input", data, FLOAT_DTYPES, "a floating tensor (float32, float16, bfloat16, float64)", op=OP)
+    check_dtype("input", data, LSTM_REQUEST.dtypes, "a floating tensor (float32, float16, bfloat16, float64)", op=OP)
     expected_dims = (2,) if packed else (2, 3)
     if data.dim() not in expected_dims:
         shape = "(seq, input_size) or " + ("(batch, seq, input_size)" if batch_first else "(seq, batch, input_size)")
@@ -95,12 +105,12 @@ def _lstm_request(input, hx=None, flat_weights=(), *, has_biases: bool = True, n
 
     tensors = [data, *weights] + ([] if hx is None else list(hx))
     requires_grad = needs_grad(*tensors)
-    fields = {"batch": batch, "seq": seq, "input_size": input_size, "hidden": hidden, "layers": num_layers,
-              "directions": directions, "tokens": seq}
+    given = {"batch": batch, "seq": seq, "input_size": input_size, "hidden": hidden, "layers": num_layers,
+             "directions": directions}
     features = {"dropout_active": bool(training and dropout > 0 and num_layers > 1), "proj_size": proj_size,
                 "packed": packed, "has_biases": has_biases, "batch_first": batch_first,
                 "requires_grad": requires_grad}
-    return Request.make(FAMILY, op="lstm", tensor=data, fields=fields, features=features)
+    return LSTM_REQUEST.make(given, features, tensor=data)
 
 
 @routed_op(_lstm_request)
@@ -116,7 +126,7 @@ def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: S
     r = routed_call(signature, lambda: _lstm_request(
         input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers, dropout=dropout, training=training,
         bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size))
-    return r.module.lstm(input, None if hx is None else tuple(hx), list(flat_weights), has_biases=has_biases,
+    return backend_module(r).lstm(input, None if hx is None else tuple(hx), list(flat_weights), has_biases=has_biases,
                          num_layers=num_layers, dropout=float(dropout), training=training,
                          bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size,
                          candidate=r.candidate, route=r)

@@ -27,15 +27,41 @@ import torch
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from rlx_triton.ops import _decisions
-from rlx_triton.ops._attention_options import (AttentionInputError, check_same_dtype_and_device, check_scale,
-                                               scale_value)
+from rlx_triton.ops._attention_options import (ATTENTION_GIVEN, TOKENS, AttentionInputError,
+                                               check_same_dtype_and_device, check_scale, heads_divide, scale_value)
 from rlx_triton.ops._checks import check_is_tensor, needs_grad
+from rlx_triton.ops._request_spec import Derived, Feature, RequestSpec, flag
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
-from rlx_triton.router.request import dtype_name
 from rlx_triton.router.route import Route, exact_route, remember_exact_route
 
 _FAMILY = KernelFamily.SDPA_DECODE.value
+
+
+def _batched_heads_divide(fields, features) -> Optional[str]:
+    """Grouped heads divide where the layout is batched (otherwise torch's op broadcasts them)."""
+    return heads_divide(fields, features) if features["layout"] == "batched" else None
+
+
+def _grouped_rows(fields, features) -> int:
+    """Query rows per KV head: the GQA group's query tokens where the heads are grouped (a batched layout)."""
+    if features["layout"] != "batched":
+        return fields["seq_q"]
+    return fields["seq_q"] * (fields["num_heads"] // fields["num_kv_heads"])
+
+
+# what a call sends the router (ops/_request_spec.py), read by `_build_sdpa_request` and by `rlx-triton explain`
+SDPA_REQUEST = RequestSpec(
+    _FAMILY, "scaled_dot_product_attention", ATTENTION_GIVEN,
+    (Derived("m", _grouped_rows, "seq_q x num_heads / num_kv_heads (seq_q where the layout is not batched)",
+             ("seq_q", "num_heads", "num_kv_heads", "layout"), "query rows per KV head"), TOKENS),
+    {"mask": Feature("none", ("none", "bool", "float")),
+     "causal": Feature("none", ("none", "top_left", "top_left_with_mask", "bottom_right")),
+     "dropout": flag(False),
+     "layout": Feature("batched", ("batched", "broadcast", "unbatched", "unequal_kv_heads")),
+     "requires_grad": flag(False)},
+    (_batched_heads_divide,),
+)
 
 
 def _causal_bias(attn_mask, is_causal: bool, query, key) -> Tuple[Optional[torch.Tensor], bool, bool]:
@@ -178,11 +204,9 @@ def _mask_kind(attn_mask) -> str:
 
 def _nested_request(query, key, value, attn_mask, dropout_p) -> Request:
     """Nested tensors have no fixed shape to route on: the request says so, and only torch's op takes them."""
-    return Request(
-        _FAMILY, "scaled_dot_product_attention", (), dtype_name(query.dtype), query.device,
-        (("mask", _mask_kind(attn_mask)), ("dropout", dropout_p > 0.0), ("layout", "nested"),
-         ("requires_grad", needs_grad(query, key, value, attn_mask))),
-    )
+    return SDPA_REQUEST.unshaped(
+        {"mask": _mask_kind(attn_mask), "dropout": dropout_p > 0.0, "layout": "nested",
+         "requires_grad": needs_grad(query, key, value, attn_mask)}, tensor=query)
 
 
 def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
@@ -204,22 +228,17 @@ def _build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enab
         layout = "broadcast"
     if layout == "batched" and num_v_heads != num_kv_heads:
         layout = "unequal_kv_heads"   # enable_gqa with key and value head counts that differ: torch's op
-    group = num_heads // num_kv_heads if layout == "batched" else 1
     if lower_right:  # a lower-right CausalBias, which was the call's mask
         causal = "bottom_right"
     elif is_causal:
         causal = "top_left" if attn_mask is None else "top_left_with_mask"
     else:
         causal = "none"
-    return Request(
-        _FAMILY, "scaled_dot_product_attention",
-        (("m", seq_q * group), ("tokens", seq_q), ("batch", batch), ("num_heads", num_heads),
-         ("head_dim", head_dim), ("seq_q", seq_q), ("seq_kv", seq_kv), ("num_kv_heads", num_kv_heads),
-         ("head_dim_v", head_dim_v)),
-        dtype_name(query.dtype), query.device,
-        (("mask", _mask_kind(attn_mask)), ("causal", causal), ("dropout", dropout_p > 0.0), ("layout", layout),
-         ("requires_grad", needs_grad(query, key, value, attn_mask))),
-    )
+    return SDPA_REQUEST.make(
+        {"batch": batch, "num_heads": num_heads, "head_dim": head_dim, "seq_q": seq_q, "seq_kv": seq_kv,
+         "num_kv_heads": num_kv_heads, "head_dim_v": head_dim_v},
+        {"mask": _mask_kind(attn_mask), "causal": causal, "dropout": dropout_p > 0.0, "layout": layout,
+         "requires_grad": needs_grad(query, key, value, attn_mask)}, tensor=query)
 
 
 def _run_sdpa(chosen: Route, query, key, value, attn_mask, is_causal, scale, enable_gqa, lower_right) -> torch.Tensor:

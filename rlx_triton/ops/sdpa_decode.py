@@ -18,16 +18,34 @@ from typing import Any, Dict, Literal, Optional, Tuple, Union, overload
 import torch
 
 from rlx_triton.ops import _decisions
-from rlx_triton.ops._attention_options import (AttentionInputError, attention_option_features,
-                                               check_attention_options, check_same_dtype_and_device, check_scale,
-                                               is_fake, scale_value, values_readable)
+from rlx_triton.ops._attention_options import (ATTENTION_GIVEN, TOKENS, AttentionInputError,
+                                               attention_option_features, check_attention_options,
+                                               check_same_dtype_and_device, check_scale, heads_divide, is_fake,
+                                               scale_value, values_readable)
 from rlx_triton.ops._checks import attention_layout_hint, check_is_tensor, needs_grad
+from rlx_triton.ops._request_spec import Derived, Feature, RequestSpec, flag
 from rlx_triton.ops.sdpa import patch_sdpa, scaled_dot_product_attention
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 from rlx_triton.router.route import exact_route, remember_exact_route
 
 __all__ = ["sdpa_decode", "scaled_dot_product_attention", "patch_sdpa", "AttentionInputError"]
+
+
+# what a decode call sends the router (ops/_request_spec.py), read by `_decode_request` and by `rlx-triton explain`
+SDPA_DECODE_REQUEST = RequestSpec(
+    KernelFamily.SDPA_DECODE.value, "sdpa_decode", ATTENTION_GIVEN,
+    (Derived("m", lambda f, o: f["seq_q"] * (f["num_heads"] // f["num_kv_heads"]), "seq_q x num_heads / num_kv_heads",
+             ("seq_q", "num_heads", "num_kv_heads"), "query rows per KV head"), TOKENS),
+    {"mask": Feature("none", ("none",)), "causal": Feature("bottom_right", ("bottom_right",)),
+     "dropout": Feature(False, (False,)), "layout": Feature("batched", ("batched",)),
+     "requires_grad": flag(False),
+     # FlashAttention's options, named only when in use (a backend's coverage must name each one it takes)
+     "paged": flag(False, sent_at_default=False), "window": flag(False, sent_at_default=False),
+     "softcap": flag(False, sent_at_default=False),
+     "alibi": Feature("none", ("none", "per_head", "per_batch_head"), sent_at_default=False)},
+    (heads_divide,),
+)
 
 
 def _decode_window(window_size, s_max: int) -> Tuple[int, int]:
@@ -159,13 +177,9 @@ def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, 
     features.update(attention_option_features(paged=block_table is not None,
                                               local_window=_decode_window(window_size, s_max) != (-1, -1),
                                               softcap=softcap, alibi_slopes=alibi_slopes))
-    return Request.make(
-        KernelFamily.SDPA_DECODE, "sdpa_decode", tensor=query,
-        fields={"m": seq_q * (heads // kv_heads), "tokens": seq_q, "batch": batch, "num_heads": heads,
-                "head_dim": head_dim, "seq_q": seq_q, "seq_kv": s_max, "num_kv_heads": kv_heads,
-                "head_dim_v": v_cache.shape[-1]},
-        features=features,
-    )
+    return SDPA_DECODE_REQUEST.make(
+        {"batch": batch, "num_heads": heads, "head_dim": head_dim, "seq_q": seq_q, "seq_kv": s_max,
+         "num_kv_heads": kv_heads, "head_dim_v": v_cache.shape[-1]}, features, tensor=query)
 
 
 @torch.library.custom_op("rlx_triton::sdpa_decode", mutates_args=())

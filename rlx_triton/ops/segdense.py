@@ -3,9 +3,9 @@
     scores = segdense(lstm_out, [l.weight for l in linears], [l.bias for l in linears],
                       classifier.weight, classifier.bias, activation="log_softmax")
 
-Validates its input (errors name the argument, before any launch), builds a routing Request and
-runs `segdense` of the backend module the router picks (`backends/triton/segdense/`, or
-`backends/torch_ref/segdense.py`). Autograd is a typed refusal that falls back to torch.
+Validates its input (errors name the argument, before any launch), builds a routing Request from its
+request spec (`SEGDENSE_REQUEST`, which `rlx-triton explain` reads too) and runs `segdense` of the backend
+module the router picks (`backends/triton/segdense/`, or `backends/torch_ref/segdense.py`). Autograd is a typed refusal that falls back to torch.
 """
 from __future__ import annotations
 
@@ -13,14 +13,23 @@ from typing import Optional, Sequence
 
 import torch
 
-from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, call_signature, check_device, check_dtype,
+from rlx_triton.ops._checks import (InputShapeError, backend_module, call_signature, check_device, check_dtype,
                                     check_is_tensor, check_shape, needs_grad)
+from rlx_triton.ops._request_spec import Derived, Feature, Given, RequestSpec, flag
 from rlx_triton.router import Request, routed_op
 from rlx_triton.router.route import routed_call
 
 FAMILY = "segdense"
 OP = "segdense"   # the prefix of every error message
 ACTIVATIONS = ("none", "sigmoid", "log_softmax")
+
+SEGDENSE_REQUEST = RequestSpec(
+    FAMILY, "segdense",
+    given=(Given("rows"), Given("in_features"), Given("hidden"), Given("classes")),
+    derived=(Derived("tokens", lambda f, o: f["rows"], "= rows", ("rows",)),),
+    features={"activation": Feature("log_softmax", ACTIVATIONS), "linear_layers": Feature(2),
+              "requires_grad": flag(False)},
+)
 
 
 def _check_matrix(name: str, w, rows_text: str, in_features: int, x: torch.Tensor) -> None:
@@ -41,7 +50,7 @@ def _check_bias(name: str, b, size: int, x: torch.Tensor) -> None:
 def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[Optional[torch.Tensor]] = (),
                       classifier_weight=None, classifier_bias=None, *, activation: str = "log_softmax") -> Request:
     check_is_tensor("x", x, "(..., in_features)", op=OP)
-    check_dtype("x", x, FLOAT_DTYPES, "a floating tensor", op=OP)
+    check_dtype("x", x, SEGDENSE_REQUEST.dtypes, "a floating tensor", op=OP)
     if x.dim() < 1:
         raise ValueError(f"{OP}: x must have at least one dimension (..., in_features), got a scalar")
     if activation not in ACTIVATIONS:
@@ -67,10 +76,9 @@ def _segdense_request(x, weights: Sequence[torch.Tensor] = (), biases: Sequence[
     requires_grad = needs_grad(*tensors)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     hidden = max([w.shape[0] for w in weights], default=x.shape[-1])   # widest input of a layer after the first
-    fields = {"rows": rows, "in_features": x.shape[-1], "hidden": hidden,
-              "classes": classifier_weight.shape[0], "tokens": rows}
+    given = {"rows": rows, "in_features": x.shape[-1], "hidden": hidden, "classes": classifier_weight.shape[0]}
     feats = {"activation": activation, "linear_layers": len(weights), "requires_grad": requires_grad}
-    return Request.make(FAMILY, op="segdense", tensor=x, fields=fields, features=feats)
+    return SEGDENSE_REQUEST.make(given, feats, tensor=x)
 
 
 @routed_op(_segdense_request)
@@ -84,5 +92,5 @@ def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[
     signature = call_signature(OP, (x, weights, biases, classifier_weight, classifier_bias), (activation,))
     r = routed_call(signature, lambda: _segdense_request(x, weights, biases, classifier_weight, classifier_bias,
                                                          activation=activation))
-    return r.module.segdense(x, list(weights), list(biases), classifier_weight, classifier_bias,
+    return backend_module(r).segdense(x, list(weights), list(biases), classifier_weight, classifier_bias,
                              activation=activation, candidate=r.candidate)

@@ -71,7 +71,7 @@ def test_explain_prints_the_route_for_a_shape(capsys):
     assert route["backend"] == "torch" and route["family"] == "fbank"
     assert route["skipped"]["triton"].startswith("not-selected")
     assert route["fields"]["frames"] == 98 and route["fields"]["window"] == 512
-    assert set(route["filled"]) == {"window", "frames", "tokens"}
+    assert set(route["filled"]) == {"window_size", "window_shift", "round_to_power_of_two", "window", "frames", "tokens"}
 
 
 def test_explain_conv_takes_its_default_op(capsys):
@@ -121,7 +121,8 @@ def test_explain_cuda_without_a_gpu_says_so_and_names_the_profiles(capsys, monke
     (["explain", "conv", "conv3d"], "choose from conv1d, conv2d, sincnet, stats_pool"),
     (["explain", "fbank", "--field", "bins"], "--field expects name=value"),
     (["explain", "fbank", "--field", "batch=1", "--field", "samples=16000", "--field", "colour=3"],
-     "fbank has no field colour; its fields are batch, samples, bins, window, frames, tokens"),
+     "fbank has no field colour; its fields are batch, samples, bins, window_size, window_shift, "
+     "round_to_power_of_two (derived: window, frames, tokens)"),
     (["explain", "fbank", "--field", "batch=1", "--field", "samples=16000", "--dtype", "int8"],
      "--dtype must be one of float16, bfloat16, float32, float64"),
     (["explain", "fbank", "--field", "batch=1"], "fbank needs --field samples=N"),

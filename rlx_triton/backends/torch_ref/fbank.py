@@ -1,25 +1,23 @@
 """Kaldi log-mel filterbank in plain torch: the library fallback of the fbank family.
 
 It computes what `torchaudio.compliance.kaldi.fbank` computes, step for step, batched over rows of a
-(B, T) waveform. This module also owns what every fbank backend shares: `FbankOptions` (the
-torchaudio keywords, validated once, with errors naming the option) and the per-option-set
-constants (analysis window, mel matrix, DFT basis), built exactly as torchaudio builds them and
-cached per option set with functools.lru_cache. torchaudio is not needed at run time.
+(B, T) waveform. This module also owns what every fbank backend shares: the per-option-set constants
+(analysis window, mel matrix, DFT basis), built exactly as torchaudio builds them and cached per option
+set with functools.lru_cache. The options themselves (`FbankOptions`, the torchaudio keywords validated
+once) are the op's, declared in rlx_triton/ops/fbank.py; `FbankOptions` is importable from here too,
+where every backend reads it. torchaudio is not needed at run time.
 """
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields
-
 import torch
 
+from rlx_triton.ops.fbank import WINDOW_TYPES, FbankOptions
 from rlx_triton.router.coverage import Coverage
 
-WINDOW_TYPES = ("hamming", "hanning", "povey", "rectangular", "blackman")
 # numeric_limits<float>::epsilon(): torchaudio's floor for mel energies and the raw log energy
 EPSILON = torch.finfo(torch.float32).eps
-MILLISECONDS_TO_SECONDS = 0.001
 
 COVERAGE = Coverage.everything()
 APPROVALS: dict = {}
@@ -40,154 +38,6 @@ KERNEL_FEATURES = {
     "vtln": frozenset({True, False}),
     "requires_grad": frozenset({False}),  # forward-only kernels: autograd runs on the torch path
 }
-
-
-def _next_power_of_2(x: int) -> int:
-    return 1 if x == 0 else 2 ** (x - 1).bit_length()
-
-
-def _fail(option: str, message: str):
-    raise ValueError(f"fbank: {option} {message}")
-
-
-@dataclass(frozen=True)
-class FbankOptions:
-    """Every keyword of torchaudio.compliance.kaldi.fbank with its default, plus one rlx extension.
-
-    `input_scale` (rlx extension, default 1.0) multiplies the waveform before anything else: the
-    WeSpeaker front end uses 32768 (int16 range), which is exact in float32 (a power of two).
-    Construction validates every option and raises ValueError naming the offending option.
-    """
-
-    blackman_coeff: float = 0.42
-    channel: int = -1
-    dither: float = 0.0
-    energy_floor: float = 1.0
-    frame_length: float = 25.0
-    frame_shift: float = 10.0
-    high_freq: float = 0.0
-    htk_compat: bool = False
-    low_freq: float = 20.0
-    min_duration: float = 0.0
-    num_mel_bins: int = 23
-    preemphasis_coefficient: float = 0.97
-    raw_energy: bool = True
-    remove_dc_offset: bool = True
-    round_to_power_of_two: bool = True
-    sample_frequency: float = 16000.0
-    snip_edges: bool = True
-    subtract_mean: bool = False
-    use_energy: bool = False
-    use_log_fbank: bool = True
-    use_power: bool = True
-    vtln_high: float = -500.0
-    vtln_low: float = 100.0
-    vtln_warp: float = 1.0
-    window_type: str = "povey"
-    input_scale: float = 1.0
-
-    def __post_init__(self):
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "bool" or isinstance(f.default, bool):
-                if not isinstance(value, bool):
-                    _fail(f.name, f"must be a bool, got {value!r}")
-            elif f.name == "window_type":
-                if value not in WINDOW_TYPES:
-                    _fail("window_type", f"must be one of {WINDOW_TYPES}, got {value!r}")
-            elif f.name in ("channel", "num_mel_bins"):
-                if isinstance(value, bool) or not isinstance(value, int):
-                    _fail(f.name, f"must be an int, got {value!r}")
-            else:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                    _fail(f.name, f"must be a finite number, got {value!r}")
-        if self.sample_frequency <= 0:
-            _fail("sample_frequency", f"must be greater than zero, got {self.sample_frequency}")
-        if self.window_shift <= 0:
-            _fail("frame_shift", f"gives a window shift of {self.window_shift} samples; it must be at least 1 "
-                  f"(sample_frequency * frame_shift / 1000)")
-        if self.window_size < 2:
-            _fail("frame_length", f"gives a window of {self.window_size} samples; it must be at least 2 "
-                  f"(sample_frequency * frame_length / 1000)")
-        if self.padded_window_size % 2 != 0:
-            _fail("frame_length", f"gives an odd FFT size {self.padded_window_size}; use round_to_power_of_two "
-                  f"or change frame_length")
-        if not 0.0 <= self.preemphasis_coefficient <= 1.0:
-            _fail("preemphasis_coefficient", f"must be in [0, 1], got {self.preemphasis_coefficient}")
-        if self.num_mel_bins <= 3:
-            _fail("num_mel_bins", f"must be at least 4 (torchaudio needs more than 3 mel bins), got {self.num_mel_bins}")
-        if self.channel < -1:
-            _fail("channel", f"must be -1 (mono / batch rows) or a channel index >= 0, got {self.channel}")
-        if self.dither < 0:
-            _fail("dither", f"must be >= 0, got {self.dither}")
-        if self.energy_floor < 0:
-            _fail("energy_floor", f"must be >= 0 (0 disables the floor), got {self.energy_floor}")
-        if self.min_duration < 0:
-            _fail("min_duration", f"must be >= 0, got {self.min_duration}")
-        nyquist = 0.5 * self.sample_frequency
-        if not 0.0 <= self.low_freq < nyquist:
-            _fail("low_freq", f"must be in [0, nyquist={nyquist}), got {self.low_freq}")
-        high = self.effective_high_freq
-        if not 0.0 < high <= nyquist:
-            _fail("high_freq", f"gives {high} Hz, outside (0, nyquist={nyquist}] (values <= 0 are offsets from nyquist)")
-        if not self.low_freq < high:
-            _fail("high_freq", f"gives {high} Hz, not above low_freq={self.low_freq}")
-        if self.vtln_warp <= 0:
-            _fail("vtln_warp", f"must be greater than zero, got {self.vtln_warp}")
-        if self.vtln_warp != 1.0:
-            vtln_high = self.effective_vtln_high
-            if not self.low_freq < self.vtln_low < high:
-                _fail("vtln_low", f"must lie strictly between low_freq={self.low_freq} and high_freq={high}, "
-                      f"got {self.vtln_low}")
-            if not 0.0 < vtln_high < high:
-                _fail("vtln_high", f"gives {vtln_high} Hz, outside (0, high_freq={high}) "
-                      f"(negative values are offsets from nyquist)")
-            if not self.vtln_low < vtln_high:
-                _fail("vtln_high", f"gives {vtln_high} Hz, not above vtln_low={self.vtln_low}")
-            if not self.vtln_low * max(1.0, self.vtln_warp) > self.low_freq:
-                _fail("vtln_low", "times max(1, vtln_warp) must stay above low_freq")
-            if not vtln_high * min(1.0, self.vtln_warp) < high:
-                _fail("vtln_high", "times min(1, vtln_warp) must stay below high_freq")
-
-    # derived sizes, as torchaudio computes them
-    @property
-    def window_shift(self) -> int:
-        return int(self.sample_frequency * self.frame_shift * MILLISECONDS_TO_SECONDS)
-
-    @property
-    def window_size(self) -> int:
-        return int(self.sample_frequency * self.frame_length * MILLISECONDS_TO_SECONDS)
-
-    @property
-    def padded_window_size(self) -> int:
-        return _next_power_of_2(self.window_size) if self.round_to_power_of_two else self.window_size
-
-    @property
-    def effective_high_freq(self) -> float:
-        return self.high_freq + 0.5 * self.sample_frequency if self.high_freq <= 0.0 else self.high_freq
-
-    @property
-    def effective_vtln_high(self) -> float:
-        return self.vtln_high + 0.5 * self.sample_frequency if self.vtln_high < 0.0 else self.vtln_high
-
-    @property
-    def num_columns(self) -> int:
-        """Output features per frame: the mel bins, plus the log energy column with use_energy."""
-        return self.num_mel_bins + int(self.use_energy)
-
-    @property
-    def reflect_pad(self) -> int:
-        """Samples reflected in front of the waveform when snip_edges=False (negative: samples trimmed)."""
-        return self.window_size // 2 - self.window_shift // 2
-
-    def num_frames(self, num_samples: int) -> int:
-        if self.snip_edges:
-            return 1 + (num_samples - self.window_size) // self.window_shift
-        return (num_samples + self.window_shift // 2) // self.window_shift
-
-    def too_short(self, num_samples: int) -> bool:
-        """torchaudio returns an empty tensor for signals shorter than min_duration."""
-        return num_samples < self.min_duration * self.sample_frequency
 
 
 # ---------------------------------------------------------------------------------------------

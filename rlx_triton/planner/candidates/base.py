@@ -1,6 +1,7 @@
-"""Shared machinery of the candidate families: tag encoding/parsing from a field spec, the named
-variants table, candidate and launch validation helpers, the precision-based default rule and the
-`FamilySpec` record that `planner.plan` and `planner.launch` read.
+"""Shared machinery of the candidate families: tag encoding/parsing from a field spec, what each tag part
+means (the legend `rlx-triton explain` prints), the named variants table, candidate and launch validation
+helpers, the precision-based default rule and the `FamilySpec` record that `planner.plan` and
+`planner.launch` read.
 
 A family module (`sdpa_decode.py`, `conv.py`, ...) holds only data and its own rules; everything
 that behaves the same for every family lives here, once.
@@ -62,16 +63,58 @@ def is_pow2(value: int) -> bool:
 # ---------------------------------------------------------------- tag fields
 
 
+# how a legend names a request dtype, with its article
+_DTYPE_SHORT = {"float32": "an fp32", "float64": "an fp64", "float16": "an fp16", "bfloat16": "a bf16"}
+
+
+@dataclass(frozen=True)
+class WordMeaning:
+    """What a flag or choice word of a tag sets. `dtypes`: the request dtypes the word acts on (empty: every
+    dtype); on a request of another dtype it has no effect, and `otherwise` says what the kernel does then."""
+
+    text: str
+    dtypes: Tuple[str, ...] = ()
+    otherwise: str = ""
+
+    def on(self, dtype: str) -> str:
+        """The word's meaning on a request of `dtype` ("float16", "float32", ...)."""
+        if not self.dtypes or dtype in self.dtypes:
+            return self.text
+        return f"no effect on {_DTYPE_SHORT.get(dtype, f'a {dtype}')} request: {self.otherwise}"
+
+
+WordMeanings = Tuple[Tuple[str, WordMeaning], ...]
+
+
+def _word_meanings(words: Optional[Mapping[str, Any]]) -> WordMeanings:
+    """word -> WordMeaning pairs from a mapping of words to a WordMeaning or its text."""
+    return tuple((word, meaning if isinstance(meaning, WordMeaning) else WordMeaning(meaning))
+                 for word, meaning in (words or {}).items())
+
+
+def _word_meaning(words: WordMeanings, word: str, dtype: str) -> str:
+    for known, meaning in words:
+        if known == word:
+            return meaning.on(dtype)
+    return ""
+
+
 @dataclass(frozen=True)
 class IntField:
-    """An integer written `<prefix><value>`; `legacy_default` fills a tag that lacks the field."""
+    """An integer written `<prefix><value>`; `legacy_default` fills a tag that lacks the field; `sets`: what
+    the value sets in the kernel (the legend's text)."""
 
     name: str
     prefix: str
     legacy_default: Optional[int] = None
+    sets: str = ""
 
     def encode(self, value: int) -> str:
         return f"{self.prefix}{value}"
+
+    def meaning(self, value: int, dtype: str) -> str:
+        """What this field's tag part means on a request of `dtype`."""
+        return self.sets
 
     def match(self, part: str) -> Tuple[bool, Optional[int]]:
         if not part.startswith(self.prefix):
@@ -85,15 +128,20 @@ class IntField:
 
 @dataclass(frozen=True)
 class FlagField:
-    """A bool written as one of two words."""
+    """A bool written as one of two words; `words`: what each word sets in the kernel."""
 
     name: str
     true_word: str
     false_word: str
     legacy_default: Optional[bool] = None
+    words: WordMeanings = ()
 
     def encode(self, value: bool) -> str:
         return self.true_word if value else self.false_word
+
+    def meaning(self, value: bool, dtype: str) -> str:
+        """What this field's word means on a request of `dtype`."""
+        return _word_meaning(self.words, self.encode(value), dtype)
 
     def match(self, part: str) -> Tuple[bool, Optional[bool]]:
         if part == self.true_word:
@@ -108,14 +156,19 @@ class FlagField:
 
 @dataclass(frozen=True)
 class ChoiceField:
-    """A string field written as its own value, one of `choices`."""
+    """A string field written as its own value, one of `choices`; `words`: what each choice sets in the kernel."""
 
     name: str
     choices: Tuple[str, ...]
     legacy_default: Optional[str] = None
+    words: WordMeanings = ()
 
     def encode(self, value: str) -> str:
         return value
+
+    def meaning(self, value: str, dtype: str) -> str:
+        """What this field's word means on a request of `dtype`."""
+        return _word_meaning(self.words, value, dtype)
 
     def match(self, part: str) -> Tuple[bool, Optional[str]]:
         return (True, part) if part in self.choices else (False, None)
@@ -211,19 +264,22 @@ class Candidate:
         return self.tag()
 
 
-def int_field(prefix: str, legacy_default: Optional[int] = None) -> Any:
-    """A candidate field tagged `<prefix><value>`."""
-    return dataclasses.field(metadata={"tag": IntField("", prefix, legacy_default)})
+def int_field(prefix: str, legacy_default: Optional[int] = None, *, sets: str = "") -> Any:
+    """A candidate field tagged `<prefix><value>`; `sets`: what the value sets in the kernel."""
+    return dataclasses.field(metadata={"tag": IntField("", prefix, legacy_default, sets)})
 
 
-def flag_field(true_word: str, false_word: str) -> Any:
-    """A bool candidate field tagged by one of two words."""
-    return dataclasses.field(metadata={"tag": FlagField("", true_word, false_word)})
+def flag_field(true_word: str, false_word: str, *, words: Optional[Mapping[str, Any]] = None) -> Any:
+    """A bool candidate field tagged by one of two words; `words`: each word -> what it sets (its text, or a
+    WordMeaning for a word that acts on some request dtypes only)."""
+    return dataclasses.field(metadata={"tag": FlagField("", true_word, false_word, words=_word_meanings(words))})
 
 
-def choice_field(*choices: str) -> Any:
-    """A string candidate field tagged by its value, one of `choices`."""
-    return dataclasses.field(metadata={"tag": ChoiceField("", tuple(choices))})
+def choice_field(*choices: str, words: Optional[Mapping[str, Any]] = None) -> Any:
+    """A string candidate field tagged by its value, one of `choices`; `words`: each choice -> what it sets (a
+    shared table may hold more words than the field's choices)."""
+    said = {word: meaning for word, meaning in (words or {}).items() if word in choices}
+    return dataclasses.field(metadata={"tag": ChoiceField("", tuple(choices), words=_word_meanings(said))})
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
@@ -353,6 +409,13 @@ def first_error(*checks: Callable[[], Optional[str]]) -> Optional[str]:
 
 # ---------------------------------------------------------------- precision helpers
 
+# what the tag words of the diarization families' shared fields set
+TG_SIZE_SETS = "threads per program, num_warps = tg / 32 (Metal: threads per threadgroup)"
+STAGES_SETS = "software-pipelining depth (num_stages)"
+PRECISION_WORDS = {"ieee": "true fp32 dots",
+                   "tf32x3": "three-pass TF32 dots (about fp32 accuracy, tensor cores)",
+                   "tf32": "one-pass TF32 dots (about 1e-3 relative)"}
+
 # profile -> dot precisions it accepts, most preferred first (diarization families)
 PRECISION_PREFERENCE: Mapping[PrecisionProfile, Tuple[str, ...]] = {
     PrecisionProfile.ULTRA_LOW_LATENCY: ("tf32", "tf32x3", "ieee"),
@@ -393,7 +456,8 @@ def launch_default(plan: Any, fields: Mapping[str, int]) -> Any:
 @dataclass(frozen=True)
 class LaunchField:
     """One launch field: `label` prefixes its value in kernel names, `bucket` names its shape bucket
-    (None: not part of the shape bucket), values outside [low, high] raise InvalidField(`error_name`)."""
+    (None: not part of the shape bucket), values outside [low, high] raise InvalidField(`error_name`);
+    `meaning`: what the value counts (`rlx-triton explain --help` shows it)."""
 
     name: str
     label: str = ""
@@ -402,6 +466,7 @@ class LaunchField:
     bucket: Optional[str] = None
     required: bool = True
     error_name: str = ""
+    meaning: str = ""
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -410,12 +475,18 @@ class LaunchField:
             object.__setattr__(self, "error_name", self.name)
 
 
-def diarization_launch_fields(*names: str, high: Optional[Mapping[str, int]] = None) -> Tuple[LaunchField, ...]:
+TOKENS_MEANING = "the length the planner buckets on"
+
+
+def diarization_launch_fields(*names: str, high: Optional[Mapping[str, int]] = None,
+                              meanings: Optional[Mapping[str, str]] = None) -> Tuple[LaunchField, ...]:
     """Launch fields of a diarization family: each positive and pow2-bucketed as `<name>_bucket`,
-    then `tokens` (bucketed by the plan's token buckets, not in the shape bucket)."""
-    bounds = dict(high or {})
-    fields = tuple(LaunchField(n, bucket=f"{n}_bucket", high=bounds.get(n, U32_MAX)) for n in names)
-    return fields + (LaunchField("tokens"),)
+    then `tokens` (bucketed by the plan's token buckets, not in the shape bucket); `meanings`: name -> what
+    the field counts."""
+    bounds, said = dict(high or {}), dict(meanings or {})
+    fields = tuple(LaunchField(n, bucket=f"{n}_bucket", high=bounds.get(n, U32_MAX), meaning=said.get(n, ""))
+                   for n in names)
+    return fields + (LaunchField("tokens", meaning=said.get("tokens", TOKENS_MEANING)),)
 
 
 def no_cross_field_rule(fields: Mapping[str, int]) -> Optional[str]:

@@ -31,13 +31,15 @@ from . import base
 class ConvCandidate(base.Candidate):
     """Tagged e.g. `tp64_tc32_tk32_tg128_ns2_ieee_fused`."""
 
-    tile_pos: int = base.int_field("tp")
-    tile_co: int = base.int_field("tc")
-    tile_k: int = base.int_field("tk")
-    tg_size: int = base.int_field("tg")
-    stages: int = base.int_field("ns")
-    precision: str = base.choice_field("ieee", "tf32x3", "tf32")
-    fuse_epilogue: bool = base.flag_field("fused", "unfused")
+    tile_pos: int = base.int_field("tp", sets="output positions (conv2d: pixels) per program (BLOCK_P)")
+    tile_co: int = base.int_field("tc", sets="output channels per program (BLOCK_CO)")
+    tile_k: int = base.int_field("tk", sets="reduction chunk over c_in x taps per tl.dot (BLOCK_K)")
+    tg_size: int = base.int_field("tg", sets=base.TG_SIZE_SETS)
+    stages: int = base.int_field("ns", sets=base.STAGES_SETS)
+    precision: str = base.choice_field("ieee", "tf32x3", "tf32", words=base.PRECISION_WORDS)
+    fuse_epilogue: bool = base.flag_field("fused", "unfused", words={
+        "fused": "bias, abs, pooling, norm and residual in the same kernel",
+        "unfused": "the epilogue runs as a separate pass"})
 
 
 ConvVariant = base.define_variants(
@@ -76,7 +78,10 @@ validate_candidate = base.tiled_rules(
 SPEC = base.FamilySpec.diarization(
     KernelFamily.CONV,
     ConvVariant,
-    base.diarization_launch_fields("batch", "c_in", "c_out", "length", "taps", "stride"),
+    base.diarization_launch_fields("batch", "c_in", "c_out", "length", "taps", "stride", meanings={
+        "batch": "waveforms, sequences or images in the call", "c_in": "input channels", "c_out": "output channels",
+        "length": "input samples or frames (conv2d: pixels)", "taps": "kernel size (conv2d: height x width)",
+        "stride": "kernel stride", "tokens": "output positions (conv2d: pixels): the length the planner buckets on"}),
     validate_candidate,
     tile_fields=("tile_pos", "tile_co", "tile_k"),
 )

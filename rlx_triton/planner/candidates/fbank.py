@@ -37,11 +37,11 @@ from . import base
 class FbankCandidate(base.Candidate):
     """Tagged e.g. `fr32_fq64_tg128_ns2_ieee`."""
 
-    tile_frames: int = base.int_field("fr")
-    tile_freq: int = base.int_field("fq")
-    tg_size: int = base.int_field("tg")
-    stages: int = base.int_field("ns")
-    precision: str = base.choice_field("ieee", "tf32x3")
+    tile_frames: int = base.int_field("fr", sets="frames per program (BLOCK_F)")
+    tile_freq: int = base.int_field("fq", sets="DFT frequency bins per tl.dot chunk (BLOCK_K)")
+    tg_size: int = base.int_field("tg", sets=base.TG_SIZE_SETS)
+    stages: int = base.int_field("ns", sets=base.STAGES_SETS)
+    precision: str = base.choice_field("ieee", "tf32x3", words=base.PRECISION_WORDS)
 
 
 FbankVariant = base.define_variants(
@@ -89,7 +89,9 @@ validate_candidate = base.tiled_rules(
 SPEC = base.FamilySpec.diarization(
     KernelFamily.FBANK,
     FbankVariant,
-    base.diarization_launch_fields("batch", "samples", "frames", "window", "bins"),
+    base.diarization_launch_fields("batch", "samples", "frames", "window", "bins", meanings={
+        "batch": "waveforms in the call", "samples": "samples per waveform", "frames": "output frames",
+        "window": "FFT size", "bins": "mel bins", "tokens": "output frames: the length the planner buckets on"}),
     validate_candidate,
     check_launch=check_launch,
     tile_fields=("tile_frames", "tile_freq"),

@@ -38,12 +38,15 @@ from . import base
 class LstmCandidate(base.Candidate):
     """Tagged e.g. `bt16_ht64_tg128_ns2_stepwise_ieee`."""
 
-    batch_tile: int = base.int_field("bt")
-    hidden_tile: int = base.int_field("ht")
-    tg_size: int = base.int_field("tg")
-    stages: int = base.int_field("ns")
-    mode: str = base.choice_field("persistent", "stepwise", "onchip")
-    precision: str = base.choice_field("ieee", "tf32x3", "tf32")
+    batch_tile: int = base.int_field("bt", sets="sequences per program (BLOCK_B)")
+    hidden_tile: int = base.int_field("ht", sets="hidden units per program (BLOCK_H; onchip: the units it owns)")
+    tg_size: int = base.int_field("tg", sets=base.TG_SIZE_SETS)
+    stages: int = base.int_field("ns", sets=base.STAGES_SETS)
+    mode: str = base.choice_field("persistent", "stepwise", "onchip", words={
+        "persistent": "one program loops over all timesteps with h and c on chip",
+        "stepwise": "one launch per timestep",
+        "onchip": "hidden units split across programs that hold W_hh on chip and meet at a barrier each step"})
+    precision: str = base.choice_field("ieee", "tf32x3", "tf32", words=base.PRECISION_WORDS)
 
 
 LstmVariant = base.define_variants(
@@ -88,7 +91,11 @@ def validate_candidate(c: LstmCandidate, thread_policy, memory_policy):
 SPEC = base.FamilySpec.diarization(
     KernelFamily.LSTM,
     LstmVariant,
-    base.diarization_launch_fields("batch", "seq", "input_size", "hidden", "layers", "directions", high={"directions": 2}),
+    base.diarization_launch_fields(
+        "batch", "seq", "input_size", "hidden", "layers", "directions", high={"directions": 2},
+        meanings={"batch": "sequences in the call", "seq": "timesteps", "input_size": "features per timestep",
+                  "hidden": "hidden units", "layers": "stacked layers", "directions": "1, or 2 for a bidirectional LSTM",
+                  "tokens": "timesteps: the length the planner buckets on"}),
     validate_candidate,
     tile_fields=("batch_tile", "hidden_tile"),
 )

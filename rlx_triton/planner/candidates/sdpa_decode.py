@@ -30,6 +30,7 @@ from .base import (
     Candidate,
     FamilySpec,
     LaunchField,
+    WordMeaning,
     candidate_dataclass,
     check_staging,
     check_tg_limit,
@@ -42,20 +43,32 @@ from .base import (
 )
 
 
+# the 16-bit dot word: fp32 requests keep fp32 operands whatever the candidate says
+SIXTEEN_BIT_OPERANDS = WordMeaning("QK^T and PV dots on fp16/bf16 operands (tensor cores)",
+                                   dtypes=("float16", "bfloat16"), otherwise="the kernel keeps fp32 operands")
+
+
 @candidate_dataclass
 class SdpaDecodeCandidate(Candidate):
     """Tagged `skp{}_tg{}_tm{}_tn{}_tk{}_pq{}_pk{}_{f16kv|f32kv}_{partial|full}`; rows persisted before
     the tile and padding fields existed parse with those fields set to 1."""
 
-    split_k: int = int_field("skp")
-    tg_size: int = int_field("tg")
-    tile_m: int = int_field("tm", legacy_default=1)
-    tile_n: int = int_field("tn", legacy_default=1)
-    tile_k: int = int_field("tk", legacy_default=1)
-    pad_q: int = int_field("pq", legacy_default=1)
-    pad_kv: int = int_field("pk", legacy_default=1)
-    use_f16_kv: bool = flag_field("f16kv", "f32kv")
-    partial_reduce: bool = flag_field("partial", "full")
+    split_k: int = int_field("skp", sets=(
+        "most KV splits per sequence where that many fill the GPU (grid dim 1; the count comes from the device), "
+        "merged by log-sum-exp"))
+    tg_size: int = int_field("tg", sets="threads per program, num_warps = tg / 32 (Metal: threads per threadgroup)")
+    tile_m: int = int_field("tm", legacy_default=1,
+                            sets="query rows per program (GQA group x query tokens; at least 16 for tl.dot)")
+    tile_n: int = int_field("tn", legacy_default=1, sets="KV rows loaded per loop iteration (BLOCK_N)")
+    tile_k: int = int_field("tk", legacy_default=1,
+                            sets="bound on the head-dim block (BLOCK_D; head_dim is padded to a power of two)")
+    pad_q: int = int_field("pq", legacy_default=1, sets="query length padded to a multiple of this")
+    pad_kv: int = int_field("pk", legacy_default=1, sets="KV length padded to a multiple of this")
+    use_f16_kv: bool = flag_field("f16kv", "f32kv", words={
+        "f16kv": SIXTEEN_BIT_OPERANDS, "f32kv": "operands upcast to fp32, ieee dots"})
+    partial_reduce: bool = flag_field("partial", "full", words={
+        "partial": "per-split partial results (Triton: merged by the last split, same launch; Metal: a combine pass)",
+        "full": "one pass (when split_k is 1)"})
 
 
 def _sdpa(split_k, tg_size, tile_m, tile_n, tile_k, use_f16_kv, partial_reduce) -> SdpaDecodeCandidate:
@@ -154,16 +167,19 @@ SPEC = FamilySpec(
     family=KernelFamily.SDPA_DECODE,
     variants=SdpaDecodeVariant,
     launch_fields=(
-        LaunchField("m", "m", bucket="m_bucket"),
-        LaunchField("tokens", "tok"),
-        LaunchField("batch", "b", bucket="batch_bucket"),
-        LaunchField("num_heads", "h", bucket="heads_bucket"),
-        LaunchField("head_dim", "d", high=512, bucket="head_dim_bucket"),
-        LaunchField("seq_q", "sq", bucket="seq_q_bucket", error_name="seq_q/seq_kv"),
-        LaunchField("seq_kv", "sk", bucket="seq_kv_bucket", error_name="seq_q/seq_kv"),
+        LaunchField("m", "m", bucket="m_bucket", meaning="query rows per KV head"),
+        LaunchField("tokens", "tok", meaning="query tokens: the length the planner buckets on"),
+        LaunchField("batch", "b", bucket="batch_bucket", meaning="sequences in the call"),
+        LaunchField("num_heads", "h", bucket="heads_bucket", meaning="query heads"),
+        LaunchField("head_dim", "d", high=512, bucket="head_dim_bucket", meaning="size of one head of q and k"),
+        LaunchField("seq_q", "sq", bucket="seq_q_bucket", error_name="seq_q/seq_kv",
+                    meaning="query tokens (1: a decode step)"),
+        LaunchField("seq_kv", "sk", bucket="seq_kv_bucket", error_name="seq_q/seq_kv",
+                    meaning="tokens in the KV cache"),
         # optional: not part of the kernel name or the shape bucket
-        LaunchField("num_kv_heads", required=False),
-        LaunchField("head_dim_v", high=512, required=False),
+        LaunchField("num_kv_heads", required=False,
+                    meaning="key/value heads (fewer than num_heads: grouped-query attention)"),
+        LaunchField("head_dim_v", high=512, required=False, meaning="size of one head of v"),
     ),
     validate_candidate=validate_candidate,
     choose_default=choose_default,

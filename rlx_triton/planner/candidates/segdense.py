@@ -25,11 +25,13 @@ from . import base
 class SegdenseCandidate(base.Candidate):
     """Tagged e.g. `rt32_tg128_ns2_ieee_fusedact`."""
 
-    row_tile: int = base.int_field("rt")
-    tg_size: int = base.int_field("tg")
-    stages: int = base.int_field("ns")
-    precision: str = base.choice_field("ieee", "tf32x3", "tf32")
-    fused_activation: bool = base.flag_field("fusedact", "splitact")
+    row_tile: int = base.int_field("rt", sets="rows (frames x batch) per program (BLOCK_R)")
+    tg_size: int = base.int_field("tg", sets=base.TG_SIZE_SETS)
+    stages: int = base.int_field("ns", sets=base.STAGES_SETS)
+    precision: str = base.choice_field("ieee", "tf32x3", "tf32", words=base.PRECISION_WORDS)
+    fused_activation: bool = base.flag_field("fusedact", "splitact", words={
+        "fusedact": "the final log-softmax or sigmoid in the same kernel",
+        "splitact": "the final activation as a separate pass"})
 
 
 SegdenseVariant = base.define_variants(
@@ -61,7 +63,9 @@ validate_candidate = base.tiled_rules({"row_tile": (16, 128)}, staging_bytes, ba
 SPEC = base.FamilySpec.diarization(
     KernelFamily.SEGDENSE,
     SegdenseVariant,
-    base.diarization_launch_fields("rows", "in_features", "hidden", "classes"),
+    base.diarization_launch_fields("rows", "in_features", "hidden", "classes", meanings={
+        "rows": "frames x batch", "in_features": "input features", "hidden": "widest hidden layer",
+        "classes": "output classes", "tokens": "rows: the length the planner buckets on"}),
     validate_candidate,
     tile_fields=("row_tile",),
 )

@@ -28,11 +28,15 @@ from . import base
 class VarlenAttentionCandidate(base.Candidate):
     """Tagged e.g. `bm64_bn64_tg128_ns3_f16dot`."""
 
-    block_m: int = base.int_field("bm")
-    block_n: int = base.int_field("bn")
-    tg_size: int = base.int_field("tg")
-    stages: int = base.int_field("ns")
-    use_f16_dot: bool = base.flag_field("f16dot", "f32dot")
+    block_m: int = base.int_field("bm", sets="packed query rows per program (query tokens x GQA group; at least 16 "
+                                             "for tl.dot)")
+    block_n: int = base.int_field("bn", sets="keys loaded per loop iteration (BLOCK_N)")
+    tg_size: int = base.int_field("tg", sets="threads per program, num_warps = tg / 32")
+    stages: int = base.int_field("ns", sets="software-pipelining depth of the K/V loop (num_stages)")
+    use_f16_dot: bool = base.flag_field("f16dot", "f32dot", words={
+        "f16dot": base.WordMeaning("QK^T and PV dots on fp16/bf16 operands (tensor cores)",
+                                   dtypes=("float16", "bfloat16"), otherwise="the kernel keeps fp32 operands"),
+        "f32dot": "operands upcast to fp32, ieee dots"})
 
 
 # 16 packed rows for decodes (a GQA group of 4-16 heads x 1-4 tokens), 64 or 128 for prefill chunks
@@ -97,16 +101,19 @@ SPEC = base.FamilySpec(
     family=KernelFamily.VARLEN_ATTENTION,
     variants=VarlenAttentionVariant,
     launch_fields=(
-        base.LaunchField("tokens", "tok"),
-        base.LaunchField("batch", "b", bucket="batch_bucket"),
-        base.LaunchField("num_heads", "h", bucket="num_heads_bucket"),
-        base.LaunchField("head_dim", "d", high=512, bucket="head_dim_bucket"),
-        base.LaunchField("seq_q", "sq", bucket="seq_q_bucket", error_name="seq_q/seq_kv"),
-        base.LaunchField("seq_kv", "sk", bucket="seq_kv_bucket", error_name="seq_q/seq_kv"),
+        base.LaunchField("tokens", "tok", meaning="query tokens of all sequences together (total_q)"),
+        base.LaunchField("batch", "b", bucket="batch_bucket", meaning="sequences in the call"),
+        base.LaunchField("num_heads", "h", bucket="num_heads_bucket", meaning="query heads"),
+        base.LaunchField("head_dim", "d", high=512, bucket="head_dim_bucket", meaning="size of one head of q and k"),
+        base.LaunchField("seq_q", "sq", bucket="seq_q_bucket", error_name="seq_q/seq_kv",
+                         meaning="query tokens of the longest sequence (max_seqlen_q)"),
+        base.LaunchField("seq_kv", "sk", bucket="seq_kv_bucket", error_name="seq_q/seq_kv",
+                         meaning="keys of the longest sequence (max_seqlen_k)"),
         # optional: not part of the kernel name or the shape bucket
-        base.LaunchField("num_kv_heads", required=False),
-        base.LaunchField("head_dim_v", high=512, required=False),
-        base.LaunchField("page_size", required=False),
+        base.LaunchField("num_kv_heads", required=False,
+                         meaning="key/value heads (fewer than num_heads: grouped-query attention)"),
+        base.LaunchField("head_dim_v", high=512, required=False, meaning="size of one head of v"),
+        base.LaunchField("page_size", required=False, meaning="tokens per page of a paged KV cache"),
     ),
     validate_candidate=validate_candidate,
     choose_default=choose_default,
