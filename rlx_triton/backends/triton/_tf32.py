@@ -10,8 +10,8 @@ The interpreter runs the same splitting, so its dots see the operands a GPU's do
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
 
 TF32_MASK = tl.constexpr(0xFFFFE000)   # sign, exponent and TF32's 10 mantissa bits of an fp32
 _HOST_TF32_MASK = -8192                 # the same bits as an int32 (0xFFFFE000)
