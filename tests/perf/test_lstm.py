@@ -18,6 +18,9 @@ import triton
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import lstm as kernels
+from rlx_triton.backends.triton.lstm import kernels as lstm_kernels
+from rlx_triton.backends.triton.lstm import launch as lstm_launch
+from rlx_triton.backends.triton.lstm import weights as lstm_weights
 from rlx_triton.backends.triton.launches import describe_call
 from rlx_triton.devices import profile
 from rlx_triton.perf import analyse_plan
@@ -39,14 +42,15 @@ def reference_launches(x, flat_weights, *, num_layers, bidirectional, batch_firs
     h0_all = torch.zeros_like(c_n)
     onchip = candidate.mode == "onchip"
     counters = torch.zeros(num_layers, directions * triton.cdiv(B, 16), dtype=torch.int32)
-    proj = kernels._proj_meta(candidate)
+    proj = lstm_launch._proj_meta(candidate)
     layer_in = x.float().contiguous()
     for layer in range(num_layers):
-        w_ih_cat, w_hh_stack, bias = kernels._layer_weights(flat_weights, True, layer, directions, unit_major=onchip)
+        w_ih_cat, w_hh_stack, bias = lstm_weights._layer_weights(flat_weights, True, layer, directions,
+                                                                 unit_major=onchip)
         rows, n_cols, in_features = B * T, w_ih_cat.shape[0], layer_in.shape[-1]
         gates = torch.empty(rows, n_cols)
         grid = (triton.cdiv(rows, proj["BLOCK_M"]), triton.cdiv(n_cols, proj["BLOCK_N"]))
-        kernels._lstm_input_proj_kernel[grid](layer_in, w_ih_cat, bias, gates, rows, n_cols, in_features,
+        lstm_kernels._lstm_input_proj_kernel[grid](layer_in, w_ih_cat, bias, gates, rows, n_cols, in_features,
                                               in_features, w_ih_cat.stride(0), gates.stride(0),
                                               triton.next_power_of_2(B), triton.next_power_of_2(T),
                                               HAS_BIAS=True, **proj)
@@ -55,18 +59,18 @@ def reference_launches(x, flat_weights, *, num_layers, bidirectional, batch_firs
             (B * n_cols, n_cols, y.stride(0), y.stride(1))
         sl = slice(layer * directions, (layer + 1) * directions)
         if onchip:   # the interpreter's form: one launch per step, no barrier
-            meta = kernels._onchip_meta(candidate, hidden)
+            meta = lstm_launch._onchip_meta(candidate, hidden)
             rec_grid = (directions, triton.cdiv(hidden, meta["UNITS"]), triton.cdiv(B, meta["BLOCK_B"]))
             for s in range(T):
-                kernels._lstm_onchip_kernel[rec_grid](
+                lstm_kernels._lstm_onchip_kernel[rec_grid](
                     gates, w_hh_stack, h0_all[sl], c_n[sl], y, h_n[sl], counters[layer], T, B, hidden, s, s + 1,
                     *strides, triton.next_power_of_2(B), triton.next_power_of_2(T), SYNC=False, **meta)
         else:
-            rec = kernels._rec_meta(candidate)
+            rec = lstm_launch._rec_meta(candidate)
             rec_grid = (directions, triton.cdiv(B, rec["BLOCK_B"]))
             steps = [(s, s + 1) for s in range(T)] if candidate.mode == "stepwise" else [(0, T)]
             for begin, end in steps:
-                kernels._lstm_recurrence_kernel[rec_grid](gates, w_hh_stack, h0_all[sl], c_n[sl], y, h_n[sl], T, B,
+                lstm_kernels._lstm_recurrence_kernel[rec_grid](gates, w_hh_stack, h0_all[sl], c_n[sl], y, h_n[sl], T, B,
                                                           hidden, begin, end, *strides, **rec)
         layer_in = y
     return layer_in, h_n, c_n
@@ -198,10 +202,10 @@ def test_tuning_benchmarks_only_the_configurations_whose_programs_can_all_be_res
     with routing_as(H200):
         plan, _ = _pyannote_plan(LstmVariant.ONCHIP_IEEE.candidate())
     record = plan[1]
-    named = dict(zip(kernels._lstm_onchip_kernel.arg_names, record.args))
+    named = dict(zip(lstm_kernels._lstm_onchip_kernel.arg_names, record.args))
     flags = {key: record.meta[key] for key in ("BLOCK_K", "K_CHUNK", "SYNC")}
     with routing_as(H200):
-        assert kernels._resident_configs(tuned.configs, named, **flags) == tuned.configs
+        assert lstm_launch._resident_configs(tuned.configs, named, **flags) == tuned.configs
     tiny = dataclasses.replace(H200, key="h200-4sm", name="NVIDIA H200 (4 SMs enabled)", sm_count=4)
     with routing_as(profile_facts(tiny)):
-        assert kernels._resident_configs(tuned.configs, named, **flags) == []
+        assert lstm_launch._resident_configs(tuned.configs, named, **flags) == []

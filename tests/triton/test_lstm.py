@@ -18,6 +18,9 @@ import triton.language as tl
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import lstm as tk
+from rlx_triton.backends.triton.lstm import kernels as tk_kernels
+from rlx_triton.backends.triton.lstm import launch as tk_launch
+from rlx_triton.backends.triton.lstm import weights as tk_weights
 from rlx_triton.planner import LstmVariant
 from tests.reference.lstm import LSTM_DEGENERATE_CASES, check_lstm_degenerate_case, lstm_float64
 
@@ -181,7 +184,7 @@ def _meta_call():
 def _compiled_like_an_h200(monkeypatch):
     """The compiled kernel's resources as an H200 compile of this configuration reports them (what the
     co-residency check reads; compiling it here would take half a minute)."""
-    monkeypatch.setattr(tk, "_compiled_resources", lambda record, facts: (128, 0, 4))
+    monkeypatch.setattr(tk_launch, "_compiled_resources", lambda record, facts: (128, 0, 4))
 
 
 def test_a_refused_onchip_recurrence_warns_once_and_explain_says_which_path_runs_and_why(monkeypatch):
@@ -189,7 +192,7 @@ def test_a_refused_onchip_recurrence_warns_once_and_explain_says_which_path_runs
     from rlx_triton.router import explain
     from rlx_triton.router.device import routing_as
 
-    monkeypatch.setattr(tk, "_WARNED", set())
+    monkeypatch.setattr(tk_launch, "_WARNED", set())
     _compiled_like_an_h200(monkeypatch)
     x, weights, options = _meta_call()
     with routing_as(_tiny_gpu()), launches.recording(execute=False) as log:
@@ -208,8 +211,8 @@ def test_a_cooperative_launch_the_driver_refuses_falls_back_with_one_warning_and
     from rlx_triton.devices import profile
     from rlx_triton.router.device import routing_as
 
-    monkeypatch.setattr(tk, "_WARNED", set())
-    monkeypatch.setattr(tk, "_REFUSED_LAUNCHES", {})
+    monkeypatch.setattr(tk_launch, "_WARNED", set())
+    monkeypatch.setattr(tk_launch, "_REFUSED_LAUNCHES", {})
 
     def driver(record):   # a GPU whose SMs are partly taken (another stream, MPS, a green context)
         if record.cooperative:
@@ -267,17 +270,17 @@ def test_weights_are_packed_once_per_version():
     """An inference loop packs each layer once; an in-place update repacks; inference tensors (no version
     counter) are packed on every call."""
     module = make(3, 8, 1, True)
-    first = tk._layer_weights(module._flat_weights, True, 0, 2, unit_major=True)
-    assert tk._layer_weights(module._flat_weights, True, 0, 2, unit_major=True) is first
+    first = tk_weights._layer_weights(module._flat_weights, True, 0, 2, unit_major=True)
+    assert tk_weights._layer_weights(module._flat_weights, True, 0, 2, unit_major=True) is first
     with torch.no_grad():
         module.weight_hh_l0.add_(0.5)
-    repacked = tk._layer_weights(module._flat_weights, True, 0, 2, unit_major=True)
+    repacked = tk_weights._layer_weights(module._flat_weights, True, 0, 2, unit_major=True)
     unit_major = module.weight_hh_l0.detach().reshape(4, 8, 8).transpose(0, 1).reshape(32, 8)
     assert repacked is not first and torch.equal(repacked[1][0][:, :8], unit_major)   # rows unit*4 + gate
     assert repacked[1].shape == (2, 32, 16) and torch.all(repacked[1][..., 8:] == 0)  # padded to BLOCK_K
     with torch.inference_mode():
         frozen = make(3, 8, 1, True)
-        packs = [tk._layer_weights(frozen._flat_weights, True, 0, 2) for _ in range(2)]
+        packs = [tk_weights._layer_weights(frozen._flat_weights, True, 0, 2) for _ in range(2)]
     assert packs[0] is not packs[1] and torch.equal(packs[0][0], packs[1][0])
 
 
@@ -422,7 +425,7 @@ def _barrier_probe_kernel(slots_ptr, counter_ptr, errors_ptr, STEPS: tl.constexp
     in_group = offs < PROGRAMS
     for step in range(STEPS):
         tl.store(slots_ptr + step * PROGRAMS + pid + offs * 0, step * PROGRAMS + pid + offs * 0, mask=offs == 0)
-        tk._group_barrier(counter_ptr, PROGRAMS * (step + 1))
+        tk_kernels._group_barrier(counter_ptr, PROGRAMS * (step + 1))
         seen = tl.load(slots_ptr + step * PROGRAMS + offs, mask=in_group, other=-1, cache_modifier=".cg")
         wrong = tl.sum(tl.where(in_group & (seen != step * PROGRAMS + offs), 1, 0))
         tl.atomic_add(errors_ptr, wrong)

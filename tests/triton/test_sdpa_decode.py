@@ -12,12 +12,14 @@ import torch
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import sdpa_decode as tk
+from rlx_triton.backends.triton.sdpa_decode import kernels as tk_kernels
+from rlx_triton.backends.triton.sdpa_decode import launch as tk_launch
 from tests.reference.sdpa_decode import DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SPLITTING_SMS = 64
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
-TICKETS_ARG = tk._sdpa_decode_kernel.arg_names.index("tickets_ptr")
+TICKETS_ARG = tk_kernels._sdpa_decode_kernel.arg_names.index("tickets_ptr")
 
 
 def candidate(split_k=2, tile_n=16, tile_m=1, use_f16_kv=True, partial_reduce=True, tg_size=128):
@@ -224,37 +226,40 @@ def test_top_left_causal_with_a_long_cache_reads_only_the_first_keys():
 
 
 def test_meta_maps_the_candidate_fields():
-    meta = tk._meta(candidate(split_k=4, tile_n=64, tg_size=256), rows=4, head_dim=24, head_dim_v=24,
-                    dtype=torch.float16)
+    meta = tk_launch._meta(candidate(split_k=4, tile_n=64, tg_size=256), rows=4, head_dim=24, head_dim_v=24,
+                           dtype=torch.float16)
     assert (meta["MAX_SPLITS"], meta["BLOCK_N"]) == (4, 64)
     assert meta["num_warps"] == 4                      # tensor-core tiles: one row of 4 warps, at most tg_size // 32
     assert (meta["BLOCK_M"], meta["BLOCK_D"], meta["BLOCK_DV"]) == (16, 32, 32)
     assert meta["DOT_LOWP"]
-    fp32 = tk._meta(candidate(split_k=1, partial_reduce=False, use_f16_kv=False, tg_size=256), rows=1, head_dim=8,
-                    head_dim_v=8, dtype=torch.float16)
+    fp32 = tk_launch._meta(candidate(split_k=1, partial_reduce=False, use_f16_kv=False, tg_size=256), rows=1,
+                           head_dim=8, head_dim_v=8, dtype=torch.float16)
     assert fp32["MAX_SPLITS"] == 1 and not fp32["DOT_LOWP"] and fp32["BLOCK_D"] == 16 and fp32["num_warps"] == 8
 
 
 @pytest.mark.parametrize("head_dim,rows", [(128, 4), (256, 64)])
 def test_meta_shrinks_tiles_to_the_register_budget(head_dim, rows):
-    meta = tk._meta(candidate(tile_n=128, tg_size=128, tile_m=64), rows=rows, head_dim=head_dim,
-                    head_dim_v=head_dim, dtype=torch.float16)
+    meta = tk_launch._meta(candidate(tile_n=128, tg_size=128, tile_m=64), rows=rows, head_dim=head_dim,
+                           head_dim_v=head_dim, dtype=torch.float16)
     width = meta["BLOCK_D"] + meta["BLOCK_DV"]
     tiles = meta["BLOCK_N"] * width * 2 + meta["BLOCK_M"] * width * 4 + meta["BLOCK_M"] * meta["BLOCK_N"] * 16
     per_thread = tiles / (32 * meta["num_warps"])
-    assert per_thread <= tk._THREAD_BYTES_LOWP and meta["BLOCK_M"] >= 16 and meta["BLOCK_N"] >= 16
+    assert per_thread <= tk_launch._THREAD_BYTES_LOWP and meta["BLOCK_M"] >= 16 and meta["BLOCK_N"] >= 16
 
 
 @pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (128, torch.float16), (256, torch.bfloat16),
                                             (128, torch.float32)])
 def test_meta_double_buffers_k_and_v_within_the_pipeline_budget(head_dim, dtype):
-    meta = tk._meta(candidate(tile_n=128, tg_size=256), rows=4, head_dim=head_dim, head_dim_v=head_dim, dtype=dtype)
+    meta = tk_launch._meta(candidate(tile_n=128, tg_size=256), rows=4, head_dim=head_dim, head_dim_v=head_dim,
+                           dtype=dtype)
     element = torch.empty((), dtype=dtype).element_size()
-    assert (tk.NUM_STAGES - 1) * meta["BLOCK_N"] * (meta["BLOCK_D"] + meta["BLOCK_DV"]) * element <= tk._PIPELINE_BYTES
+    pipeline = (tk.NUM_STAGES - 1) * meta["BLOCK_N"] * (meta["BLOCK_D"] + meta["BLOCK_DV"]) * element
+    assert pipeline <= tk_launch._PIPELINE_BYTES
 
 
 def test_meta_caps_the_tile_for_a_short_kv_range():
-    meta = tk._meta(candidate(tile_n=128), rows=4, head_dim=64, head_dim_v=64, dtype=torch.float16, max_block_n=32)
+    meta = tk_launch._meta(candidate(tile_n=128), rows=4, head_dim=64, head_dim_v=64, dtype=torch.float16,
+                           max_block_n=32)
     assert meta["BLOCK_N"] == 32
 
 

@@ -1,8 +1,10 @@
 """backends/triton/_tf32: the TF32 halves of fp32 values, in a kernel (tf32_split, run by the interpreter)
 and on the host (split_tf32), bit for bit the same: both halves TF32 values summing to the input within
-2^-20 of it, a non-finite input all in the high half."""
+2^-20 of it; an infinity is all in the high half, a NaN is NaN in the low half, so a product-sum of the
+halves is infinite for an infinity and NaN for a NaN."""
 from __future__ import annotations
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -24,10 +26,31 @@ def test_the_halves_are_tf32_values_that_sum_to_the_input():
     assert ((hi.double() + lo.double() - x.double()).abs() <= 2.0 ** -20 * x.double().abs()).all()
 
 
-def test_a_non_finite_value_is_all_in_the_high_half():
-    hi, lo = split_tf32(torch.tensor([float("inf"), -float("inf"), float("nan")]))
-    assert hi[0] == float("inf") and hi[1] == -float("inf") and hi[2].isnan()
-    assert torch.equal(lo, torch.zeros(3))
+def _low_payload_nan() -> torch.Tensor:
+    """A NaN whose mantissa bits are all in the low 13 bits: its high half is an infinity."""
+    return torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
+
+
+def test_an_infinity_is_all_in_the_high_half():
+    hi, lo = split_tf32(torch.tensor([float("inf"), -float("inf")]))
+    assert hi[0] == float("inf") and hi[1] == -float("inf")
+    assert torch.equal(lo.view(torch.int32), torch.zeros(2, dtype=torch.int32))
+
+
+def test_a_nan_has_a_nan_low_half():
+    x = torch.cat([torch.tensor([float("nan")]), _low_payload_nan()])
+    hi, lo = split_tf32(x)
+    assert hi[0].isnan() and hi[1] == float("inf")
+    assert lo.isnan().all()
+
+
+def test_a_product_sum_of_the_halves_is_infinite_for_an_infinity_and_nan_for_a_nan():
+    x = torch.cat([torch.tensor([float("inf"), -float("inf"), float("nan")]), _low_payload_nan()])
+    hi, lo = split_tf32(x)
+    for weight in (0.3, -1.7, 2.5, 1e-30):
+        products = hi * weight + lo * weight
+        assert torch.equal(products[:2], x[:2] * weight)
+        assert products[2:].isnan().all()
 
 
 @triton.jit
@@ -39,8 +62,10 @@ def _split_kernel(x_ptr, hi_ptr, lo_ptr, n, BLOCK: tl.constexpr):
     tl.store(lo_ptr + offsets, lo, mask=in_range)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # numpy, interpreter: inf - inf
 def test_the_kernels_split_is_the_host_split_bit_for_bit():
-    x = torch.cat([_wide_range_values()[:1021], torch.tensor([float("inf"), -float("inf"), float("nan")])])
+    x = torch.cat([_wide_range_values()[:1020], torch.tensor([float("inf"), -float("inf"), float("nan")]),
+                   _low_payload_nan()])
     hi, lo = torch.empty_like(x), torch.empty_like(x)
     _split_kernel[(1,)](x, hi, lo, x.numel(), BLOCK=1024)
     want_hi, want_lo = split_tf32(x)

@@ -2,16 +2,21 @@
 tensor cores ("tf32x3": hi*lo' + lo*hi' + hi*hi', each product of two TF32 numbers exact in fp32).
 
 `tf32_split` (in a kernel) and `split_tf32` (on the host, for weights split once per weight version) do the
-same arithmetic bit for bit: hi keeps the sign, the exponent and TF32's 10 mantissa bits (the low 13 bits
-cleared), lo is the rest truncated the same way, so x = hi + lo to within 2^-20 |x|. A non-finite x is all
-in hi (lo = 0): an infinity multiplies through as infinity, never as inf - inf, and a NaN stays a NaN.
+same arithmetic: hi keeps the sign, the exponent and TF32's 10 mantissa bits (the low 13 bits cleared), lo
+is the rest truncated the same way, so x = hi + lo to within 2^-20 |x|. The rest is x - hi except where hi
+is x (one select): an infinity is its own hi, so its lo is 0 and it multiplies through as infinity, never
+as inf - inf. A NaN's hi is a NaN (or an infinity, for a NaN whose payload is all in the low 13 bits) and
+its rest and lo are NaN, so a product-sum of the halves is NaN, as the fp32 product is. Finite values and
+infinities split bit for bit the same in both; NaNs are NaN in both (their payloads follow the hardware).
 The interpreter runs the same splitting, so its dots see the operands a GPU's do.
 """
 from __future__ import annotations
 
+from typing import Tuple
+
 import torch
-import triton
-import triton.language as tl
+import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
 
 TF32_MASK = tl.constexpr(0xFFFFE000)   # sign, exponent and TF32's 10 mantissa bits of an fp32
 _HOST_TF32_MASK = -8192                 # the same bits as an int32 (0xFFFFE000)
@@ -19,20 +24,18 @@ _HOST_TF32_MASK = -8192                 # the same bits as an int32 (0xFFFFE000)
 
 @triton.jit
 def tf32_split(x):
-    """(hi, lo), both exactly representable in TF32, x = hi + lo to about 2^-20 |x|; non-finite x in hi."""
+    """(hi, lo), both exactly representable in TF32, x = hi + lo to about 2^-20 |x|; an infinity's lo is 0,
+    a NaN's lo is NaN."""
     hi = (x.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
-    finite = tl.abs(x) < float("inf")
-    hi = tl.where(finite, hi, x)
-    rest = tl.where(finite, x - hi, 0.0)
+    rest = tl.where(hi == x, 0.0, x - hi)
     lo = (rest.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
     return hi, lo
 
 
-def split_tf32(tensor: torch.Tensor):
+def split_tf32(tensor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """The host twin of tf32_split: (hi, lo) float32 tensors of `tensor` (detached, as float32)."""
     x = tensor.detach().float()
-    finite = x.isfinite()
-    hi = torch.where(finite, (x.view(torch.int32) & _HOST_TF32_MASK).view(torch.float32), x)
-    rest = torch.where(finite, x - hi, 0.0)
+    hi = (x.view(torch.int32) & _HOST_TF32_MASK).view(torch.float32)
+    rest = torch.where(hi == x, 0.0, x - hi)
     lo = (rest.view(torch.int32) & _HOST_TF32_MASK).view(torch.float32)
     return hi, lo

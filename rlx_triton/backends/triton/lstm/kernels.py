@@ -1,0 +1,321 @@
+"""The LSTM kernels (@triton.jit code only): the input projection and the two recurrences of a layer.
+
+1. `_lstm_input_proj_kernel`: the input projection of every timestep and both directions as one
+   GEMM, G[rows, D*4H] = X[rows, I] @ W_ih_cat^T + (b_ih + b_hh), with `tl.dot` at the candidate's
+   precision ("ieee" or "tf32x3" are approved; "tf32" has no accuracy evidence and is not).
+2. The recurrence, by the candidate's mode:
+   - "onchip" (`_lstm_onchip_kernel`, the default): the hidden units of each direction are split
+     across programs, UNITS per program; a program loads its 4*UNITS rows of W_hh once and holds
+     them on chip (the compiler keeps the loop-invariant dot operand in shared memory) for every
+     step, with its units' cell state in registers. The programs of one (direction, batch tile)
+     exchange h_t through global memory (the layer's output rows, read from L2) and meet at a
+     barrier each step (`_group_barrier`: a release atomic per program, an acquire spin on the
+     group's counter), so a layer is one launch: W_hh read once per layer, every SM of a group busy.
+     A barrier that waits for programs that are not resident deadlocks, so the launcher checks that
+     every program of the launch fits on the device at once (launch.py `co_residency_refusal`) and
+     launches it as a cooperative grid; where programs do not run concurrently (the CPU interpreter
+     runs them one after another) a group of several programs runs one launch per step instead, the
+     launch boundary as its barrier (SYNC off): the same arithmetic, which the interpreter checks.
+   - "persistent" (`_lstm_recurrence_kernel` over [0, T)): one program per (direction, batch tile)
+     streams W_hh tiles (BLOCK_K x BLOCK_H per gate) from L2 every step;
+   - "stepwise": the same kernel launched once per timestep with [s, s+1).
+   h_{t-1} is re-read from the output row written the step before (y[t-1]); c stays on chip (onchip)
+   or in the c_n buffer (persistent, stepwise).
+
+Gate order is torch's (i, f, g, o) in the weights; the on-chip recurrence packs the gate rows
+unit-major (unit*4 + gate) so a program's units are one contiguous run. The recurrent product is
+fp32 ("ieee") or, in the tf32x3 on-chip candidate, three TF32 tensor-core products of the operands'
+tf32 parts; gates and state stay fp32.
+"""
+from __future__ import annotations
+
+import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
+
+from rlx_triton.backends.triton._tf32 import tf32_split
+
+GATES = 4   # i, f, g, o: torch's gate order in the weights' rows
+MIN_DOT = 16   # tl.dot's smallest tile side: every BLOCK_* that meets a dot is at least this
+
+# the gate facts for the kernels, which read only constexpr globals
+_GATES = tl.constexpr(GATES)
+GATE_I, GATE_F, GATE_G, GATE_O = (tl.constexpr(gate) for gate in range(GATES))
+
+
+@triton.jit
+def _dot_fp32(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b at the candidate's precision. "tf32x3" is written out as three TF32 tensor-core
+    products of the operands' tf32 parts (hi*lo + lo*hi + hi*hi, small terms first): every product of two
+    tf32 numbers is exact in fp32, so the CPU interpreter, whose dots are fp32 whatever the precision,
+    reproduces the rounding of the GPU's tf32x3 and measures its error."""
+    if PRECISION == "tf32x3":
+        a_hi, a_lo = tf32_split(a)
+        b_hi, b_lo = tf32_split(b)
+        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+        acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+        acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+    else:
+        acc = acc + tl.dot(a, b, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _lstm_input_proj_kernel(
+    x_ptr, w_ptr, bias_ptr, g_ptr,
+    M, N, K,
+    stride_xm, stride_wn, stride_gm,
+    batch_bucket, seq_bucket,  # the autotune key (next powers of two of batch and sequence), unused by the body
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """G[M, N] = X[M, K] @ W[N, K]^T (+ bias[N]); fp32 accumulation."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_mask = offs_m < M
+    col_mask = offs_n < N
+    rows64 = offs_m.to(tl.int64)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_idx = k0 + offs_k
+        k_mask = k_idx < K
+        x_tile = tl.load(x_ptr + rows64[:, None] * stride_xm + k_idx[None, :],
+                         mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        # W^T tile: element (k, n) = W[n, k]
+        w_tile = tl.load(w_ptr + offs_n[None, :] * stride_wn + k_idx[:, None],
+                         mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
+        acc = _dot_fp32(x_tile, w_tile, acc, PRECISION)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=col_mask, other=0.0).to(tl.float32)
+        acc += bias[None, :]
+    tl.store(g_ptr + rows64[:, None] * stride_gm + offs_n[None, :], acc,
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _tanh(x):
+    # no tanh outside libdevice: tanh(x) = 2 * sigmoid(2x) - 1
+    return 2.0 * _sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _lstm_cell(pre_i, pre_f, pre_g, pre_o, c):
+    """(c_t, h_t) from the gates' pre-activations and c_{t-1}, as nn.LSTM computes them."""
+    c = _sigmoid(pre_f) * c + _sigmoid(pre_i) * _tanh(pre_g)
+    return c, _sigmoid(pre_o) * _tanh(c)
+
+
+@triton.jit
+def _gate_preact(acc, whh_ptr, h_prev, w_rows, k_idx, k_mask, h_mask, H):
+    """acc += h_prev[BLOCK_B, BLOCK_H(k)] @ W_hh[w_rows, k]^T, in true fp32."""
+    w_tile = tl.load(whh_ptr + w_rows[None, :].to(tl.int64) * H + k_idx[:, None],
+                     mask=k_mask[:, None] & h_mask[None, :], other=0.0)
+    return acc + tl.dot(h_prev, w_tile, input_precision="ieee")
+
+
+@triton.jit
+def _recurrent_preacts(whh_dir, h0_dir, y_prev, b64, b_mask, unit, h_mask, first, later, H,
+                       BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """h_{t-1} @ W_hh^T for the units `unit` of the four gates, over K = H in BLOCK_K chunks; h_{t-1} is
+    read from h0 at the first step (`first`), else from the previous output row y_prev (`later`)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc_i = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc_f = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc_o = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        k_idx = k0 + offs_k
+        k_mask = k_idx < H
+        state_mask = b_mask[:, None] & k_mask[None, :]
+        h_from_h0 = tl.load(h0_dir + b64[:, None] * H + k_idx[None, :], mask=state_mask & first, other=0.0)
+        h_from_y = tl.load(y_prev + k_idx[None, :], mask=state_mask & later, other=0.0)
+        h_prev = h_from_h0 + h_from_y
+        acc_i = _gate_preact(acc_i, whh_dir, h_prev, H * GATE_I + unit, k_idx, k_mask, h_mask, H)
+        acc_f = _gate_preact(acc_f, whh_dir, h_prev, H * GATE_F + unit, k_idx, k_mask, h_mask, H)
+        acc_g = _gate_preact(acc_g, whh_dir, h_prev, H * GATE_G + unit, k_idx, k_mask, h_mask, H)
+        acc_o = _gate_preact(acc_o, whh_dir, h_prev, H * GATE_O + unit, k_idx, k_mask, h_mask, H)
+    return acc_i, acc_f, acc_g, acc_o
+
+
+@triton.jit
+def _lstm_recurrence_kernel(
+    g_ptr, whh_ptr, h0_ptr, c_ptr, y_ptr, hn_ptr,
+    T, B, H, step_begin, step_end,
+    stride_gt, stride_gb,      # G rows: (t, b) -> row offset; columns: dir*4H + gate*H + unit
+    stride_yt, stride_yb,      # y: (t, b) -> offset; columns: dir*H + unit
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One program = one direction x one batch tile; loops over steps [step_begin, step_end)."""
+    direction = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    offs_h = tl.arange(0, BLOCK_H)
+    b_mask = offs_b < B
+    b64 = offs_b.to(tl.int64)
+
+    whh_dir = whh_ptr + direction.to(tl.int64) * _GATES * H * H    # (D, 4H, H) stack
+    h0_dir = h0_ptr + direction.to(tl.int64) * B * H                # (D, B, H)
+    c_dir = c_ptr + direction.to(tl.int64) * B * H                  # (D, B, H), updated in place
+    hn_dir = hn_ptr + direction.to(tl.int64) * B * H
+    g_col0 = direction * _GATES * H
+    y_col0 = direction * H
+
+    for s in range(step_begin, step_end):
+        # forward runs t = s; reverse runs t = T-1-s. h_{t-1} comes from h0 at the first step,
+        # else from the output row this program wrote the step before.
+        t = s + direction * (T - 1 - 2 * s)
+        t_prev = t - 1 + 2 * direction
+        step_vec = tl.arange(0, BLOCK_K) * 0 + s   # the step as a tensor, so it combines with masks
+        first = (step_vec == 0)[None, :]
+        later = (step_vec > 0)[None, :]
+        last = ((offs_h * 0 + s) == T - 1)[None, :]
+        y_prev = y_ptr + t_prev.to(tl.int64) * stride_yt + b64[:, None] * stride_yb + y_col0
+        for j0 in range(0, H, BLOCK_H):
+            unit = j0 + offs_h
+            h_mask = unit < H
+            acc_i, acc_f, acc_g, acc_o = _recurrent_preacts(whh_dir, h0_dir, y_prev, b64, b_mask, unit, h_mask,
+                                                            first, later, H, BLOCK_B, BLOCK_H, BLOCK_K)
+
+            out_mask = b_mask[:, None] & h_mask[None, :]
+            g_row = g_ptr + t.to(tl.int64) * stride_gt + b64[:, None] * stride_gb + g_col0 + unit[None, :]
+            pre_i = acc_i + tl.load(g_row + H * GATE_I, mask=out_mask, other=0.0)
+            pre_f = acc_f + tl.load(g_row + H * GATE_F, mask=out_mask, other=0.0)
+            pre_g = acc_g + tl.load(g_row + H * GATE_G, mask=out_mask, other=0.0)
+            pre_o = acc_o + tl.load(g_row + H * GATE_O, mask=out_mask, other=0.0)
+
+            state_ptrs = b64[:, None] * H + unit[None, :]
+            c_prev = tl.load(c_dir + state_ptrs, mask=out_mask, other=0.0)
+            c_new, h_new = _lstm_cell(pre_i, pre_f, pre_g, pre_o, c_prev)
+            tl.store(c_dir + state_ptrs, c_new, mask=out_mask)
+            tl.store(y_ptr + t.to(tl.int64) * stride_yt + b64[:, None] * stride_yb + y_col0 + unit[None, :],
+                     h_new, mask=out_mask)
+            tl.store(hn_dir + state_ptrs, h_new, mask=out_mask & last)
+        # every thread of the program sees this step's h before the next step reads it
+        tl.debug_barrier()
+
+
+@triton.jit
+def _group_barrier(counter_ptr, expected):
+    """Arrive at a group's counter and wait until it holds `expected` arrivals.
+
+    Every thread's stores are ordered before the arrival by the CTA barrier, and published at GPU scope by
+    the release of the one thread that adds (a scalar atomic runs on one thread); the acquire that sees the
+    last arrival orders the group's stores before this program's later loads, and the closing CTA barrier
+    holds every thread until then. Deadlock-free only when every program of the group is resident at once
+    (the launcher checks it)."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+    arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while arrived < expected:
+        arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _dot_parts(h, w, w_hi, w_lo, acc, PRECISION: tl.constexpr):
+    """acc + h @ w, with w's tf32x3 parts precomputed (see `_dot_fp32`)."""
+    if PRECISION == "tf32x3":
+        h_hi, h_lo = tf32_split(h)
+        acc = tl.dot(h_hi, w_lo, acc, input_precision="tf32")
+        acc = tl.dot(h_lo, w_hi, acc, input_precision="tf32")
+        acc = tl.dot(h_hi, w_hi, acc, input_precision="tf32")
+    else:
+        acc = tl.dot(h, w, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit(do_not_specialize=["step_begin", "step_end"])
+def _lstm_onchip_kernel(
+    g_ptr, whh_ptr, h0_ptr, c_ptr, y_ptr, hn_ptr, counter_ptr,
+    T, B, H, step_begin, step_end,
+    stride_gt, stride_gb,      # G rows: (t, b) -> row offset; columns: dir*4H + unit*4 + gate (unit-major)
+    stride_yt, stride_yb,      # y: (t, b) -> offset; columns: dir*H + unit
+    batch_bucket, seq_bucket,  # the autotune key (next powers of two of batch and sequence), unused by the body
+    BLOCK_B: tl.constexpr, UNITS: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNK: tl.constexpr,
+    PRECISION: tl.constexpr, SYNC: tl.constexpr,
+):
+    """Program (direction, part, batch tile) owns UNITS hidden units: their 4*UNITS rows of W_hh are loaded
+    once and held on chip for steps [step_begin, step_end), with the units' cell state. Each step reads the
+    whole h_{t-1} row of its batch tile (written by every part of the group the step before), computes its
+    units' gates and h_t, writes them to y[t] and, with SYNC, waits at the group's barrier."""
+    direction = tl.program_id(0)
+    part = tl.program_id(1)
+    pid_b = tl.program_id(2)
+    parts = tl.num_programs(1)
+    offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    b_mask = offs_b < B
+    b64 = offs_b.to(tl.int64)
+    cols = part * _GATES * UNITS + tl.arange(0, _GATES * UNITS)   # packed gate rows of this part: unit * 4 + gate
+    col_mask = cols < H * _GATES
+    unit = part * UNITS + tl.arange(0, UNITS)
+    u_mask = unit < H
+    offs_c = tl.arange(0, K_CHUNK)
+
+    # W_hh^T slice (BLOCK_K x 4*UNITS) in K_CHUNK-row pieces: loaded once and loop invariant, so the
+    # compiler keeps them in shared memory; per step each piece's dot reads only K_CHUNK rows into
+    # registers (one BLOCK_K-deep FMA dot would hold whole operand columns). The packed rows are
+    # zero-padded to BLOCK_K, so the loads are the same whatever H is.
+    whh_dir = whh_ptr + direction.to(tl.int64) * _GATES * H * BLOCK_K
+    w_rows = whh_dir + cols[None, :].to(tl.int64) * BLOCK_K
+    # the pieces grow one per static iteration (annotations quoted: the JIT evaluates them and knows no `tuple`)
+    w_parts: "tuple" = ()
+    w_his: "tuple" = ()
+    w_los: "tuple" = ()
+    for kc in tl.static_range(BLOCK_K // K_CHUNK):
+        piece = tl.load(w_rows + kc * K_CHUNK + offs_c[:, None], mask=col_mask[None, :], other=0.0)
+        hi, lo = tf32_split(piece)   # the tf32x3 parts, once (unused at other precisions)
+        w_parts = w_parts + (piece,)
+        w_his = w_his + (hi,)
+        w_los = w_los + (lo,)
+    out_mask = b_mask[:, None] & u_mask[None, :]
+    state_ptrs = direction.to(tl.int64) * B * H + b64[:, None] * H + unit[None, :]
+    c = tl.load(c_ptr + state_ptrs, mask=out_mask, other=0.0)
+    g_mask = b_mask[:, None] & col_mask[None, :]
+    g_cols = g_ptr + b64[:, None] * stride_gb + direction * _GATES * H + cols[None, :]
+    y_row = y_ptr + b64[:, None] * stride_yb + direction * H
+    h0_row = h0_ptr + direction.to(tl.int64) * B * H + b64[:, None] * H
+    counter = counter_ptr + direction * tl.num_programs(2) + pid_b
+
+    # the input gates of the first step; later ones are fetched before the barrier wait
+    t = step_begin + direction * (T - 1 - 2 * step_begin)
+    g_in = tl.load(g_cols + t.to(tl.int64) * stride_gt, mask=g_mask, other=0.0)
+    for s in range(step_begin, step_end):
+        # forward runs t = s, reverse t = T-1-s; h_{t-1} is h0 at the first step, else the row y[t-1]
+        # the group wrote the step before (read from L2: other programs wrote it)
+        t = s + direction * (T - 1 - 2 * s)
+        t_prev = t - 1 + 2 * direction
+        # every chunk of h_{t-1} is requested before the first dot needs one: one L2 round trip per step, not
+        # one per chunk (no branch between the loads: the row is chosen by a pointer select)
+        h_row = tl.where(s == 0, h0_row, y_row + t_prev.to(tl.int64) * stride_yt)
+        h_chunks: "tuple" = ()
+        for kc in tl.static_range(BLOCK_K // K_CHUNK):
+            k_idx = kc * K_CHUNK + offs_c
+            h_mask = b_mask[:, None] & (k_idx < H)[None, :]
+            h_chunks = h_chunks + (tl.load(h_row + k_idx[None, :], mask=h_mask, other=0.0, cache_modifier=".cg"),)
+        pre = g_in
+        for kc in tl.static_range(BLOCK_K // K_CHUNK):
+            pre = _dot_parts(h_chunks[kc], w_parts[kc], w_his[kc], w_los[kc], pre, PRECISION)
+        # columns u*4 + 2*a + b: the first split takes b (gates i, g | f, o), the second a
+        even, odd = tl.split(tl.reshape(pre, (BLOCK_B, UNITS, 2, 2)))
+        pre_i, pre_g = tl.split(even)
+        pre_f, pre_o = tl.split(odd)
+        c, h = _lstm_cell(pre_i, pre_f, pre_g, pre_o, c)
+        tl.store(y_row + t.to(tl.int64) * stride_yt + unit[None, :], h, mask=out_mask)
+        if s == T - 1:
+            tl.store(hn_ptr + state_ptrs, h, mask=out_mask)
+        t_next = (s + 1) + direction * (T - 3 - 2 * s)
+        has_next = (offs_b * 0 + s + 1) < T   # as a tensor, so it combines with masks
+        g_in = tl.load(g_cols + t_next.to(tl.int64) * stride_gt, mask=g_mask & has_next[:, None], other=0.0)
+        if SYNC:
+            _group_barrier(counter, parts * (s + 1 - step_begin))
+    tl.store(c_ptr + state_ptrs, c, mask=out_mask)
+

@@ -1,0 +1,338 @@
+"""The split-K flash-decoding kernel (@triton.jit code only): a few query tokens against a long KV range in
+one launch.
+
+`_sdpa_decode_kernel` runs on a grid of (batch x KV heads x blocks of packed query rows, splits). The
+split count comes from the device (launch.py `kv_splits`, the split rule: SM count, row blocks, the KV
+length's bucket; the candidate's `split_k` bounds it wherever that bound can fill the GPU), so the grid is
+fixed per (bucket, device). How many splits of a sequence are *live* is decided on the device from its
+valid length (`_live_splits`: every live split gets a balanced share of at least one BLOCK_N tile), so
+nothing syncs with the host, empty splits exit at once and the launch can be captured in a CUDA graph.
+
+Each program runs an fp32 online softmax (base 2) over its KV tiles, K and V double-buffered by the
+software pipeline (num_stages 3). With one split it writes the output and LSE directly. Otherwise it
+writes a normalised partial output and its log-sum-exp, takes a ticket from its row block's counter,
+and the program that takes the last ticket merges the live splits of its rows (in split order, so the
+result does not depend on which program finishes last) and resets the counter for the next launch.
+More than MERGE_GROUP live splits merge in two levels, so no program reads more than MERGE_GROUP partials
+per row: the last of each group of MERGE_GROUP splits merges its group into the group's first slot, and
+the last group to finish merges the groups. The counters and partials are allocated with each launch
+(zeroed counters, from torch's caching allocator), so a captured CUDA graph owns its own and launches on
+several streams or graphs never share one; the launch leaves its counters at zero.
+
+The query heads sharing one KV head (GQA/MQA) and the query tokens are packed into the M rows of
+`tl.dot` (packed row r -> head `kv_head * group + r // Lq`, token `r % Lq`), at least 16 rows per tile.
+Head dims D and Dv are padded to powers of two with masks. Masks (bool: True keeps; float: added) are
+read through strides, stride 0 on broadcast dimensions. A paged cache (PAGED) is read through a block
+table: logical key n of sequence b is slot n % page_size of page block_table[b, n // page_size], any
+page size >= 1, each key row still one contiguous read of D (Dv) elements. Causal masking is top-left (torch SDPA) or
+bottom-right within each sequence's valid length (the FlashAttention kv-cache convention). Rows whose
+keys are all masked produce 0 and LSE = -inf, as do sequences of length 0. Index values are clamped and
+masked, never trusted: lengths to [0, S], left paddings to [0, length], a cache row or page outside the
+cache reads nothing (its keys are dropped), so no value makes a launch read or write out of bounds.
+
+Non-finite values follow torch's math SDPA over the keys a call reads (keys past a sequence's valid
+length, and under top-left alignment past the last query token, are never read): masking any other
+key adds -inf to its score, so NaN or +inf in a query row, a key or a mask gives a NaN row with a NaN
+LSE, and NaN or Inf in a value gives NaN through the P @ V product (0 * NaN), as in torch. Calls with
+FlashAttention's options (softcap, local window, ALiBi, cache rows, left padding) mask as FlashAttention
+does: keys outside a row's window, the causal diagonal included, are dropped, so a NaN there stays out.
+"""
+from __future__ import annotations
+
+import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
+
+# the codes of the CAUSAL, MASK_KIND and ALIBI constexprs
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
+# ALiBi's two forms in FlashAttention 2: slope x key position (the causal window), -slope x |distance| otherwise
+ALIBI_NONE, ALIBI_KEY_INDEX, ALIBI_DISTANCE = 0, 1, 2
+
+# the split count where the candidate's split_k cannot fill one wave (FlashAttention's bound on splits); the
+# merge's group counters are laid out for that many
+MAX_LIFTED_SPLITS = 128
+# partials one program merges per row: more live splits merge in two levels of at most this many
+MERGE_GROUP = 16
+MAX_MERGE_GROUPS = MAX_LIFTED_SPLITS // MERGE_GROUP
+_MERGE_GROUP, _MAX_MERGE_GROUPS = tl.constexpr(MERGE_GROUP), tl.constexpr(MAX_MERGE_GROUPS)  # the kernel's copies
+
+
+@triton.jit
+def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
+    """(live splits, first key, end key) of `split` for a sequence of `seqlen` valid keys: the sequence's
+    tiles are shared as evenly as whole tiles allow by at most `num_splits` programs of at least one tile
+    (one program, with an empty range, for a sequence of none)."""
+    tiles = tl.cdiv(seqlen, BLOCK_N)
+    # a sequence without keys still has split 0 run an empty range: it writes its rows as seeing no key
+    live = tl.maximum(tl.minimum(tiles, num_splits), 1)
+    # int64: split x tiles passes 2^31 for the longest sequences
+    first_tile = (split.to(tl.int64) * tiles) // live
+    end_tile = ((split + 1).to(tl.int64) * tiles) // live
+    lo = (first_tile * BLOCK_N).to(tl.int32)
+    hi = tl.minimum(end_tile * BLOCK_N, seqlen).to(tl.int32)
+    return live, lo, hi
+
+
+# ---------------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["seq_kv", "token_bucket", "batch_bucket", "kv_len_bucket"])
+def _sdpa_decode_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, seqlens_ptr,
+    o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, tickets_ptr, block_table_ptr,
+    alibi_ptr, batch_idx_ptr, leftpad_ptr,  # read under ALIBI / BATCH_IDX / LEFTPAD only
+    stride_qb, stride_qh, stride_ql,
+    stride_kb, stride_kh, stride_kn,  # paged: stride_kb steps pages, stride_kn slots within a page
+    stride_vb, stride_vh, stride_vn,
+    stride_mb, stride_mh, stride_ml, stride_mn,
+    stride_btb,  # block table rows (one per sequence)
+    stride_alibi_b,  # ALiBi slopes per (batch, head): 0 for slopes per head
+    num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
+    cache_rows,  # k/v's dim 0: cache rows (BATCH_IDX) or pages (PAGED); an index outside it reads nothing
+    qk_scale,  # softmax scale * log2(e)
+    softcap, window_left, window_right,  # read under SOFTCAP / WINDOW only
+    token_bucket, batch_bucket, kv_len_bucket,  # read by the autotuner's key only
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    MAX_SPLITS: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr,
+    SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False, ALIBI: tl.constexpr = 0,
+    BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 4,
+):
+    pid_bhm = tl.program_id(0)
+    split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+    num_m_blocks = tl.cdiv(group * seq_q, BLOCK_M)
+    m_block = pid_bhm % num_m_blocks
+    bh = pid_bhm // num_m_blocks
+    kv_head = bh % num_kv_heads
+    batch = bh // num_kv_heads
+
+    # index values are clamped, never trusted: a length outside [0, S], a left padding outside [0, length]
+    # or a cache row outside the cache reads and writes nothing out of bounds (the op layer checks the
+    # values only where it may read them without a host sync)
+    if HAS_SEQLENS:
+        seqlen = tl.minimum(tl.maximum(tl.load(seqlens_ptr + batch).to(tl.int32), 0), seq_kv)
+    else:
+        seqlen = seq_kv
+    if BATCH_IDX and not PAGED:  # the cache row of this sequence; outside the cache, the sequence has no key
+        cache_row = tl.load(batch_idx_ptr + batch).to(tl.int64)
+        seqlen = tl.where((cache_row >= 0) & (cache_row < cache_rows), seqlen, 0)
+        cache_row = tl.minimum(tl.maximum(cache_row, 0), cache_rows - 1)
+    else:
+        cache_row = batch.to(tl.int64)
+    if LEFTPAD:
+        # keys [first_key, seqlen) of the sequence are its valid ones: the splits share those
+        first_key = tl.minimum(tl.maximum(tl.load(leftpad_ptr + batch).to(tl.int32), 0), seqlen)
+    else:
+        first_key = 0
+    live, lo, hi = _live_splits(seqlen - first_key, num_splits, split, BLOCK_N)
+    lo += first_key
+    hi += first_key
+    if split >= live:
+        return  # an empty split: it takes no ticket and the merge never reads it
+
+    # packed query rows of this program: (query head within the group, query token)
+    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_valid = rows < group * seq_q
+    g = rows // seq_q
+    tok = rows % seq_q
+    head = kv_head * group + g
+    batch64 = batch.to(tl.int64)
+    head64 = head.to(tl.int64)
+    tok64 = tok.to(tl.int64)
+
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_valid = offs_d < head_dim
+    dv_valid = offs_dv < head_dim_v
+
+    q_ptrs = (q_ptr + batch64 * stride_qb + head64[:, None] * stride_qh + tok64[:, None] * stride_ql
+              + offs_d[None, :])
+    q = tl.load(q_ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+    if not DOT_LOWP:
+        q = q.to(tl.float32)
+
+    if PAGED:  # the page of each key is looked up per tile
+        k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+        v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+        table_row = block_table_ptr + batch64 * stride_btb
+    else:
+        k_base = k_ptr + cache_row * stride_kb + kv_head.to(tl.int64) * stride_kh
+        v_base = v_ptr + cache_row * stride_vb + kv_head.to(tl.int64) * stride_vh
+    if MASK_KIND != 0:
+        mask_rows = mask_ptr + batch64 * stride_mb + head64 * stride_mh + tok64 * stride_ml
+    # last key each row may see under bottom-right causal masking: its diagonal. Positions count from the
+    # first valid key, so a left padding shifts keys and diagonal alike and the difference is kept
+    causal_limit = tok + seqlen - seq_q
+    if ALIBI != 0:  # slopes in base-2 units, as the scores are
+        slopes = tl.load(alibi_ptr + batch64 * stride_alibi_b + head64, mask=row_valid, other=0.0) * 1.4426950408889634
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < hi
+        offs_n64 = offs_n.to(tl.int64)
+        if PAGED:
+            pages = tl.load(table_row + offs_n // page_size, mask=n_valid, other=0).to(tl.int64)
+            # a key on a page outside the cache is not read: it is dropped like a key past the length
+            n_valid = n_valid & (pages >= 0) & (pages < cache_rows)
+            slots = (offs_n % page_size).to(tl.int64)
+            k_rows = pages * stride_kb + slots * stride_kn
+            v_rows = pages * stride_vb + slots * stride_vn
+        else:
+            k_rows = offs_n64 * stride_kn
+            v_rows = offs_n64 * stride_vn
+
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :],
+                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        if DOT_LOWP:
+            scores = tl.dot(q, tl.trans(k))
+        else:
+            scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        scores = scores * qk_scale
+        if SOFTCAP:
+            # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
+            capped = 2.0 * tl.sigmoid(scores * (2.0 * 0.6931471805599453 / softcap)) - 1.0
+            scores = capped * (softcap * 1.4426950408889634)
+        if ALIBI == 1:
+            scores += slopes[:, None] * (offs_n - first_key).to(tl.float32)[None, :]
+        if ALIBI == 2:
+            distance = (causal_limit[:, None] - offs_n[None, :]).to(tl.float32)
+            scores -= slopes[:, None] * tl.abs(distance)
+
+        # padding rows and keys past the range are never read: their scores are replaced by -inf. Masking
+        # inside the range is additive, as torch's math SDPA masks (score - inf): NaN and +inf scores of
+        # masked keys stay NaN instead of being dropped
+        keep = row_valid[:, None] & n_valid[None, :]
+        if CAUSAL == 1:
+            scores = tl.where(offs_n[None, :] <= tok[:, None], scores, scores - float("inf"))
+        if CAUSAL == 2:
+            scores = tl.where(offs_n[None, :] <= causal_limit[:, None], scores, scores - float("inf"))
+        if WINDOW:
+            # a local window around each row's bottom-right diagonal (-1: that side unbounded); keys
+            # outside it are dropped (-inf), as FlashAttention masks them
+            in_window = ((window_left < 0) | (offs_n[None, :] >= causal_limit[:, None] - window_left)) & \
+                        ((window_right < 0) | (offs_n[None, :] <= causal_limit[:, None] + window_right))
+            scores = tl.where(in_window, scores, float("-inf"))
+        if MASK_KIND == 1:
+            mask_keep = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=1)
+            scores = tl.where(mask_keep != 0, scores, scores - float("inf"))
+        if MASK_KIND == 2:
+            mask_add = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=0.0)
+            scores = scores + mask_add.to(tl.float32) * 1.4426950408889634
+        scores = tl.where(keep, scores, float("-inf"))
+
+        # online softmax; a row with no visible key so far keeps m = -inf, l = 0, acc = 0. A NaN score
+        # makes l NaN whether or not the max keeps it (tl.max drops NaN): p = exp2(NaN - m) is NaN
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
+                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+        if DOT_LOWP:
+            pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # l is exactly 0 only when every score was -inf (the largest score contributes exp2(0) = 1); a NaN l
+    # (a NaN or +inf score) must stay NaN in the output and the LSE, so the test is l == 0, not l > 0
+    no_keys = l_i == 0.0
+    l_safe = tl.where(no_keys, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse2 = tl.where(no_keys, float("-inf"), m_i + tl.log2(l_safe))
+
+    # rows of o / lse / partials are contiguous (batch, head, token)
+    out_row = (batch64 * (num_kv_heads * group) + head64) * seq_q + tok64
+    out_mask = row_valid[:, None] & dv_valid[None, :]
+    if MAX_SPLITS == 1:  # a candidate that never splits: no partials, no merge compiled in
+        _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid)
+    elif live == 1:  # one split (or one live split of a short sequence): no partials, no ticket
+        _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid)
+    else:
+        part_rows = out_row * num_splits  # partials of a row: (split, Dv), split-major
+        tl.store(part_o_ptr + (part_rows + split)[:, None] * head_dim_v + offs_dv[None, :], out, mask=out_mask)
+        tl.store(part_lse_ptr + part_rows + split, lse2, mask=row_valid)
+        # every thread's partial stores come before the ticket, which releases them to the merging program
+        tl.debug_barrier()
+        if live <= _MERGE_GROUP:
+            ticket = tl.atomic_add(tickets_ptr + pid_bhm, 1, sem="acq_rel", scope="gpu")
+            if ticket == live - 1:  # the last live split merges all of them
+                merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
+                                                      0, 1, live, out_mask, row_valid, BLOCK_M, BLOCK_DV,
+                                                      MERGE_CHUNK)
+                _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask, row_valid)
+                tl.store(tickets_ptr + pid_bhm, 0)  # every live split has taken its ticket: ready for the next launch
+        else:
+            # group counters follow the row blocks' counters in the workspace
+            merge_group = split // _MERGE_GROUP
+            groups = tl.cdiv(live, _MERGE_GROUP)
+            first = merge_group * _MERGE_GROUP
+            in_group = tl.minimum(live - first, _MERGE_GROUP)
+            group_counter = tickets_ptr + tl.num_programs(0) + pid_bhm * _MAX_MERGE_GROUPS + merge_group
+            ticket = tl.atomic_add(group_counter, 1, sem="acq_rel", scope="gpu")
+            if ticket == in_group - 1:  # the last split of its group merges the group into the group's first slot
+                merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
+                                                      first, 1, in_group, out_mask, row_valid, BLOCK_M, BLOCK_DV,
+                                                      MERGE_CHUNK)
+                tl.store(part_o_ptr + (part_rows + first)[:, None] * head_dim_v + offs_dv[None, :], merged,
+                         mask=out_mask)
+                tl.store(part_lse_ptr + part_rows + first, merged_lse2, mask=row_valid)
+                tl.store(group_counter, 0)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(tickets_ptr + pid_bhm, 1, sem="acq_rel", scope="gpu")
+                if ticket == groups - 1:  # the last group merges the groups (every MERGE_GROUP-th slot)
+                    merged, merged_lse2 = _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v,
+                                                          0, _MERGE_GROUP, groups, out_mask, row_valid, BLOCK_M,
+                                                          BLOCK_DV, MERGE_CHUNK)
+                    _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask,
+                                row_valid)
+                    tl.store(tickets_ptr + pid_bhm, 0)
+
+
+@triton.jit
+def _merge_partials(part_o_ptr, part_lse_ptr, part_rows, offs_dv, head_dim_v, first, step, count, out_mask,
+                    row_valid, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, MERGE_CHUNK: tl.constexpr):
+    """(output, base-2 LSE) of `count` <= MERGE_GROUP normalised partials of the rows, slots first + i * step,
+    merged in slot order. Partials written by other SMs are read from L2 (.cg)."""
+    offs_s = tl.arange(0, _MERGE_GROUP)
+    slots = first + offs_s * step
+    lse_all = tl.load(part_lse_ptr + part_rows[:, None] + slots[None, :],
+                      mask=row_valid[:, None] & (offs_s[None, :] < count), other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse_all, 1)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp2(lse_all - m[:, None]), 1)
+    merged = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    # MERGE_CHUNK partials per step, all their loads issued before the first is used: one L2 round trip per
+    # chunk instead of one per partial (`merge_chunk`). The adds stay one partial at a time in slot order
+    for i0 in range(0, count, MERGE_CHUNK):
+        # one entry per static iteration (annotations quoted: the JIT evaluates them and knows no `tuple`)
+        weights: "tuple" = ()
+        parts: "tuple" = ()
+        for c in tl.static_range(MERGE_CHUNK):
+            slot = first + (i0 + c) * step
+            present = row_valid & ((i0 + c + tl.zeros_like(part_rows)) < count)   # per row: masks combine as vectors
+            weights = weights + (tl.load(part_lse_ptr + part_rows + slot, mask=present, other=float("-inf"),
+                                         cache_modifier=".cg"),)
+            parts = parts + (tl.load(part_o_ptr + (part_rows + slot)[:, None] * head_dim_v + offs_dv[None, :],
+                                     mask=out_mask & present[:, None], other=0.0, cache_modifier=".cg"),)
+        for c in tl.static_range(MERGE_CHUNK):
+            merged += tl.exp2(weights[c] - m)[:, None] * parts[c]
+    # as for l in the kernel: a NaN partial LSE makes denom NaN, which must not read as "no keys"
+    no_keys = denom == 0.0
+    denom_safe = tl.where(no_keys, 1.0, denom)
+    return merged / denom_safe[:, None], tl.where(no_keys, float("-inf"), m + tl.log2(denom_safe))
+
+
+@triton.jit
+def _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, out, lse2, out_mask, row_valid):
+    """The output rows in o's dtype and their LSE in natural log (lse2 is base 2)."""
+    tl.store(o_ptr + out_row[:, None] * head_dim_v + offs_dv[None, :], out.to(o_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(lse_ptr + out_row, lse2 * 0.6931471805599453, mask=row_valid)
