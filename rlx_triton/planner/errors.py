@@ -30,7 +30,7 @@ class _PayloadError(ValueError):
         return self._template.format(*self._payload)
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._payload == other._payload  # type: ignore[attr-defined]
+        return type(self) is type(other) and self._payload == other._payload
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self._payload))

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
-import triton  # type: ignore[import-untyped]  # triton ships no type information
-import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
+import triton
+import triton.language as tl
 
 TF32_MASK = tl.constexpr(0xFFFFE000)   # sign, exponent and TF32's 10 mantissa bits of an fp32
 _HOST_TF32_MASK = -8192                 # the same bits as an int32 (0xFFFFE000)

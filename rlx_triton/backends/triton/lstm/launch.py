@@ -21,7 +21,7 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
-import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton
 
 from rlx_triton import devices
 from rlx_triton.backends.candidates import plan_candidates

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton
 
 from rlx_triton.backends.triton.device_cache import packed_weights
 from rlx_triton.backends.triton.lstm.kernels import GATES, MIN_DOT

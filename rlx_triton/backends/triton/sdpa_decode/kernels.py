@@ -39,8 +39,8 @@ does: keys outside a row's window, the causal diagonal included, are dropped, so
 """
 from __future__ import annotations
 
-import triton  # type: ignore[import-untyped]  # triton ships no type information
-import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
+import triton
+import triton.language as tl
 
 # the codes of the CAUSAL, MASK_KIND and ALIBI constexprs
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2

@@ -14,7 +14,7 @@ import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
-import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton
 
 from rlx_triton.backends.torch_ref.flash_attn import decode_masking
 from rlx_triton.backends.triton.launches import Launch
