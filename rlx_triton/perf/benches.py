@@ -5,25 +5,20 @@ measures, what bench/<bench>.py runs); this module turns every case into the cal
 same arguments, the same per-candidate rows a GPU run adds), on meta tensors, and into the case label
 the bench writes to its results file (so measured times can be set next to the estimates). Modules are
 built on the CPU (random weights) and moved to the meta device before the traced call. The stock pyannote
-models of the sincnet, pyannote_segmentation and embedding benches come from bench/ of a source checkout
-(pyannote.audio's models, else the structural copies in tests/reference/).
+models of the sincnet, pyannote_segmentation and embedding benches are rlx_triton.perf.stock_models' (they need
+pyannote.audio; without it those benches raise StockModelUnavailable).
 """
 from __future__ import annotations
 
-import copy
-import importlib
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from rlx_triton.perf import BENCHES
 from rlx_triton.perf import cases as case_lists
+from rlx_triton.perf import stock_models
 
 META = torch.device("meta")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -38,17 +33,6 @@ class PerfCase:
     family: Optional[str] = None   # the family of a pinned row
     unless_routed: bool = False    # a pinned row the bench leaves out when its candidate is the routed one
     model: Optional[str] = None    # a whole-model forward: also reported per model (launches, host syncs)
-
-
-def bench_module(name: str):
-    """bench/<name>.py of the source checkout, for the stock models its cases run."""
-    if str(REPO_ROOT) not in sys.path and (REPO_ROOT / "bench" / "__init__.py").exists():
-        sys.path.insert(0, str(REPO_ROOT))
-    try:
-        return importlib.import_module(f"bench.{name}")
-    except ImportError as error:
-        raise RuntimeError(f"rlx-triton perf {name} builds its stock model with bench/{name}.py of a source "
-                           f"checkout; bench.{name} could not be imported ({error})") from error
 
 
 def _meta(*shape, dtype=torch.float32) -> torch.Tensor:
@@ -142,8 +126,7 @@ def _fbank(facts, quick: bool) -> List[PerfCase]:
 def _sincnet(facts, quick: bool) -> List[PerfCase]:
     from rlx_triton.nn.conv import SincNet
 
-    bench = bench_module("sincnet")
-    return [_waveform_case("sincnet", SincNet.from_pyannote(bench._pyannote_sincnet()).to(META), spec,
+    return [_waveform_case("sincnet", SincNet.from_pyannote(stock_models.pyannote_sincnet()).to(META), spec,
                            lambda out: f"({out.shape[0]}, {out.shape[1]}, {out.shape[-1]})")
             for spec in case_lists.sincnet_cases(quick, gpu=True)]
 
@@ -179,8 +162,7 @@ def _lstm(facts, quick: bool) -> List[PerfCase]:
 def _pyannote_segmentation(facts, quick: bool) -> List[PerfCase]:
     from rlx_triton.integrations import pyannote
 
-    bench = bench_module("pyannote_segmentation")
-    return [_waveform_case("pyannote_segmentation", pyannote.optimize(copy.deepcopy(bench._pyannet())).to(META),
+    return [_waveform_case("pyannote_segmentation", pyannote.optimize(stock_models.pyannet()).to(META),
                            spec, lambda out: f"{tuple(out.shape)}", dims=dict(spec), model="PyanNet segmentation")
             for spec in case_lists.pyannote_segmentation_cases(quick, gpu=True)]
 
@@ -193,14 +175,13 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
     from rlx_triton.nn.conv2d import Conv2d, Projection, StatsPool
     from rlx_triton.router import clear_route_cache
 
-    bench = bench_module("embedding")
     specs = case_lists.embedding_cases(quick, gpu=True)
     approved = [c for c in kernels.all_candidates() if kernels.candidate_tag(c) in kernels.APPROVALS]
     rows = []
     for spec in specs:
         batch = spec["batch"]
         if spec["layer"] == "end to end":
-            fast = pyannote.optimize(copy.deepcopy(bench._wespeaker34())).to(META)
+            fast = pyannote.optimize(stock_models.wespeaker_resnet34()).to(META)
             waveforms = dict(batch=batch, samples=spec["samples"])
             whole = _waveform_case("embedding", fast, waveforms, lambda out: f"{tuple(out.shape)}", dims=waveforms,
                                    model="WeSpeaker ResNet34")
@@ -226,7 +207,7 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
             k, s, p = spec["kernel"], spec["stride"], spec["padding"]
             conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)
             bn = nn.BatchNorm2d(c_out)
-            bench._randomize(nn.Sequential(conv, bn))
+            stock_models.randomize(nn.Sequential(conv, bn))
             fused = Conv2d.from_torch(conv.to(META), bn=bn.to(META), relu=True)  # the bn is not its submodule
             out_h, out_w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
             residual = (batch, c_out, out_h, out_w) if spec["residual"] else None
@@ -264,5 +245,5 @@ _ADAPTERS = {"sdpa_decode": _sdpa_decode, "attention_serving": _attention_servin
 def perf_cases(name: str, facts, quick: bool = False) -> List[PerfCase]:
     """Every case of bench `name` (as a CUDA run measures it) as a PerfCase."""
     if name not in _ADAPTERS:
-        raise ValueError(f"unknown bench {name!r}; choose from {', '.join(BENCHES)}")
+        raise ValueError(f"unknown bench {name!r}; choose from {', '.join(_ADAPTERS)}")
     return _ADAPTERS[name](facts, quick)
