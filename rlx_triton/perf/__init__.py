@@ -132,7 +132,7 @@ def _route_summary(case, routes) -> tuple:
 
 def _op_calls(routes) -> list:
     """Routes with consecutive lookups of the same request (an op routing twice per call) merged."""
-    calls = []
+    calls: List[Any] = []
     for route in routes:
         if calls and calls[-1].request == route.request and calls[-1].backend == route.backend:
             continue
@@ -190,7 +190,7 @@ def _measured(profile, results_dir: Path) -> Dict[tuple, float]:
             continue
         if not isinstance(report, dict) or not profile.matches(str(report.get("device", ""))):
             continue
-        table = {}
+        table: Dict[tuple, float] = {}
         for row in report.get("cases", []):
             key = (row.get("bench"), row.get("shape"), row.get("dtype"), row.get("candidate"))
             if row.get("rlx_us") is not None:
@@ -260,7 +260,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
             if case.model is not None:
                 model_traces[case.model] = trace(case.call, facts, host_syncs=True)
 
-    jobs = {}
+    jobs: Dict[int, Any] = {}
     for _case, result in traced:
         for record in result.records:
             jobs.setdefault(id(record), CompileJob.of(record, profile.arch_number))
@@ -300,7 +300,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
             notes.append(f"trace failed: {result.error}")
             errors.append(f"{case.bench} {label}: {result.error}")
         unplanned = result.unplanned_families() if case.pinned is None else (
-            [case.family] if result.log.outside else [])
+            [case.family or case.bench] if result.log.outside else [])
         if unplanned:
             notes.append(f"no launch plan yet: {', '.join(unplanned)}")
             floor_us = est_us = bw_fraction = est_low_us = est_high_us = None
@@ -319,20 +319,20 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
 
     models = []
     for model in ("PyanNet segmentation", "WeSpeaker ResNet34"):
-        result = model_traces.get(model)
-        complete = result is not None and not result.error
-        if result is not None and result.error:
-            errors.append(f"model {model}: {result.error}")
-        models.append({"model": model, "launches_per_forward": result.launches if complete else None,
-                       "host_syncs_per_forward": len(result.host_syncs) if complete else None,
-                       "_syncs": list(result.host_syncs or []) if result is not None else []})
+        forward = model_traces.get(model)
+        complete = forward is not None and not forward.error
+        if forward is not None and forward.error:
+            errors.append(f"model {model}: {forward.error}")
+        syncs = list(forward.host_syncs or []) if forward is not None else []
+        models.append({"model": model, "launches_per_forward": forward.launches if forward and complete else None,
+                       "host_syncs_per_forward": len(syncs) if complete else None, "_syncs": syncs})
     from rlx_triton.devices import profile_block
 
-    report = {"device": profile.key, "calibrated": profile.calibrated, "profile": profile_block(profile),
-              "assumptions": list(ASSUMPTIONS),
-              "cases": [r.as_json() for r in reports],
-              "models": [{k: v for k, v in m.items() if not k.startswith("_")} for m in models]}
-    return {"report": report, "cases": reports, "models": models, "errors": errors}
+    written = {"device": profile.key, "calibrated": profile.calibrated, "profile": profile_block(profile),
+               "assumptions": list(ASSUMPTIONS),
+               "cases": [r.as_json() for r in reports],
+               "models": [{k: v for k, v in m.items() if not k.startswith("_")} for m in models]}
+    return {"report": written, "cases": reports, "models": models, "errors": errors}
 
 
 def _fmt(value, digits: int = 1, percent: bool = False) -> str:
@@ -367,7 +367,7 @@ def format_report(profile, analysis: dict) -> str:
                      f"{_fmt(case.floor_us):>10} {_fmt(case.est_us):>10} "
                      f"{_fmt(case.est_low_us) + '-' + _fmt(case.est_high_us):>19} "
                      f"{_fmt(case.bw_fraction, percent=True):>5} {ratio:>8}  {detail}")
-        seen = {}
+        seen: Dict[tuple, list] = {}
         for kernel in case.kernels:
             key = (kernel.name, tuple(kernel.grid), kernel.regs, kernel.smem)
             seen.setdefault(key, [kernel, 0])[1] += 1
@@ -394,7 +394,7 @@ def format_report(profile, analysis: dict) -> str:
     lines += ["", "models (one forward at the bench shape)"]
     for model in analysis["models"]:
         syncs = model["host_syncs_per_forward"]
-        kinds = {}
+        kinds: Dict[str, int] = {}
         for kind in model["_syncs"]:
             kinds[kind] = kinds.get(kind, 0) + 1
         detail = ", ".join(f"{n} {kind}" for kind, n in kinds.items())

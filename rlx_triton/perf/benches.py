@@ -11,12 +11,13 @@ pyannote.audio; without it those benches raise StockModelUnavailable).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from rlx_triton.perf import cases as case_lists
 from rlx_triton.perf import stock_models
+from rlx_triton.router.protocol import FamilyModule
 
 META = torch.device("meta")
 
@@ -37,6 +38,22 @@ class PerfCase:
 
 def _meta(*shape, dtype=torch.float32) -> torch.Tensor:
     return torch.empty(*shape, device=META, dtype=dtype)
+
+
+def _taken_by_triton(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Optional[Tuple[FamilyModule, Any]]:
+    """(family module, candidate) of the op call where the router gives it to Triton (the launches the bench
+    times), else None."""
+    from rlx_triton.router import explain
+
+    route = explain(op, *args, **kwargs)
+    if route.backend != "triton" or route.module is None:
+        return None
+    return route.module, route.candidate
+
+
+def _on_meta(module: Callable[..., Any], *shape: int) -> Callable[[], Any]:
+    """The call of `module` on a meta tensor of `shape`."""
+    return lambda: module(_meta(*shape))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -62,20 +79,21 @@ def _sdpa_decode(facts, quick: bool) -> List[PerfCase]:
                 k_pages = _meta(batch * pages, kv_heads, page_size, dim, dtype=dtype)
                 v_pages = _meta(batch * pages, kv_heads, page_size, dim, dtype=dtype)
                 table = _meta(batch, pages, dtype=torch.int32)
-                route = rt.explain(rt.sdpa_decode, q, k_pages, v_pages, block_table=table)
-                if route.backend != "triton":
+                taken = _taken_by_triton(rt.sdpa_decode, q, k_pages, v_pages, block_table=table)
+                if taken is None:
                     return None
-                return route.module.sdpa_decode(q, k_pages, v_pages, causal="bottom_right", block_table=table,
-                                                candidate=route.candidate)
+                module, candidate = taken
+                return module.sdpa_decode(q, k_pages, v_pages, causal="bottom_right", block_table=table,
+                                          candidate=candidate)
             k = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
             v = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
             gqa = kv_heads != heads
-            route = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
-            if route.backend != "triton":
+            taken = _taken_by_triton(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
+            if taken is None:
                 return None
+            module, candidate = taken
             # what the op's custom op runs (ops/sdpa_decode.py): meta tensors would only reach its fake
-            return route.module.scaled_dot_product_attention(q, k, v, None, False, None, gqa,
-                                                             candidate=route.candidate)
+            return module.scaled_dot_product_attention(q, k, v, None, False, None, gqa, candidate=candidate)
 
         label = f"{spec['label']} b{batch} h{heads}/{kv_heads} d{dim} kv{seq_kv}"
         rows.append(PerfCase("sdpa_decode", label, _dtype_name(dtype), call))
@@ -90,15 +108,16 @@ def _attention_serving(facts, quick: bool) -> List[PerfCase]:
     for spec in case_lists.attention_serving_cases(quick, gpu=True):
         def call(spec=spec):
             kw = case_lists.build_serving_inputs(spec, META, make=torch.empty)
-            route = rt.explain(rt.flash_attn_varlen_func, **kw)
-            if route.backend != "triton":
+            taken = _taken_by_triton(rt.flash_attn_varlen_func, **kw)
+            if taken is None:
                 return None
+            module, candidate = taken
             # the routed launch, its counts from the case's lengths (the device holds them, the bench knows them)
-            plan, outputs = route.module.varlen_attention_plan(
+            plan, outputs = module.varlen_attention_plan(
                 kw["q"], kw["k"], kw["v"], kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["max_seqlen_q"],
                 kw["max_seqlen_k"], scale=spec["head_dim"] ** -0.5, block_table=kw.get("block_table"),
-                candidate=route.candidate, lengths=case_lists.case_lengths(spec),
-                **route.module.kernel_options(True, (-1, -1), kw["max_seqlen_q"], kw["max_seqlen_k"], None))
+                candidate=candidate, lengths=case_lists.case_lengths(spec),
+                **module.kernel_options(True, (-1, -1), kw["max_seqlen_q"], kw["max_seqlen_k"], None))
             launches.run(plan)
             return outputs
 
@@ -143,19 +162,19 @@ def _lstm(facts, quick: bool) -> List[PerfCase]:
                                batch_first=True).eval().to(META)
         fast = LSTM.from_torch(module)
         label = f"({batch}, {seq}, 60) h128 x4 bi cuda"
-        rows.append(PerfCase("lstm", label, "float32", lambda fast=fast, batch=batch, seq=seq, features=features:
-                             fast(_meta(batch, seq, features))))
+        rows.append(PerfCase("lstm", label, "float32", _on_meta(fast, batch, seq, features)))
         kwargs = dict(has_biases=True, num_layers=spec["layers"], dropout=0.0, training=False, bidirectional=True,
                       batch_first=True)
         for variant in LstmVariant:  # the rows a GPU run adds: every other approved candidate, called directly
             candidate = variant.candidate()
             if candidate.tag() not in triton_lstm.APPROVALS:
                 continue
-            rows.append(PerfCase(
-                "lstm", label, "float32",
-                lambda module=module, candidate=candidate, batch=batch, seq=seq, features=features: triton_lstm.lstm(
-                    _meta(batch, seq, features), None, module._flat_weights, candidate=candidate, **kwargs),
-                pinned=candidate.tag(), family="lstm", unless_routed=True))
+
+            def direct(module=module, candidate=candidate, shape=(batch, seq, features)):
+                return triton_lstm.lstm(_meta(*shape), None, module._flat_weights, candidate=candidate, **kwargs)
+
+            rows.append(PerfCase("lstm", label, "float32", direct, pinned=candidate.tag(), family="lstm",
+                                 unless_routed=True))
     return rows
 
 
@@ -200,8 +219,11 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
                         kernels.RECIPES.update(saved)
                         clear_route_cache()
 
+                def labelled(out, label=whole.label, tag=tag) -> str:
+                    return f"{label(out) if label is not None else whole.case}, conv recipe {tag}"
+
                 rows.append(PerfCase("embedding", f"{whole.case}, conv recipe {tag}", "float32", pinned, dims=waveforms,
-                                     label=lambda out, label=whole.label, tag=tag: f"{label(out)}, conv recipe {tag}"))
+                                     label=labelled))
         elif "c_in" in spec:
             name, c_in, c_out, h, w = spec["layer"], spec["c_in"], spec["c_out"], spec["height"], spec["width"]
             k, s, p = spec["kernel"], spec["stride"], spec["padding"]
@@ -228,13 +250,12 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
         elif spec["layer"] == "pool":
             shape = (batch, spec["channels"], spec["height"], spec["width"])
             pool = StatsPool()
-            rows.append(PerfCase("embedding", f"TSTP {shape} cuda", "float32",
-                                 lambda pool=pool, shape=shape: pool(_meta(*shape))))
+            rows.append(PerfCase("embedding", f"TSTP {shape} cuda", "float32", _on_meta(pool, *shape)))
         elif spec["layer"] == "seg_1":
             projection = Projection.from_torch(nn.Linear(spec["in_features"], spec["out_features"])).to(META)
             rows.append(PerfCase(
                 "embedding", f"seg_1 ({batch}, {spec['in_features']}) -> {spec['out_features']} cuda", "float32",
-                lambda projection=projection, shape=(batch, spec["in_features"]): projection(_meta(*shape))))
+                _on_meta(projection, batch, spec["in_features"])))
     return rows
 
 

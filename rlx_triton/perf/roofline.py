@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel  # the records library_estimate reads
 
@@ -88,7 +88,7 @@ class Occupancy:
     def limiter(self) -> str:
         limits = {"registers": self.by_registers, "shared": self.by_shared, "warps": self.by_warps,
                   "hardware": self.hardware}
-        return min(limits, key=limits.get)
+        return min(limits, key=lambda name: limits[name])
 
 
 def occupancy(profile, registers: int, shared: int, num_warps: int) -> Occupancy:
@@ -265,14 +265,16 @@ def library_estimate(kernels: Sequence[LibraryKernel], profile) -> dict:
             "est_high_us": rounded(sum(row["est_high_us"] for row in rows)), "kernels": rows}
 
 
-def case_totals(kernels: Sequence[KernelEstimate], profile):
+def case_totals(kernels: Sequence[KernelEstimate],
+                profile) -> Tuple[Optional[float], Optional[float], Optional[float]]:
     """(floor_us, est_us, bw_fraction) of a case: sums over its launches (None where any launch has no estimate)."""
     if not kernels:
         return None, None, None
     floor_us = round(sum(k.floor_us for k in kernels), 3)
-    if any(k.est_us is None for k in kernels):
+    estimates = [k.est_us for k in kernels]
+    if any(value is None for value in estimates):
         return floor_us, None, None
-    est_us = round(sum(k.est_us for k in kernels), 3)
+    est_us = round(sum(value or 0.0 for value in estimates), 3)
     memory_us = sum(k.memory_us for k in kernels)
     compute_us = sum(k.compute_us for k in kernels)
     total_bytes = sum(k.bytes for k in kernels)

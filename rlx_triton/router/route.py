@@ -294,7 +294,7 @@ def _decide(request: Request, choice: BackendChoice) -> Route:
 
     if choice.strict and choice.name != library.name:
         raise MissingKernel(request, skipped)
-    module = registry.family_module(library.name, request.family, request.op)
+    fallback = registry.family_module(library.name, request.family, request.op)
     if choice.name == library.name:
         detail = f"backend {library.name!r} was requested"
     elif skipped:
@@ -302,7 +302,7 @@ def _decide(request: Request, choice: BackendChoice) -> Route:
     else:
         detail = "no kernel backend is registered"
     return Route(family=request.family, op=request.op, backend=library.name, evidence=LIBRARY,
-                 evidence_detail=detail, skipped=tuple(skipped.items()), request=request, module=module)
+                 evidence_detail=detail, skipped=tuple(skipped.items()), request=request, module=fallback)
 
 
 def _choose_candidate(backend_name: str, module: KernelFamilyModule, request: Request, facts: DeviceFacts,

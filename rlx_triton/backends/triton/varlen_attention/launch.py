@@ -141,7 +141,7 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
         k_strides, v_strides = (0,) + k.stride()[:2], (0,) + v.stride()[:2]
         page_size = 1
     slopes = alibi_slopes.contiguous() if alibi_slopes is not None else lse
-    table = block_table if paged else cu_seqlens_k
+    table = block_table if block_table is not None else cu_seqlens_k
     sink_logits = sinks if sinks is not None else lse
     left, right = window
     args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, table, slopes, sink_logits,
