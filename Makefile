@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast audit bench venv clean
+.PHONY: demo test test-fast typecheck audit bench venv clean
 
 venv: $(STAMP)
 
@@ -46,10 +46,15 @@ PYTEST := TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_
 
 test: $(STAMP)
 	$(PYTEST) tests
+	$(PY) -m mypy rlx_triton
 	$(PY) -m rlx_triton audit --arch sm_80 --arch sm_90
 
 test-fast: $(STAMP)
 	$(PYTEST) -x tests -m "not slow"
+
+# the configuration is [tool.mypy] in pyproject.toml
+typecheck: $(STAMP)
+	$(PY) -m mypy rlx_triton
 
 audit: $(STAMP)
 	$(PY) -m rlx_triton audit --arch sm_80 --arch sm_90

@@ -12,9 +12,9 @@ __version__ = "0.1.0"  # the one place the version is written: pyproject.toml re
 
 # public name -> (module, attribute)
 _EXPORTS = {
-    "scaled_dot_product_attention": ("rlx_triton.ops.sdpa_decode", "scaled_dot_product_attention"),
+    "scaled_dot_product_attention": ("rlx_triton.ops.sdpa", "scaled_dot_product_attention"),
     "sdpa_decode": ("rlx_triton.ops.sdpa_decode", "sdpa_decode"),
-    "patch_sdpa": ("rlx_triton.ops.sdpa_decode", "patch_sdpa"),
+    "patch_sdpa": ("rlx_triton.ops.sdpa", "patch_sdpa"),
     "flash_attn_with_kvcache": ("rlx_triton.ops.flash_attn", "flash_attn_with_kvcache"),
     "flash_attn_varlen_func": ("rlx_triton.ops.varlen_attention", "flash_attn_varlen_func"),
     "flash_attn_func": ("rlx_triton.ops.varlen_attention", "flash_attn_func"),

@@ -92,7 +92,7 @@ class BoundedCache(Generic[K, V]):
             return value
 
     def get_or_build(self, key: K, build: Callable[[], V], *, pin: bool = False) -> V:
-        value = self.get(key, _MISSING)  # type: ignore[arg-type]
+        value = self.get(key, _MISSING)
         if value is _MISSING:
             return self.put(key, build(), pin=pin)
         if pin:

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 from rlx_triton.cli_explain import UsageError
 from rlx_triton.json_output import write_json
@@ -86,7 +86,7 @@ def cmd_info(args) -> int:
     from rlx_triton.router.device import device_facts
 
     env = settings()
-    devices = []
+    devices: List[Dict[str, Any]] = []
     for name in _local_devices():
         facts = device_facts(name)
         devices.append({
@@ -194,7 +194,7 @@ def cmd_explain(args) -> int:
     if profile is not None:
         from rlx_triton.router.device import routing_as
 
-        as_device = routing_as(profile)
+        as_device: ContextManager[object] = routing_as(profile)
     else:
         as_device = contextlib.nullcontext()
     with as_device, use_backend(args.backend, strict=False):
@@ -434,8 +434,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"rlx-triton {args.command}: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as stop:
-        done = getattr(stop, "done", None)
-        after = f" after {len(done)} of {stop.total} compiles" if done is not None else ""
+        # the audit's Interrupted says how far it got
+        done, total = getattr(stop, "done", None), getattr(stop, "total", None)
+        after = f" after {len(done)} of {total} compiles" if done is not None else ""
         print(f"rlx-triton {args.command}: interrupted{after}", file=sys.stderr)
         return getattr(stop, "exit_code", EXIT_INTERRUPTED)
     finally:

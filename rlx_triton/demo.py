@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import TypedDict
 
 import torch
 
@@ -24,6 +25,16 @@ import rlx_triton as rt  # noqa: E402
 from rlx_triton._torchaudio import kaldi_compliance  # noqa: E402
 from rlx_triton.router.route import DEVICE_DEFAULT, IMPLEMENTED, LIBRARY, PINNED, RECIPE, TUNE_FILE  # noqa: E402
 from rlx_triton.router.device import device_facts  # noqa: E402
+
+
+class FbankKeywords(TypedDict):
+    """The kaldi fbank options the demo passes to rt.fbank and torchaudio alike."""
+
+    num_mel_bins: int
+    frame_length: float
+    frame_shift: float
+    dither: float
+    window_type: str
 
 
 def speech_like(seconds: float, rate: int = 16000, seed: int = 0) -> torch.Tensor:
@@ -59,6 +70,7 @@ def demo_decode(device: torch.device) -> dict:
     with rt.use_backend("triton", strict=True):
         out = rt.sdpa_decode(q, k, v, lengths)
         full = rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert isinstance(out, torch.Tensor)  # without return_lse, the output alone
     reference = torch.cat([
         F.scaled_dot_product_attention(q[b:b + 1].float(), k[b:b + 1, :, :int(lengths[b])].float(),
                                        v[b:b + 1, :, :int(lengths[b])].float(), enable_gqa=True)
@@ -85,7 +97,7 @@ def demo_decode(device: torch.device) -> dict:
 def demo_fbank(device: torch.device) -> dict:
     print("\n2. diarization front end: rt.fbank (80 mel bins, hamming window, WeSpeaker's options)")
     wave = speech_like(0.3 if not ON_GPU else 10.0).to(device)
-    options = dict(num_mel_bins=80, frame_length=25.0, frame_shift=10.0, dither=0.0, window_type="hamming")
+    options = FbankKeywords(num_mel_bins=80, frame_length=25.0, frame_shift=10.0, dither=0.0, window_type="hamming")
     with rt.use_backend("triton", strict=True):
         features = rt.fbank(wave, **options)
     with rt.use_backend("torch"):

@@ -11,10 +11,39 @@ from __future__ import annotations
 import contextvars
 import inspect
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Union, overload
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
+    from torch import nn
+
     from rlx_triton.router.route import Route
+
+    class _ExplainsItsForward(Protocol):
+        """An rt.nn module: its `explain` returns the Route of its forward."""
+
+        def explain(self, *args: Any, **kwargs: Any) -> Route: ...
+
+
+# ---- typing: explain's overloads (what each kind of target answers with) ----------------------------------
+# A type checker takes the first overload that fits. An rt.nn module (an `explain` giving a Route) answers with
+# a Route; any other nn.Module, rt.nn's BasicBlock and Bottleneck among them (their explain gives a dict), with
+# {module path: Route}; an op with a Route. The module overloads come first: an nn.Module is callable too.
+@overload
+def explain(target: _ExplainsItsForward, *args: Any, **kwargs: Any) -> Route:
+    ...
+
+
+@overload
+def explain(target: nn.Module, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+    ...
+
+
+@overload
+def explain(target: Callable[..., Any], *args: Any, **kwargs: Any) -> Route:
+    ...
+# ---- end of explain's overloads ----------------------------------------------------------------------------
 
 
 def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, Any]]":
@@ -51,7 +80,8 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
 
     if isinstance(target, nn.Module):
         if explains_itself(target):
-            return target.explain(*args, **kwargs)
+            own_explain = getattr(target, "explain")  # not an nn.Module attribute torch's types know
+            return own_explain(*args, **kwargs)
         return explain_model(target, *args, **kwargs)
     raise TypeError(f"explain: {getattr(target, '__name__', type(target).__name__)!r} is not an rlx_triton op "
                     "or a torch.nn.Module")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import IO, Optional
+from typing import IO, Any, Optional
 
 LINE_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 # on a terminal: the narrowest bar worth drawing, the width assumed when the terminal does not say, the room
@@ -34,7 +34,7 @@ class Progress:
         self.label = ""
         self._started = time.monotonic()
         self._last_line = float("-inf")
-        self._bar = None
+        self._bar: Optional[Any] = None  # a tqdm bar (tqdm ships no types)
         if enabled and _is_terminal(self.stream):
             from tqdm import tqdm
 
@@ -52,9 +52,9 @@ class Progress:
         MIN_BAR columns of the terminal's width)."""
         self.label = label
         if self._bar is not None:
-            self._bar.set_postfix_str(self._fitted(label), refresh=True)
+            self._bar.set_postfix_str(self._fitted(self._bar, label), refresh=True)
 
-    def _fitted(self, label: str) -> str:
+    def _fitted(self, bar: Any, label: str) -> str:
         from tqdm import tqdm
 
         try:
@@ -62,7 +62,7 @@ class Progress:
         except (AttributeError, OSError, ValueError):
             columns = DEFAULT_COLUMNS
         # the line without bar and label, as it is drawn now; counts and times may grow by a few characters
-        meter = tqdm.format_meter(**{**self._bar.format_dict, "bar_format": "{l_bar}{r_bar}", "postfix": None})
+        meter = tqdm.format_meter(**{**bar.format_dict, "bar_format": "{l_bar}{r_bar}", "postfix": None})
         room = columns - len(meter) - len(", ") - MIN_BAR - TIMING_SLACK
         if len(label) <= room:
             return label

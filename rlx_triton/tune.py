@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple, Union
 
 import torch
 
@@ -47,7 +47,7 @@ def _lstm_case(batch: int, steps: int, input_size: int, hidden: int, layers: int
 
         module = torch.nn.LSTM(input_size, hidden, num_layers=layers, bidirectional=True, batch_first=True).to(device)
         x = torch.randn(batch, steps, input_size, device=device)
-        weights = list(module._flat_weights)
+        weights = [w for w in module._flat_weights if w is not None]  # a module with biases has no None
         return lambda: lstm(x, None, weights, num_layers=layers, bidirectional=True, batch_first=True)
 
     return f"lstm b{batch} t{steps} in{input_size} h{hidden} x{layers} bi", build
@@ -146,20 +146,20 @@ def _tune_case(label: str, call: Callable[[], object], device: torch.device, tab
         return {"case": label, "backend": decided.backend if decided else None, "winner": None}
     profile = plans.profile_name(plans.current_profile())
     plan = plans.plan_for(decided.family)
-    timings = {}
+    timings: Dict[str, float] = {}
     for candidate in plan.candidates:
         if approval_for(getattr(decided.module, "APPROVALS", {}), candidate.tag(), profile) is None:
             continue
         shown.set_label(f"{label}: {candidate.tag()}")
         with use_candidate(candidate.tag()):
             timings[candidate.tag()] = _time_ms(call, device)
-    winner = min(timings, key=timings.get)
+    winner = min(timings, key=timings.__getitem__)
     table.record(decided.tune_key, winner)
     return {"case": label, "backend": decided.backend, "winner": winner,
             "ms": {tag: round(ms, 4) for tag, ms in timings.items()}}
 
 
-def tune_model(model: str, device: str = "cuda", progress: bool = True) -> dict:
+def tune_model(model: str, device: Union[str, torch.device] = "cuda", progress: bool = True) -> dict:
     """Times every approved candidate of each case and records the winners; returns a summary.
 
     `progress` shows one unit per case on stderr (rlx_triton/progress.py), with the candidate being timed.
@@ -167,24 +167,24 @@ def tune_model(model: str, device: str = "cuda", progress: bool = True) -> dict:
     from rlx_triton.router import plans
     from rlx_triton.router.device import device_facts
 
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    target = torch.device(device)
+    if target.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("no CUDA device is visible to torch")
-    facts = device_facts(device)
+    facts = device_facts(target)
     runnable = [name for name, reason in facts.backend_reasons if reason is None and name != "torch"]
     if not runnable:
-        raise RuntimeError(f"no kernel backend runs on {device} ({dict(facts.backend_reasons)}); nothing to tune")
+        raise RuntimeError(f"no kernel backend runs on {target} ({dict(facts.backend_reasons)}); nothing to tune")
     table = plans.winner_table()
     results = []
     cases = MODEL_SHAPES[model]
     with Progress(len(cases), f"tune {model}", unit="case", enabled=progress) as shown:
         for label, build in cases:
             shown.set_label(label)
-            results.append(_tune_case(label, build(device), device, table, shown))
+            results.append(_tune_case(label, build(target), target, table, shown))
             shown.set_label(label)
             shown.update()
     from rlx_triton.router import clear_route_cache
 
     clear_route_cache()
-    return {"model": model, "device": str(device), "cases": len(cases), "results": results,
+    return {"model": model, "device": str(target), "cases": len(cases), "results": results,
             "tune_cache": table.path, "entries": len(table)}

@@ -15,7 +15,8 @@ import rlx_triton as rt
 DOCUMENTED = {
     "rlx_triton.ops.fbank": ["fbank"],
     "rlx_triton.ops.flash_attn": ["flash_attn_with_kvcache"],
-    "rlx_triton.ops.sdpa_decode": ["scaled_dot_product_attention", "sdpa_decode", "patch_sdpa"],
+    "rlx_triton.ops.sdpa": ["scaled_dot_product_attention", "patch_sdpa"],
+    "rlx_triton.ops.sdpa_decode": ["sdpa_decode"],
     "rlx_triton.router.route": ["explain", "MissingKernel"],
     "rlx_triton.router.settings": ["use_backend"],
     "rlx_triton.explaining": ["explain"],

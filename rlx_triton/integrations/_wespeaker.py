@@ -27,12 +27,15 @@ from __future__ import annotations
 import functools
 import types
 import warnings
-from typing import List
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import torch
 from torch import nn
 
 from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, FoldedBatchNorm2d, Projection, StatsPool
+
+if TYPE_CHECKING:
+    from rlx_triton.nn.fbank import Fbank
 
 # ---------------------------------------------------------------------------------------------
 # Recognition (structure only)
@@ -67,16 +70,17 @@ def _is_rlx_block(block) -> bool:
     return isinstance(block, (BasicBlock, Bottleneck))
 
 
-def is_wespeaker_trunk(module: nn.Module) -> bool:
+def is_wespeaker_trunk(module: Optional[nn.Module]) -> bool:
     """WeSpeaker's `ResNet`: conv1/bn1 stem, layer1..layer4 of residual blocks, pool, seg_1 Linear."""
     if type(module).__name__ != "ResNet" or not isinstance(module, nn.Module):
         return False
     mods = module._modules
     stem_ok = (_is_conv_bn(mods.get("conv1"), mods.get("bn1"))
                or isinstance(mods.get("conv1"), Conv2d) and isinstance(mods.get("bn1"), FoldedBatchNorm2d))
-    layers_ok = all(isinstance(mods.get(f"layer{i}"), nn.Sequential) and len(mods[f"layer{i}"]) > 0
-                    and all(_is_basic_block(b) or _is_bottleneck(b) or _is_rlx_block(b) for b in mods[f"layer{i}"])
-                    for i in (1, 2, 3, 4))
+    layers = [mods.get(f"layer{i}") for i in (1, 2, 3, 4)]
+    layers_ok = all(isinstance(layer, nn.Sequential) and len(layer) > 0
+                    and all(_is_basic_block(b) or _is_bottleneck(b) or _is_rlx_block(b) for b in layer)
+                    for layer in layers)
     seg_ok = isinstance(mods.get("seg_1"), (nn.Linear, Projection))
     return stem_ok and layers_ok and seg_ok and isinstance(mods.get("pool"), nn.Module)
 
@@ -102,6 +106,8 @@ def is_wespeaker_model(module: nn.Module) -> bool:
 class WeSpeakerFrontEnd(nn.Module):
     """BaseWeSpeakerResNet.compute_fbank on rlx_triton.nn.Fbank: waveforms (B, C, T) x 32768,
     kaldi fbank with the model's options, minus the mean over frames -> (B, frames, bins)."""
+
+    fbank: "Fbank"
 
     def __init__(self, fbank_keywords: dict):
         super().__init__()
@@ -160,24 +166,26 @@ def swap_trunk(resnet: nn.Module, prefix: str = "") -> List[str]:
     if resnet.training:
         warnings.warn("rlx_triton: the WeSpeaker trunk is in training mode; its BatchNorms are folded with "
                       "their running statistics (eval-mode outputs)", stacklevel=3)
+    # WeSpeaker's ResNet is read by structure (is_wespeaker_trunk); its parts are not typed here
+    trunk: Any = resnet
     swapped: List[str] = []
-    if not isinstance(resnet.conv1, Conv2d):
-        resnet.conv1 = Conv2d.from_torch(resnet.conv1, bn=resnet.bn1, relu=True)
+    if not isinstance(trunk.conv1, Conv2d):
+        trunk.conv1 = Conv2d.from_torch(trunk.conv1, bn=trunk.bn1, relu=True)
         # forward keeps F.relu(self.bn1(self.conv1(x))): bn1 stays (same parameters and keys) with an
         # identity forward, since conv1 applies it; the extra ReLU is idempotent
-        resnet.bn1 = resnet.conv1.bn
+        trunk.bn1 = trunk.conv1.bn
         swapped.append(f"{prefix}conv1")
     for i in (1, 2, 3, 4):
-        layer = getattr(resnet, f"layer{i}")
+        layer = getattr(trunk, f"layer{i}")
         for j in range(len(layer)):
             if not _is_rlx_block(layer[j]):
                 layer[j] = _swap_block(layer[j])
                 swapped.append(f"{prefix}layer{i}.{j}")
-    if _is_tstp(resnet.pool):
-        resnet.pool = StatsPool(in_dim=getattr(resnet.pool, "in_dim", 0))
+    if _is_tstp(trunk.pool):
+        trunk.pool = StatsPool(in_dim=getattr(trunk.pool, "in_dim", 0))
         swapped.append(f"{prefix}pool")
-    if isinstance(resnet.seg_1, nn.Linear):
-        resnet.seg_1 = Projection.from_torch(resnet.seg_1)
+    if isinstance(trunk.seg_1, nn.Linear):
+        trunk.seg_1 = Projection.from_torch(trunk.seg_1)
         swapped.append(f"{prefix}seg_1")
     return swapped
 
@@ -188,7 +196,7 @@ def optimize_wespeaker(model: nn.Module) -> List[str]:
     if is_wespeaker_model(model):
         swapped: List[str] = []
         _swap_front_end(model, swapped, "")
-        swapped += swap_trunk(model.resnet, prefix="resnet.")
+        swapped += swap_trunk(model.get_submodule("resnet"), prefix="resnet.")
         return swapped
     if is_wespeaker_trunk(model):
         return swap_trunk(model)

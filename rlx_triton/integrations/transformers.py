@@ -9,7 +9,7 @@ and is passed as `enable_gqa`, so key/value are never repeated.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Set, Tuple
 
 import torch
 
@@ -90,13 +90,15 @@ def _install_flash_resolver(name: str) -> None:
     names = getattr(loader, "rlx_triton_names", None)
     if names is None:
         previous = loader
+        registered: Set[str] = set()
 
         def resolve(implementation, attention_wrapper=None, allow_all_kernels=False):
-            if implementation in resolve.rlx_triton_names:
+            if implementation in registered:
                 return _flash_functions()
             return previous(implementation, attention_wrapper, allow_all_kernels=allow_all_kernels)
 
-        resolve.rlx_triton_names = names = set()
+        # kept on the installed loader, where the next call finds it
+        resolve.rlx_triton_names = names = registered  # type: ignore[attr-defined]  # a function attribute
         fa_utils._lazy_imports = resolve
     names.add(name)
 

@@ -11,7 +11,7 @@ other settings run nn.Conv1d's own forward), with an optional fused `epilogue`.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -72,36 +72,38 @@ class SincNet(nn.Module):
     def from_pyannote(cls, module: nn.Module) -> "SincNet":
         """Shares the parameters of pyannote's SincNet module (no copy); raises ValueError for a
         configuration this forward does not reproduce (streaming, non-affine norms, padded convs...)."""
-        _check(not getattr(module, "streaming", False), "streaming SincNet (no instance norms) is not supported")
+        # pyannote's SincNet is read by structure: what each part is gets checked here at run time
+        stock: Any = module
+        _check(not getattr(stock, "streaming", False), "streaming SincNet (no instance norms) is not supported")
         for name in ("wav_norm1d", "conv1d", "pool1d", "norm1d"):
-            _check(hasattr(module, name), f"module has no {name!r}: not a pyannote SincNet")
-        norms = [module.wav_norm1d, *module.norm1d]
+            _check(hasattr(stock, name), f"module has no {name!r}: not a pyannote SincNet")
+        norms = [stock.wav_norm1d, *stock.norm1d]
         for norm in norms:
             _check(isinstance(norm, nn.InstanceNorm1d) and norm.affine and not norm.track_running_stats,
                    "every norm must be InstanceNorm1d(affine=True, track_running_stats=False)")
             _check(norm.eps == norms[0].eps, "every instance norm must use the same eps")
-        _check(len(module.conv1d) == len(module.pool1d) == len(module.norm1d) >= 1,
+        _check(len(stock.conv1d) == len(stock.pool1d) == len(stock.norm1d) >= 1,
                "conv1d, pool1d and norm1d must have one entry per block")
-        pool = module.pool1d[0]
-        for p in module.pool1d:
+        pool = stock.pool1d[0]
+        for p in stock.pool1d:
             _check(isinstance(p, nn.MaxPool1d) and p.kernel_size == pool.kernel_size
                    and p.stride == p.kernel_size and p.padding == 0 and p.dilation == 1 and not p.ceil_mode,
                    "every pool must be MaxPool1d(k, stride=k) with the same k")
-        encoder = module.conv1d[0]
+        encoder = stock.conv1d[0]
         fb = getattr(encoder, "filterbank", None)
         _check(fb is not None and hasattr(fb, "low_hz_") and hasattr(fb, "band_hz_"),
                "conv1d[0] must be an asteroid Encoder(ParamSincFB)")
         _check(getattr(encoder, "padding", 0) == 0, "the sinc Encoder must have padding=0")
-        for conv in module.conv1d[1:]:
+        for conv in stock.conv1d[1:]:
             _check(isinstance(conv, nn.Conv1d) and conv.groups == 1 and conv.stride == (1,)
                    and conv.padding == (0,) and conv.dilation == (1,) and conv.bias is not None,
                    "conv1d[1:] must be Conv1d(stride=1, padding=0, dilation=1, groups=1, bias=True)")
-        return cls(module.wav_norm1d, module.conv1d, module.pool1d, module.norm1d,
-                   sample_rate=getattr(module, "sample_rate", 16000), stride=encoder.stride)
+        return cls(stock.wav_norm1d, stock.conv1d, stock.pool1d, stock.norm1d,
+                   sample_rate=getattr(stock, "sample_rate", 16000), stride=encoder.stride)
 
     def filters(self) -> torch.Tensor:
         """The (80, 1, 251) sinc filters of the current (low_hz_, band_hz_), cached per weight version."""
-        fb = self.conv1d[0].filterbank
+        fb: Any = self.conv1d[0].filterbank  # asteroid's ParamSincFB (untyped here)
         return conv_ops.sinc_filters(fb.low_hz_, fb.band_hz_, window_=getattr(fb, "window_", None),
                                      n_=getattr(fb, "n_", None), kernel_size=fb.kernel_size,
                                      sample_rate=fb.sample_rate, min_low_hz=fb.min_low_hz,
@@ -148,8 +150,9 @@ class Conv1d(nn.Conv1d):
         """A Conv1d sharing `module`'s weight and bias Parameters (no copy)."""
         if not isinstance(module, nn.Conv1d):
             raise TypeError(f"Conv1d.from_torch: module must be a torch.nn.Conv1d, got {type(module).__name__}")
-        new = cls(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
-                  padding=module.padding, dilation=module.dilation, groups=module.groups,
+        padding = module.padding if isinstance(module.padding, str) else module.padding[0]
+        new = cls(module.in_channels, module.out_channels, module.kernel_size[0], stride=module.stride[0],
+                  padding=padding, dilation=module.dilation[0], groups=module.groups,
                   bias=module.bias is not None, padding_mode=module.padding_mode, device="meta")
         new.weight = module.weight
         new.bias = module.bias

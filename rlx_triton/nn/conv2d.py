@@ -26,7 +26,7 @@ seen until one of the other events happens.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Hashable, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ def _single(value, name: str) -> int:
     return int(value)
 
 
-def _count_load(module: nn.Module, incompatible_keys) -> None:
+def _count_load(module: Union["Conv2d", "FoldedBatchNorm2d"], incompatible_keys: Any) -> None:
     """load_state_dict post hook: marks the module's tensors as reloaded (the fold cache keys on it)."""
     module._loads += 1
 
@@ -65,6 +65,8 @@ class FoldedBatchNorm2d(nn.BatchNorm2d):
     """A BatchNorm2d that the rlx Conv2d before it applies (folded into its weights): the same
     parameters, buffers and state_dict keys as the BatchNorm2d it stands for; its forward is the identity."""
 
+    _loads: int
+
     @classmethod
     def from_torch(cls, bn: nn.BatchNorm2d) -> "FoldedBatchNorm2d":
         """Shares `bn`'s parameters and buffers (no copy)."""
@@ -79,7 +81,7 @@ class FoldedBatchNorm2d(nn.BatchNorm2d):
         new.train(bn.training)
         return new
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._loads = 0
         self.register_load_state_dict_post_hook(_count_load)
@@ -106,8 +108,16 @@ class Conv2d(nn.Module):
         torch.Size([2, 32, 20, 50])
     """
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *, stride: int = 1,
-                 padding: int = 0, relu: bool = False, bn: Optional[nn.BatchNorm2d] = None):
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
+    bn: Optional[FoldedBatchNorm2d]
+    _loads: int
+    _folded: Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]
+    _folded_key: Optional[Hashable]
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                 stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0, relu: bool = False,
+                 bn: Optional[nn.BatchNorm2d] = None):
         super().__init__()
         if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
             raise ValueError(f"Conv2d: weight must be a 4-D tensor (c_out, c_in, kh, kw), got "
@@ -143,7 +153,7 @@ class Conv2d(nn.Module):
         new = cls(conv.weight, conv.bias, stride=conv.stride, padding=conv.padding, relu=relu, bn=bn)
         return new.train(conv.training)
 
-    def _apply(self, fn, recurse=True):
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> "Conv2d":
         # the BatchNorm moves with the conv that applies it (.to(), .double(), ...); where its owner also
         # registers it, the second conversion finds it converted already
         super()._apply(fn, recurse)
@@ -156,7 +166,7 @@ class Conv2d(nn.Module):
         stats = () if bn is None else (bn.weight, bn.bias, bn.running_mean, bn.running_var)
         return (self.weight, self.bias, *stats)
 
-    def folded(self) -> tuple:
+    def folded(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(weight, bias) with the BatchNorm folded in, tap-major, folded again when a source changed."""
         bn_loads = getattr(self.bn, "_loads", 0)
         key = (self._loads, bn_loads, None if self.bn is None else self.bn.eps,
@@ -172,7 +182,10 @@ class Conv2d(nn.Module):
                     bias = None if self.bias is None else self.bias.detach().to(dtype)
                 weight = weight.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
                 bias = None if bias is None else bias.contiguous()
-            self._folded, self._folded_key = (weight, bias), key
+            folded = (weight, bias)
+            self._folded, self._folded_key = folded, key
+            return folded
+        assert self._folded is not None  # set with _folded_key
         return self._folded
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -208,6 +221,9 @@ class Projection(nn.Module):
         >>> sorted(seg_1.state_dict()) == sorted(linear.state_dict())
         True
     """
+
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
         super().__init__()
@@ -290,25 +306,28 @@ class _Block(nn.Module):
     original block class (they read only `self.stride`)."""
 
     _depth = 0        # number of convs (conv1, conv2, ...)
-    _geometry = None  # the original block class
+    _geometry: Any = None  # the original block class (pyannote's or WeSpeaker's, untyped here)
     explains_submodules = True  # explain() reports each conv's route, not one route for the block
 
-    def __init__(self, convs, shortcut: Optional[Conv2d], stride: int):
+    def __init__(self, convs: Sequence[Conv2d], shortcut: Optional[Conv2d], stride: int):
         super().__init__()
         for i, conv in enumerate(convs, 1):
             setattr(self, f"conv{i}", conv)
             if conv.bn is not None:
                 setattr(self, f"bn{i}", conv.bn)
         if isinstance(shortcut, Conv2d):
-            shortcut = nn.Sequential(shortcut, *([] if shortcut.bn is None else [shortcut.bn]))
-        self.shortcut = nn.Sequential() if shortcut is None else shortcut
+            self.shortcut = nn.Sequential(shortcut, *([] if shortcut.bn is None else [shortcut.bn]))
+        else:
+            self.shortcut = nn.Sequential() if shortcut is None else shortcut
         self.stride = stride
 
     @classmethod
-    def from_torch(cls, block: nn.Module):
+    def from_torch(cls: Type[_BlockT], block: nn.Module) -> _BlockT:
         convs = [Conv2d.from_torch(getattr(block, f"conv{i}"), bn=getattr(block, f"bn{i}"), relu=True)
                  for i in range(1, cls._depth + 1)]
-        new = cls(*convs, cls._shortcut(block), int(getattr(block, "stride", 1)))
+        # each block class takes its _depth convs as separate arguments, then the shortcut and the stride
+        build: Callable[..., _BlockT] = cls
+        new = build(*convs, cls._shortcut(block), int(getattr(block, "stride", 1)))
         new._geometry = type(block)
         return new.train(block.training)
 
@@ -334,11 +353,14 @@ class _Block(nn.Module):
         return self._geometry.receptive_field_center(self, frame)
 
     @staticmethod
-    def _shortcut(block) -> Optional[Conv2d]:
+    def _shortcut(block: nn.Module) -> Optional[Conv2d]:
         shortcut = getattr(block, "shortcut", None)
         if shortcut is None or len(shortcut) == 0:
             return None
         return Conv2d.from_torch(shortcut[0], bn=shortcut[1])
+
+
+_BlockT = TypeVar("_BlockT", bound=_Block)
 
 
 class BasicBlock(_Block):

@@ -9,7 +9,9 @@ any nn.LSTM checkpoint; only forward changes: covered calls run the Triton kerne
 from __future__ import annotations
 
 import copy
+from typing import List, cast
 
+import torch
 from torch import nn
 
 from rlx_triton.ops import lstm as lstm_op
@@ -46,11 +48,15 @@ class LSTM(nn.LSTM):
                     training=self.training, bidirectional=self.bidirectional, batch_first=self.batch_first,
                     proj_size=self.proj_size)
 
+    def _weights(self) -> List[torch.Tensor]:
+        # every name in _flat_weights_names is a registered parameter, so no entry is None
+        return cast(List[torch.Tensor], self._flat_weights)
+
     def forward(self, input, hx=None):
-        return lstm_op.lstm(input, hx, self._flat_weights, **self._op_kwargs())
+        return lstm_op.lstm(input, hx, self._weights(), **self._op_kwargs())
 
     def explain(self, input, hx=None):
         """The Route forward(input, hx) takes, without running it."""
         from rlx_triton.router import explain
 
-        return explain(lstm_op.lstm, input, hx, self._flat_weights, **self._op_kwargs())
+        return explain(lstm_op.lstm, input, hx, self._weights(), **self._op_kwargs())

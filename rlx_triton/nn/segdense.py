@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
 import torch
 from torch import nn
@@ -46,21 +46,24 @@ class SegDense(nn.Module):
         True
     """
 
-    def __init__(self, linears: Iterable[nn.Linear], classifier: nn.Linear, activation: str = "log_softmax",
+    linear: nn.ModuleList
+    _linears: nn.ModuleList
+
+    def __init__(self, linears: Union[nn.ModuleList, Iterable[nn.Linear]], classifier: nn.Linear, activation: str = "log_softmax",
                  *, register_linears: bool = True):
         super().__init__()
         if activation not in segdense_op.ACTIVATIONS:
             raise ValueError(f"SegDense: activation must be one of {segdense_op.ACTIVATIONS}, got {activation!r}")
         if not isinstance(classifier, nn.Linear):
             raise TypeError(f"SegDense: classifier must be an nn.Linear, got {type(classifier).__name__}")
-        linears = linears if isinstance(linears, nn.ModuleList) else nn.ModuleList(list(linears))
-        for i, linear in enumerate(linears):
+        modules = linears if isinstance(linears, nn.ModuleList) else nn.ModuleList(list(linears))
+        for i, linear in enumerate(modules):
             if not isinstance(linear, nn.Linear):
                 raise TypeError(f"SegDense: linears[{i}] must be an nn.Linear, got {type(linear).__name__}")
         if register_linears:
-            self.linear = linears
+            self.linear = modules
         else:
-            object.__setattr__(self, "_linears", linears)
+            object.__setattr__(self, "_linears", modules)
         self.weight = classifier.weight
         self.bias = classifier.bias
         self.in_features = classifier.in_features

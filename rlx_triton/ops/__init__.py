@@ -1,1 +1,2 @@
-"""Public torch ops, one file per kernel family; each validates its input and asks the router."""
+"""Public torch ops, one module per kernel family (the sdpa_decode family's torch drop-in is ops/sdpa.py), each
+validating its input and asking the router; the _-prefixed modules hold what several ops share."""

@@ -10,7 +10,7 @@
 Each op validates its input (ValueError/TypeError naming the argument, before any launch; an input
 whose channels do not fit the weight raises InputShapeError, a RuntimeError like torch's and a
 ValueError), builds a routing Request and runs the backend module the router picks
-(backends/triton/conv.py, or backends/torch_ref/conv.py). Autograd, float64, odd 'same' padding and
+(backends/triton/conv/, or backends/torch_ref/conv.py). Autograd, float64, odd 'same' padding and
 groups are typed refusals (Request features, coverage) that fall back to torch.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each op validates its input (errors name the argument, before any launch), builds a routing
 Request and runs the function of the same name in the backend module the router picks
-(`backends/triton/conv2d.py`, or `backends/torch_ref/conv2d.py` as the library fallback).
+(`backends/triton/conv2d/`, or `backends/torch_ref/conv2d.py` as the library fallback).
 
     y = conv2d(x, weight, bias, stride=2, padding=1, residual=r, relu=True)   # NCHW
     stats = stats_pool(frames, weights=masks)      # pyannote StatsPool semantics

@@ -7,7 +7,7 @@ keyword-only extension, `input_scale` (the waveform is multiplied by it first; p
 front end uses 32768). Options are validated once per option set (an `FbankOptions`, frozen and
 hashable); a bad option, or a waveform shorter than one frame, raises ValueError naming the option
 before any kernel runs. The router then picks the backend: the fused Triton kernel
-(`backends/triton/fbank.py`) or the torch implementation (`backends/torch_ref/fbank.py`).
+(`backends/triton/fbank/`) or the torch implementation (`backends/torch_ref/fbank.py`).
 
 Shapes (torchaudio's `channel` keyword decides how 2-D input is read):
 - (T,)                       -> (frames, bins)

@@ -17,14 +17,14 @@ before anything is written, as FlashAttention checks it, with a ValueError or Ty
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Literal, Optional, Tuple, Union, overload
 
 import torch
 
 from rlx_triton.backends.torch_ref import flash_attn as reference
+from rlx_triton.ops import _decisions
+from rlx_triton.ops._attention_options import attention_option_features, check_attention_options, values_readable
 from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
-from rlx_triton.ops.sdpa_decode import (_decided, _decision_key, _values_readable, attention_option_features,
-                                        check_attention_options)
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 
@@ -173,7 +173,7 @@ def _check_values(q, k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cac
                   window_size, alibi_slopes) -> None:
     """The checks that read index data (a host sync): skipped while compiling, tracing fakes or capturing a
     CUDA graph, where the indices are the caller's contract."""
-    if cache_seqlens is None or not _values_readable(cache_seqlens):
+    if cache_seqlens is None or not values_readable(cache_seqlens):
         return
     capacity = _capacity(k_cache, block_table)
     seqlen_new = 0 if k is None else k.shape[1]
@@ -260,7 +260,7 @@ def _flash_attn_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    rotary_interleaved: bool, alibi_slopes: Optional[torch.Tensor],
                    decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     window_size = (window_left, window_right)
-    chosen = _decided(decision)
+    chosen = _decisions.received(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
         chosen = route(_request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table, causal,
                                 window_size, softcap, alibi_slopes))
@@ -277,6 +277,49 @@ def _flash_attn_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     batch, seqlen_q, num_heads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, num_heads, v_cache.shape[-1]))
     return out, q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
+
+
+# The return type follows return_softmax_lse: `out` alone, or (out, softmax_lse) with return_softmax_lse=True
+# (passed by keyword; passed by position it is the bool overload's Union).
+@overload
+def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k: Optional[torch.Tensor] = ..., v: Optional[torch.Tensor] = ...,
+                            rotary_cos: Optional[torch.Tensor] = ..., rotary_sin: Optional[torch.Tensor] = ...,
+                            cache_seqlens: Optional[Union[int, torch.Tensor]] = ...,
+                            cache_batch_idx: Optional[torch.Tensor] = ...,
+                            cache_leftpad: Optional[torch.Tensor] = ...,
+                            block_table: Optional[torch.Tensor] = ..., softmax_scale: Optional[float] = ...,
+                            causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
+                            rotary_interleaved: bool = ..., alibi_slopes: Optional[torch.Tensor] = ...,
+                            num_splits: int = ..., return_softmax_lse: Literal[False] = ...) -> torch.Tensor: ...
+
+
+@overload
+def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k: Optional[torch.Tensor] = ..., v: Optional[torch.Tensor] = ...,
+                            rotary_cos: Optional[torch.Tensor] = ..., rotary_sin: Optional[torch.Tensor] = ...,
+                            cache_seqlens: Optional[Union[int, torch.Tensor]] = ...,
+                            cache_batch_idx: Optional[torch.Tensor] = ...,
+                            cache_leftpad: Optional[torch.Tensor] = ...,
+                            block_table: Optional[torch.Tensor] = ..., softmax_scale: Optional[float] = ...,
+                            causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
+                            rotary_interleaved: bool = ..., alibi_slopes: Optional[torch.Tensor] = ...,
+                            num_splits: int = ..., *, return_softmax_lse: Literal[True]
+                            ) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k: Optional[torch.Tensor] = ..., v: Optional[torch.Tensor] = ...,
+                            rotary_cos: Optional[torch.Tensor] = ..., rotary_sin: Optional[torch.Tensor] = ...,
+                            cache_seqlens: Optional[Union[int, torch.Tensor]] = ...,
+                            cache_batch_idx: Optional[torch.Tensor] = ...,
+                            cache_leftpad: Optional[torch.Tensor] = ...,
+                            block_table: Optional[torch.Tensor] = ..., softmax_scale: Optional[float] = ...,
+                            causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
+                            rotary_interleaved: bool = ..., alibi_slopes: Optional[torch.Tensor] = ...,
+                            num_splits: int = ..., return_softmax_lse: bool = ...
+                            ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 @routed_op(_explain_request)
@@ -351,7 +394,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                         cache_leftpad, block_table, softmax_scale, causal, (left, right), softcap,
                         rotary_interleaved, alibi_slopes)
     else:
+        decision = None if decided is None else _decisions.hand_off(decided)
         out, lse = _flash_attn_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                   cache_leftpad, block_table, softmax_scale, causal, left, right, float(softcap),
-                                  rotary_interleaved, alibi_slopes, None if decided is None else _decision_key(decided))
+                                  rotary_interleaved, alibi_slopes, decision)
     return (out, lse) if return_softmax_lse else out

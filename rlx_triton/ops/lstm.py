@@ -4,7 +4,7 @@
                               batch_first=True)
 
 The op validates its input (errors name the argument, before any launch), builds a routing Request
-and runs `lstm` of the backend module the router picks (`backends/triton/lstm.py`, or
+and runs `lstm` of the backend module the router picks (`backends/triton/lstm/`, or
 `backends/torch_ref/lstm.py`). Training with active dropout, proj_size > 0, packed sequences and
 autograd are typed refusals (Request features) that fall back to torch.
 """

@@ -4,7 +4,7 @@
                       classifier.weight, classifier.bias, activation="log_softmax")
 
 Validates its input (errors name the argument, before any launch), builds a routing Request and
-runs `segdense` of the backend module the router picks (`backends/triton/segdense.py`, or
+runs `segdense` of the backend module the router picks (`backends/triton/segdense/`, or
 `backends/torch_ref/segdense.py`). Autograd is a typed refusal that falls back to torch.
 """
 from __future__ import annotations

@@ -15,20 +15,22 @@ ValueError or TypeError naming it.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Literal, Optional, Tuple, Union, overload
 
 import torch
 
 from rlx_triton.backends.torch_ref import varlen_attention as reference
 from rlx_triton.backends.torch_ref.flash_attn import masking
+from rlx_triton.ops import _decisions
+from rlx_triton.ops._attention_options import attention_option_features, check_attention_options, values_readable
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
-from rlx_triton.ops.sdpa_decode import (_decided, _decision_key, _values_readable, attention_option_features,
-                                        check_attention_options)
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
 
 _OP = "flash_attn_varlen_func"
 _INDEX_DTYPES = (torch.int32, torch.int64)
+# (out, softmax_lse, S_dmask): what return_attn_probs=True returns
+_WithAttnProbs = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 
 class VarlenAttentionInputError(ValueError):
@@ -145,7 +147,7 @@ def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 def _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table) -> None:
     """The checks that read the offsets and the block table (a host sync): skipped while compiling, tracing
     fakes or capturing a CUDA graph, where they are the caller's contract."""
-    if not _values_readable(cu_seqlens_q):
+    if not values_readable(cu_seqlens_q):
         return
     for name, offsets, bound, rows in (("cu_seqlens_q", cu_seqlens_q, max_seqlen_q, q.shape[0]),
                                        ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k, None)):
@@ -212,7 +214,7 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
                s_aux: Optional[torch.Tensor], layout: str,
                decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     window_size = (window_left, window_right)
-    chosen = _decided(decision)
+    chosen = _decisions.received(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
         chosen = route(_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, 0.0, causal, window_size,
                                 softcap, alibi_slopes, block_table, s_aux, layout))
@@ -247,7 +249,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                     return_probs=return_attn_probs)
     out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                           left, right, float(softcap), alibi_slopes, block_table, s_aux, layout,
-                          None if decided is None else _decision_key(decided))
+                          None if decided is None else _decisions.hand_off(decided))
     return out, lse, None
 
 
@@ -260,14 +262,52 @@ def _explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     alibi_slopes, block_table, s_aux, "packed")
 
 
+# The return type follows return_attn_probs: `out` alone, or (out, softmax_lse, S_dmask) with
+# return_attn_probs=True (passed by keyword; passed by position it is the bool overload's Union).
+@overload
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: Union[int, torch.Tensor],
+                           max_seqlen_k: Union[int, torch.Tensor], dropout_p: float = ...,
+                           softmax_scale: Optional[float] = ..., causal: bool = ...,
+                           window_size: Tuple[int, int] = ..., softcap: float = ...,
+                           alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
+                           return_attn_probs: Literal[False] = ..., block_table: Optional[torch.Tensor] = ...,
+                           s_aux: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
+
+
+@overload
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: Union[int, torch.Tensor],
+                           max_seqlen_k: Union[int, torch.Tensor], dropout_p: float = ...,
+                           softmax_scale: Optional[float] = ..., causal: bool = ...,
+                           window_size: Tuple[int, int] = ..., softcap: float = ...,
+                           alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
+                           *, return_attn_probs: Literal[True], block_table: Optional[torch.Tensor] = ...,
+                           s_aux: Optional[torch.Tensor] = ...) -> _WithAttnProbs: ...
+
+
+@overload
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: Union[int, torch.Tensor],
+                           max_seqlen_k: Union[int, torch.Tensor], dropout_p: float = ...,
+                           softmax_scale: Optional[float] = ..., causal: bool = ...,
+                           window_size: Tuple[int, int] = ..., softcap: float = ...,
+                           alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
+                           return_attn_probs: bool = ..., block_table: Optional[torch.Tensor] = ...,
+                           s_aux: Optional[torch.Tensor] = ...
+                           ) -> Union[torch.Tensor, _WithAttnProbs]: ...
+
+
 @routed_op(_explain_varlen)
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: Union[int, torch.Tensor],
+                           max_seqlen_k: Union[int, torch.Tensor], dropout_p: float = 0.0,
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Optional[torch.Tensor] = None, deterministic: bool = False,
                            return_attn_probs: bool = False, block_table: Optional[torch.Tensor] = None,
-                           s_aux: Optional[torch.Tensor] = None):
+                           s_aux: Optional[torch.Tensor] = None
+                           ) -> Union[torch.Tensor, _WithAttnProbs]:
     """FlashAttention 2's flash_attn_varlen_func: attention over a ragged batch of sequences.
 
     q (total_q, H, D), sequence s owning rows [cu_seqlens_q[s], cu_seqlens_q[s + 1]); k/v (total_k, Hkv, D/Dv)
@@ -276,12 +316,13 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     cu_seqlens_k[s + 1] - cu_seqlens_k[s] keys in its pages in order (any page size >= 1). Hkv divides H (query
     head h reads KV head h // (H // Hkv)). cu_seqlens_q/_k: (num_seqs + 1,) int32 offsets from 0;
     max_seqlen_q/_k: ints (or 0-d integer tensors) at least every sequence's length (FA normalizes causal
-    and the window against them). causal is aligned bottom-right within each sequence; window_size (left, right) keeps keys within
-    left before and right after a row's diagonal (-1: unbounded); softcap > 0 maps each scaled score s to
-    softcap * tanh(s / softcap); alibi_slopes (H,) or (num_seqs, H) float32 add -slope * |distance| (slope *
-    key index under causal attention, as FA2's kernels do); dropout_p drops probabilities (the torch path);
-    softmax_scale defaults to D ** -0.5; deterministic is accepted (the forward is deterministic). s_aux
-    (beyond FA2): (H,) attention-sink logits, each joining its head's softmax denominator.
+    and the window against them). causal is aligned bottom-right within each sequence; window_size (left,
+    right) keeps keys within left before and right after a row's diagonal (-1: unbounded); softcap > 0 maps
+    each scaled score s to softcap * tanh(s / softcap); alibi_slopes (H,) or (num_seqs, H) float32 add
+    -slope * |distance| (slope * key index under causal attention, as FA2's kernels do); dropout_p drops
+    probabilities (the torch path); softmax_scale defaults to D ** -0.5; deterministic is accepted (the
+    forward is deterministic). s_aux (beyond FA2): (H,) attention-sink logits, each joining its head's softmax
+    denominator.
     Returns out (total_q, H, Dv) in q's dtype; with return_attn_probs=True, (out, softmax_lse (H, total_q)
     float32 natural-log LSE, S_dmask), S_dmask None unless dropout_p > 0 (then (num_seqs, H, max_seqlen_q,
     max_seqlen_k) probabilities with the dropped ones negated, FA's sign encoding). A row that sees no key
@@ -325,12 +366,41 @@ def _explain_batched(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, w
                     softcap, alibi_slopes, None, s_aux, "batched")
 
 
+# The return type follows return_attn_probs, as flash_attn_varlen_func's does.
+@overload
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = ...,
+                    softmax_scale: Optional[float] = ..., causal: bool = ...,
+                    window_size: Tuple[int, int] = ..., softcap: float = ...,
+                    alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
+                    return_attn_probs: Literal[False] = ..., s_aux: Optional[torch.Tensor] = ...
+                    ) -> torch.Tensor: ...
+
+
+@overload
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = ...,
+                    softmax_scale: Optional[float] = ..., causal: bool = ...,
+                    window_size: Tuple[int, int] = ..., softcap: float = ...,
+                    alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
+                    *, return_attn_probs: Literal[True], s_aux: Optional[torch.Tensor] = ...
+                    ) -> _WithAttnProbs: ...
+
+
+@overload
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = ...,
+                    softmax_scale: Optional[float] = ..., causal: bool = ...,
+                    window_size: Tuple[int, int] = ..., softcap: float = ...,
+                    alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
+                    return_attn_probs: bool = ..., s_aux: Optional[torch.Tensor] = ...
+                    ) -> Union[torch.Tensor, _WithAttnProbs]: ...
+
+
 @routed_op(_explain_batched)
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                     softmax_scale: Optional[float] = None, causal: bool = False,
                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[torch.Tensor] = None, deterministic: bool = False,
-                    return_attn_probs: bool = False, s_aux: Optional[torch.Tensor] = None):
+                    return_attn_probs: bool = False, s_aux: Optional[torch.Tensor] = None
+                    ) -> Union[torch.Tensor, _WithAttnProbs]:
     """FlashAttention 2's flash_attn_func: q (B, Sq, H, D), k/v (B, Sk, Hkv, D/Dv), the options of
     flash_attn_varlen_func (alibi_slopes (H,) or (B, H)). Returns out (B, Sq, H, Dv); with
     return_attn_probs=True, (out, softmax_lse (B, H, Sq) float32, S_dmask), S_dmask None unless dropout_p > 0

@@ -388,13 +388,13 @@ def test_check_values_auto_and_1_still_refuse_bad_lengths_on_the_cpu():
 
 def test_check_values_auto_reads_only_tensors_on_the_cpu():
     from rlx_triton.config import override_settings
-    from rlx_triton.ops.sdpa_decode import _values_readable
+    from rlx_triton.ops._attention_options import values_readable
 
     on_gpu = SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True)
     with override_settings(check_values="auto"):
-        assert _values_readable(torch.zeros(2)) and not _values_readable(on_gpu)
+        assert values_readable(torch.zeros(2)) and not values_readable(on_gpu)
     with override_settings(check_values="0"):
-        assert not _values_readable(torch.zeros(2))
+        assert not values_readable(torch.zeros(2))
 
 
 def test_flash_attn_with_kvcache_under_check_values_0_reads_no_index_value(monkeypatch):
@@ -799,7 +799,7 @@ def test_an_eager_kernel_call_is_routed_once():
 
 
 def test_a_new_kv_length_in_the_same_bucket_reuses_the_decision(monkeypatch):
-    from rlx_triton.ops import sdpa_decode as ops_module
+    from rlx_triton.ops import sdpa as ops_module
     from rlx_triton.router import clear_route_cache
 
     def must_not_run(*args, **kwargs):

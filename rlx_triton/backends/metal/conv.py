@@ -96,7 +96,8 @@ def instance_norm_act(x: torch.Tensor, gamma: Optional[torch.Tensor], beta: Opti
     library.dispatch(
         FAMILY, "instance_norm_act", x.dtype, KERNEL_ARGUMENTS["instance_norm_act"],
         groups=batch * channels, group_size=_group_size(candidate), x=x.contiguous(),
-        gamma=gamma.detach().to(device=x.device, dtype=torch.float32).contiguous() if affine else _empty_float(x.device),
+        gamma=(gamma.detach().to(device=x.device, dtype=torch.float32).contiguous() if gamma is not None
+               else _empty_float(x.device)),
         beta=(beta.detach().to(device=x.device, dtype=torch.float32).contiguous()
               if affine and beta is not None else torch.zeros(channels, dtype=torch.float32, device=x.device)),
         out=out, channels=channels, length=length, has_affine=int(affine), eps=float(eps),

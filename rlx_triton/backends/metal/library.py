@@ -34,7 +34,7 @@ _lock = threading.Lock()
 
 def shader_path(family: str):
     """The Traversable of metal/<family>.metal inside the installed rlx_triton package."""
-    return importlib.resources.files(SHADER_PACKAGE).joinpath(SHADER_FOLDER, f"{family}.metal")
+    return importlib.resources.files(SHADER_PACKAGE).joinpath(SHADER_FOLDER).joinpath(f"{family}.metal")
 
 
 def shader_source(family: str) -> str:

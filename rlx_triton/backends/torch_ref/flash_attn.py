@@ -59,7 +59,8 @@ def decode_masking(causal: str, window: Tuple[int, int], cache_capacity: int) ->
     """The Masking of a decode-layout call (a backend's sdpa_decode): causal "bottom_right" or "none" and a
     window (left, right), as `through_decode` hands them on. It decides ALiBi's form: slope x key position where
     the causal mask is the only bound, -slope x |distance| otherwise."""
-    return window_masking(causal == "bottom_right", tuple(window), cache_capacity)
+    left, right = window
+    return window_masking(causal == "bottom_right", (left, right), cache_capacity)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -129,6 +130,7 @@ def rotate_and_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[
     in place at cache_seqlens."""
     if k is None:
         return
+    assert v is not None, "k and v come together (the op checks it)"
     seqlen_new = k.shape[1]
     if rotary_cos is not None:
         start = _rotary_start(cache_seqlens)

@@ -4,17 +4,18 @@ It also takes what the Triton kernel refuses: packed sequences, proj_size > 0, t
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
+from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage
 
 COVERAGE = Coverage.everything()
-APPROVALS = {}
-RECIPES = {}
-SPEED_EVIDENCE = {}
+APPROVALS: Dict[str, Approval] = {}
+RECIPES: Dict[str, str] = {}
+SPEED_EVIDENCE: Dict[str, str] = {}
 
 
 def _zero_state(num_states: int, batch: int, hidden: int, proj_size: int, like: torch.Tensor):

@@ -1,17 +1,18 @@
 """Library fallback for the segdense family: pyannote's dense head written with torch.nn.functional."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage
 
 COVERAGE = Coverage.everything()
-APPROVALS = {}
-RECIPES = {}
-SPEED_EVIDENCE = {}
+APPROVALS: Dict[str, Approval] = {}
+RECIPES: Dict[str, str] = {}
+SPEED_EVIDENCE: Dict[str, str] = {}
 
 
 def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[Optional[torch.Tensor]],

@@ -87,22 +87,22 @@ class AuditRecord:
 
 
 def _tool(name: str) -> str:
-    import triton  # type: ignore[import-untyped]
+    import triton
 
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
 def _jit_function(kernel):
-    from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
+    from triton.runtime.jit import JITFunction
 
     return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
 
 
 def compile_spec(spec: AuditSpec, candidate, dtype: str, arch: int = 90):
     """Compiles one variant ahead of time (no GPU); returns triton's CompiledKernel."""
-    import triton  # type: ignore[import-untyped]
-    from triton.backends.compiler import GPUTarget  # type: ignore[import-untyped]
-    from triton.compiler import ASTSource  # type: ignore[import-untyped]
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
 
     meta = dict(spec.meta(candidate, dtype))
     options = {key: meta.pop(key) for key in ("num_warps", "num_stages", "num_ctas", "maxnreg") if key in meta}

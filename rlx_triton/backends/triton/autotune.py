@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-import triton  # type: ignore[import-untyped]
+import triton
 
 from rlx_triton.backends.triton.launches import one_interpreted_launch_at_a_time
 from rlx_triton.config import settings

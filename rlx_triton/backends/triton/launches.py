@@ -77,7 +77,7 @@ def _params_of(jit) -> tuple:
     params = getattr(jit, "params", None)
     if params is not None:
         return tuple(params)
-    from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
+    from triton.runtime.jit import JITFunction
 
     options = {name: jit.kwargs.get(name) for name in ("do_not_specialize", "do_not_specialize_on_alignment")}
     return tuple(JITFunction(jit.fn, **options).params)
@@ -85,7 +85,7 @@ def _params_of(jit) -> tuple:
 
 def _pointer_element_type(dtype: Any) -> str:
     """The element type triton's JIT names a tensor's pointer with (its own canonical dtype table)."""
-    from triton._utils import type_canonicalisation_dict  # type: ignore[import-untyped]
+    from triton._utils import type_canonicalisation_dict
 
     element = type_canonicalisation_dict.get(str(dtype).split(".")[-1])
     if element is None:
@@ -355,16 +355,16 @@ def _observed_run(original):
             return None  # nothing runs while a plan is being built
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
-    run.__wrapped__ = original
+    run.__wrapped__ = original  # type: ignore[attr-defined]  # a function attribute, read by inspect.unwrap
     return run
 
 
 def _kernel_classes() -> List[Any]:
-    from triton.runtime.jit import JITFunction  # type: ignore[import-untyped]
+    from triton.runtime.jit import JITFunction
 
     classes: List[Any] = [JITFunction]
     try:
-        from triton.runtime.interpreter import InterpretedFunction  # type: ignore[import-untyped]
+        from triton.runtime.interpreter import InterpretedFunction
 
         classes.append(InterpretedFunction)
     except ImportError:  # a triton without the interpreter

@@ -67,8 +67,8 @@ between launches are float32.
 """
 from __future__ import annotations
 
-import triton  # type: ignore[import-untyped]  # triton ships no type information
-import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
+import triton
+import triton.language as tl
 
 from rlx_triton.backends.triton._tf32 import tf32_split
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton
 
 from rlx_triton.backends.candidates import plan_candidates
 from rlx_triton.backends.triton import launches

@@ -22,8 +22,8 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
 """
 from __future__ import annotations
 
-import triton  # type: ignore[import-untyped]  # triton ships no type information
-import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
+import triton
+import triton.language as tl
 
 from rlx_triton.backends.triton.conv.kernels import dot_split
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 import torch
-import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.conv.launch import UNIT_OF_PRECISION, all_candidates

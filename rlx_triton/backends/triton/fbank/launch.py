@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import triton
@@ -22,6 +22,9 @@ from rlx_triton.backends.triton.device_cache import device_constants
 from rlx_triton.backends.triton.fbank.kernels import _fbank_cmn_kernel, _fbank_frames_kernel, _fbank_split_kernel
 from rlx_triton.backends.triton.fbank.routing import APPROVALS
 from rlx_triton.backends.triton.launches import Launch
+
+# kernel meta-parameters, constexprs or scalar arguments by name: ints, floats, strings and flags
+KernelArgs = Dict[str, Any]
 
 # window samples per tl.dot step of the DFT: the frames are rebuilt in registers step by step (the
 # whole 512-sample frame as one dot operand lowers to far too much unrolled code for fp32 dots)
@@ -123,7 +126,9 @@ def _mel_blocks(num_mel_bins: int) -> Tuple[int, int]:
 
 def _split_sizes(dft_size: int) -> Dict[str, int]:
     """The two-stage kernel's DFT constexprs: N1, N2, their padded sizes and the second-stage bins."""
-    n1, n2 = split_factors(dft_size)
+    factors = split_factors(dft_size)
+    assert factors is not None, f"no two-stage split of a {dft_size}-point DFT (runs_split says where one runs)"
+    n1, n2 = factors
     return dict(N1=n1, N2=n2, N1P=_pow2(n1, 8), N2P=_pow2(n2, 8), K2P=_pow2(triton.cdiv(dft_size // 2, n1)))
 
 
@@ -147,7 +152,10 @@ def _split_dft(dft_size: int, device: torch.device) -> Tuple[torch.Tensor, torch
     twiddle = torch.stack(_dft_matrix(n1, n1p, n2, n2p, dft_size))
     cos2, sin2 = _dft_matrix(triton.cdiv(dft_size // 2, n1), k2p, n2, n2p, n2)
     stage2 = torch.stack((cos2, sin2, -sin2))
-    return tuple(t.to(torch.float32).contiguous().to(device) for t in (stage1, twiddle, stage2))
+    def on_device(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float32).contiguous().to(device)
+
+    return on_device(stage1), on_device(twiddle), on_device(stage2)
 
 
 @device_constants
@@ -174,7 +182,7 @@ def _check_precision(candidate) -> None:
         raise ValueError(f"fbank candidate precision must be 'ieee' or 'tf32x3', got {candidate.precision!r}")
 
 
-def _meta(candidate, options: FbankOptions) -> Dict[str, object]:
+def _meta(candidate, options: FbankOptions) -> KernelArgs:
     """FbankCandidate -> the dense kernel's meta-parameters: tile_frames -> BLOCK_F, tile_freq -> BLOCK_K
     (capped by the bins computed), tg_size // 32 -> num_warps, stages -> num_stages, precision -> tl.dot
     input_precision."""
@@ -189,7 +197,7 @@ def _meta(candidate, options: FbankOptions) -> Dict[str, object]:
     )
 
 
-def _split_meta(candidate) -> Dict[str, object]:
+def _split_meta(candidate) -> KernelArgs:
     """FbankCandidate -> the two-stage kernel's meta-parameters (independent of the shape, so each candidate
     is one autotune config): tile_frames -> BLOCK_F, tile_freq -> BLOCK_K (bins per step of the mel
     product), tg_size -> num_warps and STEP_SAMPLES (STEP_SAMPLES_PER_THREAD per thread), stages ->
@@ -211,7 +219,7 @@ def _split_config(candidate) -> triton.Config:
     return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
 
 
-def _option_constexprs(options: FbankOptions) -> Dict[str, object]:
+def _option_constexprs(options: FbankOptions) -> KernelArgs:
     """Constexprs fixed by the option set that both frames kernels take."""
     energy_first = options.use_energy and not options.htk_compat
     return dict(
@@ -234,14 +242,14 @@ def _option_constexprs(options: FbankOptions) -> Dict[str, object]:
     )
 
 
-def _constexprs(options: FbankOptions) -> Dict[str, object]:
+def _constexprs(options: FbankOptions) -> KernelArgs:
     """The dense kernel's constexprs fixed by the option set (everything but the candidate's tiling)."""
     return dict(WIN_P=_window_padded(options.window_size), WIN_CHUNK=WINDOW_STEP,
                 NFREQ_P=_pow2(options.padded_window_size // 2), MEL_P=_pow2(options.num_mel_bins),
                 **_option_constexprs(options))
 
 
-def _split_constexprs(options: FbankOptions) -> Dict[str, object]:
+def _split_constexprs(options: FbankOptions) -> KernelArgs:
     """The two-stage kernel's constexprs fixed by the option set."""
     mel_a, mel_b = _mel_blocks(options.num_mel_bins)
     return dict(**_split_sizes(options.padded_window_size), MEL_A=mel_a, MEL_B=mel_b, **_option_constexprs(options))
@@ -263,7 +271,7 @@ def tuned_split_kernel():
     return _tuned_split_kernel
 
 
-def _common_args(wave, out, partials, options: FbankOptions) -> Dict[str, object]:
+def _common_args(wave, out, partials, options: FbankOptions) -> KernelArgs:
     """The frames kernels' scalar arguments by name, in the dense kernel's parameter order."""
     num_samples = wave.shape[1]
     return dict(

@@ -13,8 +13,8 @@ and the layer widths are constexprs, so a call makes no host-to-device copy (CUD
 """
 from __future__ import annotations
 
-import triton  # type: ignore[import-untyped]  # triton ships no type information
-import triton.language as tl  # type: ignore[import-untyped]  # triton ships no type information
+import triton
+import triton.language as tl
 
 ACTIVATIONS = ("none", "sigmoid", "log_softmax")   # the kernels' ACTIVATION is the index of the name here
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
-import triton  # type: ignore[import-untyped]  # triton ships no type information
+import triton
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.device_cache import packed_weights
