@@ -8,7 +8,7 @@ back to themselves.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from rlx_triton.perf.roofline import KernelEstimate, KernelTerms, occupancy, priced, rounded, wave_shape
 from rlx_triton.perf.structure import chain_steps, loop_trips
