@@ -3,8 +3,9 @@
 End to end: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> fbank (32, 998, 80) -> ResNet34 trunk
 (m_channels 32, blocks 3/4/6/3) -> TSTP (32, 5120) -> seg_1 (32, 256); random weights with
 non-trivial BatchNorm statistics. The stock model is pyannote.audio's WeSpeakerResNet34 when
-installed, else the structural copy in tests/reference/wespeaker_models.py with a batched torch
-kaldi fbank front end (what pyannote's vmap over torchaudio computes).
+installed (rlx_triton.perf.stock_models, what `rlx-triton perf` analyses), else the structural copy in
+tests/reference/wespeaker_models.py with a batched torch kaldi fbank front end (what pyannote's vmap over
+torchaudio computes).
 
 The end-to-end row runs the routed (on a GPU: autotuned among approved candidates) kernels; on a GPU
 one more end-to-end row per approved conv candidate pins it as the device recipe (no tuning, no
@@ -28,14 +29,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlx_triton.perf import stock_models
 from rlx_triton.perf.cases import TRUNK_LAYER_KEYS
 from rlx_triton.perf.cases import embedding_cases as cases
-
-
-def _randomize(model: nn.Module) -> nn.Module:
-    from tests.reference.wespeaker_models import randomize
-
-    return randomize(model)
 
 
 def _stock_compute_fbank(self, waveforms: torch.Tensor) -> torch.Tensor:
@@ -48,14 +44,13 @@ def _stock_compute_fbank(self, waveforms: torch.Tensor) -> torch.Tensor:
 
 def _wespeaker34() -> nn.Module:
     try:
-        from pyannote.audio.models.embedding import WeSpeakerResNet34  # type: ignore
-        return _randomize(WeSpeakerResNet34())
-    except ImportError:
+        return stock_models.wespeaker_resnet34()
+    except stock_models.StockModelUnavailable:
         pass
     from rlx_triton.nn.fbank import Fbank
     from tests.reference.wespeaker_models import WeSpeakerResNet34
 
-    model = _randomize(WeSpeakerResNet34())
+    model = stock_models.randomize(WeSpeakerResNet34())
     options = dict(model._fbank.keywords, input_scale=float(1 << 15), subtract_mean=True)
     object.__setattr__(model, "_bench_fbank", Fbank(**options))
     object.__setattr__(model, "compute_fbank", types.MethodType(_stock_compute_fbank, model))
@@ -118,7 +113,7 @@ def _trunk_layer(spec: dict, device, quick: bool) -> list:
                       if device.type == "cuda" else "torch CPU conv, BatchNorm folded, + residual, relu")
     conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)
     bn = nn.BatchNorm2d(c_out)
-    _randomize(nn.Sequential(conv, bn))
+    stock_models.randomize(nn.Sequential(conv, bn))
     conv, bn = conv.to(device), bn.to(device)
     x = torch.randn(batch, c_in, h, w, device=device)
     fused = Conv2d.from_torch(conv, bn=bn, relu=True).to(device)

@@ -2,9 +2,9 @@
 
 Shape: 32 chunks of 10 s at 16 kHz, (32, 1, 160000) -> (32, 589, 7); SincNet, a 4-layer
 bidirectional LSTM (hidden 128), two linear layers (128) and the powerset classifier (7 classes,
-log-softmax); random weights. The model is pyannote.audio's PyanNet when installed, else the
-structural copy in tests/reference/pyannote_models.py. On a GPU a second row times
-optimize(model, cuda_graphs=True): the forward replayed from a CUDA graph captured for the shape. On CPU (quick): 1 chunk of 2 s, routed to
+log-softmax); random weights. The model is pyannote.audio's PyanNet when installed
+(rlx_triton.perf.stock_models, what `rlx-triton perf` analyses), else the structural copy in
+tests/reference/pyannote_models.py. On a GPU a second row times optimize(model, cuda_graphs=True): the forward replayed from a CUDA graph captured for the shape. On CPU (quick): 1 chunk of 2 s, routed to
 the torch fallback (the interpreter is not a speed path): context for the dispatch cost only.
 """
 from __future__ import annotations
@@ -15,24 +15,16 @@ from pathlib import Path
 
 import torch
 
+from rlx_triton.perf import stock_models
 from rlx_triton.perf.cases import pyannote_segmentation_cases as cases
 
 
 def _pyannet():
     try:
-        from pyannote.audio.core.task import Problem, Resolution, Specifications  # type: ignore
-        from pyannote.audio.models.segmentation import PyanNet  # type: ignore
-    except ImportError:
+        return stock_models.pyannet()
+    except stock_models.StockModelUnavailable:
         from tests.reference.pyannote_models import make_pyannet
         return make_pyannet(hidden=128, lstm_layers=4, linear_layers=2, linear_hidden=128, powerset=True)
-    model = PyanNet(sincnet={"stride": 10}, lstm={"hidden_size": 128, "num_layers": 4, "bidirectional": True,
-                                                  "monolithic": True, "dropout": 0.0},
-                    linear={"hidden_size": 128, "num_layers": 2}, sample_rate=16000, num_channels=1)
-    model.specifications = Specifications(problem=Problem.MONO_LABEL_CLASSIFICATION, resolution=Resolution.FRAME,
-                                          duration=10.0, classes=["speaker#1", "speaker#2", "speaker#3"],
-                                          powerset_max_classes=2, permutation_invariant=True)
-    model.build()
-    return model.eval()
 
 
 def run(quick: bool = False, progress=None) -> list:

@@ -9,7 +9,8 @@ inference setting). Two baselines, side by side in one run:
 On a GPU one more row per approved candidate pins it (the evidence a RECIPES entry needs).
 On CPU: 1 chunk, the rlx op routed to its torch fallback (the interpreter is not a speed
 path), so the numbers are context for the dispatch cost, not a kernel claim.
-The pyannote module is pyannote.audio's when installed, else the structural copy in tests/reference/conv.py.
+The pyannote module is pyannote.audio's when installed (rlx_triton.perf.stock_models, what `rlx-triton perf`
+analyses), else the structural copy in tests/reference/conv.py.
 """
 from __future__ import annotations
 
@@ -18,17 +19,16 @@ from pathlib import Path
 
 import torch
 
+from rlx_triton.perf import stock_models
 from rlx_triton.perf.cases import sincnet_cases as cases
 
 
 def _pyannote_sincnet():
     try:
-        from pyannote.audio.models.blocks.sincnet import SincNet  # type: ignore
-        module = SincNet(sample_rate=16000, stride=10)
-    except ImportError:
+        return stock_models.pyannote_sincnet()
+    except stock_models.StockModelUnavailable:
         from tests.reference.conv import random_sincnet
-        return random_sincnet(stride=10)
-    return module.eval()
+        return random_sincnet(stride=stock_models.SINCNET_STRIDE)
 
 
 def _cached_sequence(module):

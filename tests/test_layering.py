@@ -1,19 +1,22 @@
 """The import layering of rlx_triton, read from its source with ast (nothing is imported).
 
 Two graphs of the package's modules: the module-level imports (what `import rlx_triton.x` runs) and the same
-with the imports made inside functions too. The first has no cycle at all; the second has none of the named
-circles (router registry <-> backends, explaining <-> integrations, cli <-> bench), and the package imports
-neither bench/ nor tests/. An import names the module it imports (`from a.b import c` names a.b.c where c is a
-module, else a.b): a package's own __init__ re-exporting its submodules is not a circle.
+with the imports made inside functions too (imports under `if TYPE_CHECKING:` never run and count in
+neither). Neither graph has a cycle: each module imports only modules below it, even lazily, so every
+piece two modules share lives below both. The named circles of the layering issue (router registry <->
+backends, explaining <-> integrations, cli <-> bench) are checked by area too, and the package imports
+neither bench/ nor tests/, not even through a computed importlib.import_module name. An import names the
+module it imports (`from a.b import c` names a.b.c where c is a module, else a.b): a package's own __init__
+re-exporting its submodules is not a circle.
 
-    python -m tests.test_layering      # prints every cycle of both graphs; exit 1 on a module-level one
+    python -m tests.test_layering      # prints every cycle of both graphs; exit 1 on any
 """
 from __future__ import annotations
 
 import ast
 import sys
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, Iterator, List, Optional, Set
 
 import pytest
 
@@ -56,7 +59,7 @@ def import_graph(function_level: bool) -> Dict[str, Set[str]]:
     graph: Dict[str, Set[str]] = {}
     for module, path in names.items():
         tree = ast.parse(path.read_text(), str(path))
-        statements = ast.walk(tree) if function_level else _module_level(tree.body)
+        statements = _everywhere(tree) if function_level else _module_level(tree.body)
         targets: Set[str] = set()
         for node in statements:
             names: List[str] = []
@@ -76,7 +79,20 @@ def _is_import_module_call(node: ast.AST) -> bool:
             and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
 
 
-def _module_level(body: List[ast.stmt]):
+def _everywhere(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under `node`, function bodies included, except what `if TYPE_CHECKING:` guards (its else
+    branch runs)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for other in child.orelse:
+                yield other
+                yield from _everywhere(other)
+            continue
+        yield child
+        yield from _everywhere(child)
+
+
+def _module_level(body: List[ast.stmt]) -> Iterator[ast.AST]:
     """The statements run at import: the module body and its if/try/with blocks, not functions or classes'
     methods (a class body runs at import too)."""
     for node in body:
@@ -180,6 +196,10 @@ def test_module_level_imports_have_no_cycle():
     assert cycles(import_graph(function_level=False)) == []
 
 
+def test_no_cycle_even_through_imports_inside_functions():
+    assert cycles(import_graph(function_level=True)) == []
+
+
 @pytest.mark.parametrize("first, second", NAMED_CIRCLES, ids=lambda name: name.rsplit(".", 1)[-1])
 def test_no_named_circle_even_through_imports_inside_functions(first, second):
     graph = import_graph(function_level=True)
@@ -207,6 +227,35 @@ def test_the_package_never_imports_bench_or_tests():
     assert offenders == []
 
 
+def test_the_package_computes_no_import_of_bench_or_tests():
+    offenders = sorted(f"{module}:{getattr(node, 'lineno', 0)}" for module, path in module_names().items()
+                       for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                       if (_computed_import_prefix(node) or "").split(".")[0] in FORBIDDEN_TOP_LEVEL)
+    assert offenders == []
+
+
+def _computed_import_prefix(node: ast.AST) -> Optional[str]:
+    """The constant text an import_module / __import__ call's computed name starts with (f"bench.{name}" ->
+    "bench."), None for anything else."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.JoinedStr)):
+        return None
+    function = node.func
+    name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+    if name not in ("import_module", "__import__"):
+        return None
+    first = node.args[0].values[0] if node.args[0].values else None
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else ""
+
+
+def test_a_typing_only_import_and_a_computed_bench_import_are_told_apart():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\n"
+                     "def f():\n    import c\n    importlib.import_module(f'bench.{name}')\n")
+    imported = {alias.name for node in _everywhere(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert imported == {"b", "c"}
+    assert [_computed_import_prefix(node) for node in ast.walk(tree) if _computed_import_prefix(node) is not None] \
+        == ["bench."]
+
+
 def test_a_cycle_is_found_and_printed_as_a_closed_path():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c", "a"]]
@@ -225,7 +274,7 @@ def main() -> int:
     for first, second in NAMED_CIRCLES:
         there, back = imports_between(graph, first, second), imports_between(graph, second, first)
         print(f"{first} <-> {second}: " + (f"CIRCLE {there} / {back}" if there and back else "none"))
-    return 1 if cycles(import_graph(function_level=False)) else 0
+    return 1 if cycles(import_graph(function_level=False)) or cycles(import_graph(function_level=True)) else 0
 
 
 if __name__ == "__main__":

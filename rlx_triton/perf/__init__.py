@@ -46,7 +46,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_DEVICE = "h200"
-# the benches in bench/ whose cases launch kernels (bench/<name>.py states cases(quick, gpu))
+# where measured bench results are read from and calibrated profiles written to by default
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# the benches in bench/ whose cases launch kernels (rlx_triton.perf.cases states their case lists)
 BENCHES = ("sdpa_decode", "attention_serving", "fbank", "sincnet", "lstm", "pyannote_segmentation", "embedding")
 
 
@@ -130,7 +132,7 @@ def _route_summary(case, routes) -> tuple:
 
 def _op_calls(routes) -> list:
     """Routes with consecutive lookups of the same request (an op routing twice per call) merged."""
-    calls = []
+    calls: List[Any] = []
     for route in routes:
         if calls and calls[-1].request == route.request and calls[-1].backend == route.backend:
             continue
@@ -188,7 +190,7 @@ def _measured(profile, results_dir: Path) -> Dict[tuple, float]:
             continue
         if not isinstance(report, dict) or not profile.matches(str(report.get("device", ""))):
             continue
-        table = {}
+        table: Dict[tuple, float] = {}
         for row in report.get("cases", []):
             key = (row.get("bench"), row.get("shape"), row.get("dtype"), row.get("candidate"))
             if row.get("rlx_us") is not None:
@@ -201,7 +203,7 @@ def analyse_plan(records: Sequence[Any], profile, *, workers: Optional[int] = No
                  cache_dir: Optional[str] = None) -> list:
     """KernelEstimates of launch records on a profile (each distinct configuration compiled once)."""
     from rlx_triton.perf.compiled import CompileJob, compile_all
-    from rlx_triton.perf.roofline import estimate
+    from rlx_triton.perf.launch_estimate import estimate
 
     jobs = [CompileJob.of(record, profile.arch_number) for record in records]
     compiled = compile_all(jobs, cache_dir=cache_dir, workers=workers)
@@ -215,9 +217,11 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     progress: a callable taking a message; with it, the cases are counted off on stderr one by one
     (rlx_triton.progress.Progress) and each phase after them says what it did. quick: the case lists a quick
     bench run measures (what --calibrate reads from a quick run)."""
-    from rlx_triton.perf.benches import REPO_ROOT, perf_cases
+    from rlx_triton.perf.benches import perf_cases
     from rlx_triton.perf.compiled import CompileJob, compile_all
-    from rlx_triton.perf.roofline import ASSUMPTIONS, case_range, case_totals, estimate
+    from rlx_triton.perf.stock_models import StockModelUnavailable
+    from rlx_triton.perf.launch_estimate import estimate
+    from rlx_triton.perf.roofline import ASSUMPTIONS, case_range, case_totals
     from rlx_triton.perf.trace import trace
     from rlx_triton.router.device import profile_facts, routing_as
 
@@ -229,7 +233,12 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     traced = []
     model_traces: Dict[str, Any] = {}
     wanted = list(names)
-    cases_of = {name: perf_cases(name, facts, quick) for name in wanted}
+    cases_of = {}
+    for name in wanted:
+        try:
+            cases_of[name] = perf_cases(name, facts, quick)
+        except StockModelUnavailable as error:
+            errors.append(f"{name}: {error}")
     with Progress(sum(map(len, cases_of.values())), "perf", unit="case", enabled=progress is not None) as shown:
         for name, cases in cases_of.items():
             for case in cases:
@@ -244,14 +253,14 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
             continue
         try:
             model_cases = perf_cases(name, facts, quick)
-        except RuntimeError as error:   # the stock models live in bench/ of a source checkout, not in a wheel
+        except StockModelUnavailable as error:
             say(f"perf: no {name} model report ({error})")
             continue
         for case in model_cases:
             if case.model is not None:
                 model_traces[case.model] = trace(case.call, facts, host_syncs=True)
 
-    jobs = {}
+    jobs: Dict[int, Any] = {}
     for _case, result in traced:
         for record in result.records:
             jobs.setdefault(id(record), CompileJob.of(record, profile.arch_number))
@@ -291,7 +300,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
             notes.append(f"trace failed: {result.error}")
             errors.append(f"{case.bench} {label}: {result.error}")
         unplanned = result.unplanned_families() if case.pinned is None else (
-            [case.family] if result.log.outside else [])
+            [case.family or case.bench] if result.log.outside else [])
         if unplanned:
             notes.append(f"no launch plan yet: {', '.join(unplanned)}")
             floor_us = est_us = bw_fraction = est_low_us = est_high_us = None
@@ -310,20 +319,20 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
 
     models = []
     for model in ("PyanNet segmentation", "WeSpeaker ResNet34"):
-        result = model_traces.get(model)
-        complete = result is not None and not result.error
-        if result is not None and result.error:
-            errors.append(f"model {model}: {result.error}")
-        models.append({"model": model, "launches_per_forward": result.launches if complete else None,
-                       "host_syncs_per_forward": len(result.host_syncs) if complete else None,
-                       "_syncs": list(result.host_syncs or []) if result is not None else []})
+        forward = model_traces.get(model)
+        complete = forward is not None and not forward.error
+        if forward is not None and forward.error:
+            errors.append(f"model {model}: {forward.error}")
+        syncs = list(forward.host_syncs or []) if forward is not None else []
+        models.append({"model": model, "launches_per_forward": forward.launches if forward and complete else None,
+                       "host_syncs_per_forward": len(syncs) if complete else None, "_syncs": syncs})
     from rlx_triton.devices import profile_block
 
-    report = {"device": profile.key, "calibrated": profile.calibrated, "profile": profile_block(profile),
-              "assumptions": list(ASSUMPTIONS),
-              "cases": [r.as_json() for r in reports],
-              "models": [{k: v for k, v in m.items() if not k.startswith("_")} for m in models]}
-    return {"report": report, "cases": reports, "models": models, "errors": errors}
+    written = {"device": profile.key, "calibrated": profile.calibrated, "profile": profile_block(profile),
+               "assumptions": list(ASSUMPTIONS),
+               "cases": [r.as_json() for r in reports],
+               "models": [{k: v for k, v in m.items() if not k.startswith("_")} for m in models]}
+    return {"report": written, "cases": reports, "models": models, "errors": errors}
 
 
 def _fmt(value, digits: int = 1, percent: bool = False) -> str:
@@ -358,7 +367,7 @@ def format_report(profile, analysis: dict) -> str:
                      f"{_fmt(case.floor_us):>10} {_fmt(case.est_us):>10} "
                      f"{_fmt(case.est_low_us) + '-' + _fmt(case.est_high_us):>19} "
                      f"{_fmt(case.bw_fraction, percent=True):>5} {ratio:>8}  {detail}")
-        seen = {}
+        seen: Dict[tuple, list] = {}
         for kernel in case.kernels:
             key = (kernel.name, tuple(kernel.grid), kernel.regs, kernel.smem)
             seen.setdefault(key, [kernel, 0])[1] += 1
@@ -385,7 +394,7 @@ def format_report(profile, analysis: dict) -> str:
     lines += ["", "models (one forward at the bench shape)"]
     for model in analysis["models"]:
         syncs = model["host_syncs_per_forward"]
-        kinds = {}
+        kinds: Dict[str, int] = {}
         for kind in model["_syncs"]:
             kinds[kind] = kinds.get(kind, 0) + 1
         detail = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
@@ -436,9 +445,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("rlx-triton perf: triton is not installed (the analysis compiles with its ptxas)", file=sys.stderr)
             return EXIT_USAGE
-        from rlx_triton.perf.calibrate import run as calibrate
-
-        return calibrate(args)
+        return _calibrate(args)
     try:
         if args.profile:
             profile = devices.load_profile(json.loads(Path(args.profile).read_text()))
@@ -477,6 +484,58 @@ def run(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(markdown_table(profile, analysis))
     return EXIT_FAILED if analysis["errors"] else EXIT_OK
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """The --calibrate command (see add_arguments): fits the profile of the results file's GPU; the exit code."""
+    from rlx_triton import devices
+    from rlx_triton.json_output import write_json
+    from rlx_triton.perf.calibrate import profile_values, case_estimate, fit, matched_cases, measured_table, read_results
+    from rlx_triton.perf.compiled import default_cache_dir
+
+    path = Path(args.calibrate)
+    try:
+        data = read_results(path)
+    except ValueError as error:
+        print(f"rlx-triton perf: --calibrate: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    profile = devices.profile_for_name(data["device"])
+    if profile is None or profile.kind != "cuda":
+        print(f"rlx-triton perf: --calibrate: {data['device']!r} is not a CUDA GPU with a profile "
+              f"({', '.join(p.key for p in devices.cuda_profiles())})", file=sys.stderr)
+        return EXIT_USAGE
+    cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
+    analysis = analyse(profile, args.benches or list(BENCHES), workers=args.workers, cache_dir=cache_dir,
+                       results_dir=path.parent, quick=bool(data.get("quick")),
+                       progress=lambda message: print(message, file=sys.stderr, flush=True))
+    cases = matched_cases(analysis["cases"], measured_table(data))
+    if not cases:
+        print(f"rlx-triton perf: --calibrate: no case of {path} matches a bench case (bench, shape, dtype, "
+              f"candidate)", file=sys.stderr)
+        return EXIT_FAILED
+    before = profile_values(profile)
+    after = fit(cases, profile)
+    fitted = devices.calibrated(profile, after, str(path))
+    lines = [f"calibration of {profile.name} on {len(cases)} measured cases of {path}", "",
+             f"{'case':70} {'measured us':>12} {'before us':>10} {'err':>7} {'after us':>10} {'err':>7}"]
+    for case in cases:
+        old, new = case_estimate(case, before, profile), case_estimate(case, after, profile)
+        lines.append(f"{case.label[:70]:70} {case.measured_us:>12.1f} {old:>10.1f} "
+                     f"{old / case.measured_us - 1:>+7.0%} {new:>10.1f} {new / case.measured_us - 1:>+7.0%}")
+    lines += ["", "constants (before -> after):"]
+    lines += [f"  {key}: {before[key]:.4g} -> {after[key]:.4g}" for key in before]
+    print("\n".join(lines))
+    target = Path(args.write_profile) if args.write_profile else REPO_ROOT / "bench" / "results" / "profiles" / (
+        path.stem + ".json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(devices.profile_file(fitted, str(path)), indent=1) + "\n")
+    print(f"\ncalibrated profile written to {target} (rlx-triton perf --profile {target})")
+    if args.json:
+        write_json(args.json, {"profile": devices.profile_file(fitted, str(path)),
+                               "cases": [{"case": c.label, "measured_us": c.measured_us,
+                                          "before_us": round(case_estimate(c, before, profile), 3),
+                                          "after_us": round(case_estimate(c, after, profile), 3)} for c in cases]})
+    return EXIT_OK if not analysis["errors"] else EXIT_FAILED
 
 
 def main(argv: Optional[List[str]] = None) -> int:

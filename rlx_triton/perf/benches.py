@@ -5,25 +5,21 @@ measures, what bench/<bench>.py runs); this module turns every case into the cal
 same arguments, the same per-candidate rows a GPU run adds), on meta tensors, and into the case label
 the bench writes to its results file (so measured times can be set next to the estimates). Modules are
 built on the CPU (random weights) and moved to the meta device before the traced call. The stock pyannote
-models of the sincnet, pyannote_segmentation and embedding benches come from bench/ of a source checkout
-(pyannote.audio's models, else the structural copies in tests/reference/).
+models of the sincnet, pyannote_segmentation and embedding benches are rlx_triton.perf.stock_models' (they need
+pyannote.audio; without it those benches raise StockModelUnavailable).
 """
 from __future__ import annotations
 
-import copy
-import importlib
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from rlx_triton.perf import BENCHES
 from rlx_triton.perf import cases as case_lists
+from rlx_triton.perf import stock_models
+from rlx_triton.router.protocol import FamilyModule
 
 META = torch.device("meta")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -40,19 +36,24 @@ class PerfCase:
     model: Optional[str] = None    # a whole-model forward: also reported per model (launches, host syncs)
 
 
-def bench_module(name: str):
-    """bench/<name>.py of the source checkout, for the stock models its cases run."""
-    if str(REPO_ROOT) not in sys.path and (REPO_ROOT / "bench" / "__init__.py").exists():
-        sys.path.insert(0, str(REPO_ROOT))
-    try:
-        return importlib.import_module(f"bench.{name}")
-    except ImportError as error:
-        raise RuntimeError(f"rlx-triton perf {name} builds its stock model with bench/{name}.py of a source "
-                           f"checkout; bench.{name} could not be imported ({error})") from error
-
-
 def _meta(*shape, dtype=torch.float32) -> torch.Tensor:
     return torch.empty(*shape, device=META, dtype=dtype)
+
+
+def _taken_by_triton(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Optional[Tuple[FamilyModule, Any]]:
+    """(family module, candidate) of the op call where the router gives it to Triton (the launches the bench
+    times), else None."""
+    from rlx_triton.router import explain
+
+    route = explain(op, *args, **kwargs)
+    if route.backend != "triton" or route.module is None:
+        return None
+    return route.module, route.candidate
+
+
+def _on_meta(module: Callable[..., Any], *shape: int) -> Callable[[], Any]:
+    """The call of `module` on a meta tensor of `shape`."""
+    return lambda: module(_meta(*shape))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -78,20 +79,21 @@ def _sdpa_decode(facts, quick: bool) -> List[PerfCase]:
                 k_pages = _meta(batch * pages, kv_heads, page_size, dim, dtype=dtype)
                 v_pages = _meta(batch * pages, kv_heads, page_size, dim, dtype=dtype)
                 table = _meta(batch, pages, dtype=torch.int32)
-                route = rt.explain(rt.sdpa_decode, q, k_pages, v_pages, block_table=table)
-                if route.backend != "triton":
+                taken = _taken_by_triton(rt.sdpa_decode, q, k_pages, v_pages, block_table=table)
+                if taken is None:
                     return None
-                return route.module.sdpa_decode(q, k_pages, v_pages, causal="bottom_right", block_table=table,
-                                                candidate=route.candidate)
+                module, candidate = taken
+                return module.sdpa_decode(q, k_pages, v_pages, causal="bottom_right", block_table=table,
+                                          candidate=candidate)
             k = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
             v = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
             gqa = kv_heads != heads
-            route = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
-            if route.backend != "triton":
+            taken = _taken_by_triton(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
+            if taken is None:
                 return None
+            module, candidate = taken
             # what the op's custom op runs (ops/sdpa_decode.py): meta tensors would only reach its fake
-            return route.module.scaled_dot_product_attention(q, k, v, None, False, None, gqa,
-                                                             candidate=route.candidate)
+            return module.scaled_dot_product_attention(q, k, v, None, False, None, gqa, candidate=candidate)
 
         label = f"{spec['label']} b{batch} h{heads}/{kv_heads} d{dim} kv{seq_kv}"
         rows.append(PerfCase("sdpa_decode", label, _dtype_name(dtype), call))
@@ -106,15 +108,16 @@ def _attention_serving(facts, quick: bool) -> List[PerfCase]:
     for spec in case_lists.attention_serving_cases(quick, gpu=True):
         def call(spec=spec):
             kw = case_lists.build_serving_inputs(spec, META, make=torch.empty)
-            route = rt.explain(rt.flash_attn_varlen_func, **kw)
-            if route.backend != "triton":
+            taken = _taken_by_triton(rt.flash_attn_varlen_func, **kw)
+            if taken is None:
                 return None
+            module, candidate = taken
             # the routed launch, its counts from the case's lengths (the device holds them, the bench knows them)
-            plan, outputs = route.module.varlen_attention_plan(
+            plan, outputs = module.varlen_attention_plan(
                 kw["q"], kw["k"], kw["v"], kw["cu_seqlens_q"], kw["cu_seqlens_k"], kw["max_seqlen_q"],
                 kw["max_seqlen_k"], scale=spec["head_dim"] ** -0.5, block_table=kw.get("block_table"),
-                candidate=route.candidate, lengths=case_lists.case_lengths(spec),
-                **route.module.kernel_options(True, (-1, -1), kw["max_seqlen_q"], kw["max_seqlen_k"], None))
+                candidate=candidate, lengths=case_lists.case_lengths(spec),
+                **module.kernel_options(True, (-1, -1), kw["max_seqlen_q"], kw["max_seqlen_k"], None))
             launches.run(plan)
             return outputs
 
@@ -142,8 +145,7 @@ def _fbank(facts, quick: bool) -> List[PerfCase]:
 def _sincnet(facts, quick: bool) -> List[PerfCase]:
     from rlx_triton.nn.conv import SincNet
 
-    bench = bench_module("sincnet")
-    return [_waveform_case("sincnet", SincNet.from_pyannote(bench._pyannote_sincnet()).to(META), spec,
+    return [_waveform_case("sincnet", SincNet.from_pyannote(stock_models.pyannote_sincnet()).to(META), spec,
                            lambda out: f"({out.shape[0]}, {out.shape[1]}, {out.shape[-1]})")
             for spec in case_lists.sincnet_cases(quick, gpu=True)]
 
@@ -160,27 +162,26 @@ def _lstm(facts, quick: bool) -> List[PerfCase]:
                                batch_first=True).eval().to(META)
         fast = LSTM.from_torch(module)
         label = f"({batch}, {seq}, 60) h128 x4 bi cuda"
-        rows.append(PerfCase("lstm", label, "float32", lambda fast=fast, batch=batch, seq=seq, features=features:
-                             fast(_meta(batch, seq, features))))
+        rows.append(PerfCase("lstm", label, "float32", _on_meta(fast, batch, seq, features)))
         kwargs = dict(has_biases=True, num_layers=spec["layers"], dropout=0.0, training=False, bidirectional=True,
                       batch_first=True)
         for variant in LstmVariant:  # the rows a GPU run adds: every other approved candidate, called directly
             candidate = variant.candidate()
             if candidate.tag() not in triton_lstm.APPROVALS:
                 continue
-            rows.append(PerfCase(
-                "lstm", label, "float32",
-                lambda module=module, candidate=candidate, batch=batch, seq=seq, features=features: triton_lstm.lstm(
-                    _meta(batch, seq, features), None, module._flat_weights, candidate=candidate, **kwargs),
-                pinned=candidate.tag(), family="lstm", unless_routed=True))
+
+            def direct(module=module, candidate=candidate, shape=(batch, seq, features)):
+                return triton_lstm.lstm(_meta(*shape), None, module._flat_weights, candidate=candidate, **kwargs)
+
+            rows.append(PerfCase("lstm", label, "float32", direct, pinned=candidate.tag(), family="lstm",
+                                 unless_routed=True))
     return rows
 
 
 def _pyannote_segmentation(facts, quick: bool) -> List[PerfCase]:
     from rlx_triton.integrations import pyannote
 
-    bench = bench_module("pyannote_segmentation")
-    return [_waveform_case("pyannote_segmentation", pyannote.optimize(copy.deepcopy(bench._pyannet())).to(META),
+    return [_waveform_case("pyannote_segmentation", pyannote.optimize(stock_models.pyannet()).to(META),
                            spec, lambda out: f"{tuple(out.shape)}", dims=dict(spec), model="PyanNet segmentation")
             for spec in case_lists.pyannote_segmentation_cases(quick, gpu=True)]
 
@@ -193,14 +194,13 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
     from rlx_triton.nn.conv2d import Conv2d, Projection, StatsPool
     from rlx_triton.router import clear_route_cache
 
-    bench = bench_module("embedding")
     specs = case_lists.embedding_cases(quick, gpu=True)
     approved = [c for c in kernels.all_candidates() if kernels.candidate_tag(c) in kernels.APPROVALS]
     rows = []
     for spec in specs:
         batch = spec["batch"]
         if spec["layer"] == "end to end":
-            fast = pyannote.optimize(copy.deepcopy(bench._wespeaker34())).to(META)
+            fast = pyannote.optimize(stock_models.wespeaker_resnet34()).to(META)
             waveforms = dict(batch=batch, samples=spec["samples"])
             whole = _waveform_case("embedding", fast, waveforms, lambda out: f"{tuple(out.shape)}", dims=waveforms,
                                    model="WeSpeaker ResNet34")
@@ -219,14 +219,17 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
                         kernels.RECIPES.update(saved)
                         clear_route_cache()
 
+                def labelled(out, label=whole.label, tag=tag) -> str:
+                    return f"{label(out) if label is not None else whole.case}, conv recipe {tag}"
+
                 rows.append(PerfCase("embedding", f"{whole.case}, conv recipe {tag}", "float32", pinned, dims=waveforms,
-                                     label=lambda out, label=whole.label, tag=tag: f"{label(out)}, conv recipe {tag}"))
+                                     label=labelled))
         elif "c_in" in spec:
             name, c_in, c_out, h, w = spec["layer"], spec["c_in"], spec["c_out"], spec["height"], spec["width"]
             k, s, p = spec["kernel"], spec["stride"], spec["padding"]
             conv = nn.Conv2d(c_in, c_out, k, stride=s, padding=p, bias=False)
             bn = nn.BatchNorm2d(c_out)
-            bench._randomize(nn.Sequential(conv, bn))
+            stock_models.randomize(nn.Sequential(conv, bn))
             fused = Conv2d.from_torch(conv.to(META), bn=bn.to(META), relu=True)  # the bn is not its submodule
             out_h, out_w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
             residual = (batch, c_out, out_h, out_w) if spec["residual"] else None
@@ -247,13 +250,12 @@ def _embedding(facts, quick: bool) -> List[PerfCase]:
         elif spec["layer"] == "pool":
             shape = (batch, spec["channels"], spec["height"], spec["width"])
             pool = StatsPool()
-            rows.append(PerfCase("embedding", f"TSTP {shape} cuda", "float32",
-                                 lambda pool=pool, shape=shape: pool(_meta(*shape))))
+            rows.append(PerfCase("embedding", f"TSTP {shape} cuda", "float32", _on_meta(pool, *shape)))
         elif spec["layer"] == "seg_1":
             projection = Projection.from_torch(nn.Linear(spec["in_features"], spec["out_features"])).to(META)
             rows.append(PerfCase(
                 "embedding", f"seg_1 ({batch}, {spec['in_features']}) -> {spec['out_features']} cuda", "float32",
-                lambda projection=projection, shape=(batch, spec["in_features"]): projection(_meta(*shape))))
+                _on_meta(projection, batch, spec["in_features"])))
     return rows
 
 
@@ -264,5 +266,5 @@ _ADAPTERS = {"sdpa_decode": _sdpa_decode, "attention_serving": _attention_servin
 def perf_cases(name: str, facts, quick: bool = False) -> List[PerfCase]:
     """Every case of bench `name` (as a CUDA run measures it) as a PerfCase."""
     if name not in _ADAPTERS:
-        raise ValueError(f"unknown bench {name!r}; choose from {', '.join(BENCHES)}")
+        raise ValueError(f"unknown bench {name!r}; choose from {', '.join(_ADAPTERS)}")
     return _ADAPTERS[name](facts, quick)

@@ -15,16 +15,16 @@ matched cases (Levenberg-Marquardt on the logs of the constants, numeric Jacobia
 towards the profile's nominal values so a constant no matched case depends on stays where it was. The
 estimate is re-evaluated from each launch's terms (rlx_triton.perf.roofline.kernel_time), so nothing is
 compiled twice. The calibrated profile (`calibrated: true`) is written as JSON (devices.profile_file),
-which `rlx-triton perf --profile PATH` reads.
+which `rlx-triton perf --profile PATH` reads. The command itself (reading the file, analysing, printing,
+writing) is rlx_triton.perf's; this module holds the fit and the matching it uses.
 """
 from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -43,7 +43,8 @@ class MeasuredCase:
     measured_us: float
 
 
-def _values_of(profile) -> Dict[str, float]:
+def profile_values(profile) -> Dict[str, float]:
+    """The profile's constants the fit moves (achievable bandwidth, launch latency, CALIBRATION_KEYS), nominal."""
     from rlx_triton.perf.roofline import constants
 
     nominal = constants(profile, "nominal")
@@ -72,7 +73,7 @@ def case_estimate(case: MeasuredCase, values: Dict[str, float], profile) -> floa
 def fit(cases: Sequence[MeasuredCase], profile, keys: Sequence[str] = CALIBRATION_KEYS) -> Dict[str, float]:
     """The constants (CALIBRATION_KEYS) minimising sum over cases of log(estimate / measured)^2, started at the
     profile's nominal values."""
-    start = _values_of(profile)
+    start = profile_values(profile)
     keys = [key for key in keys if key in start]
     if not cases:
         raise ValueError("calibration needs at least one measured case that matches a bench case")
@@ -141,56 +142,3 @@ def matched_cases(reports: Sequence, table: Dict[tuple, float]) -> List[Measured
         cases.append(MeasuredCase(f"{report.bench} {report.case} {report.dtype} {report.candidate or ''}".strip(),
                                   terms, measured))
     return cases
-
-
-def run(args) -> int:
-    """The --calibrate command (see rlx_triton.perf.add_arguments); returns the exit code."""
-    from rlx_triton import devices
-    from rlx_triton.json_output import write_json
-    from rlx_triton.perf import BENCHES, EXIT_FAILED, EXIT_OK, EXIT_USAGE, analyse
-    from rlx_triton.perf.benches import REPO_ROOT
-    from rlx_triton.perf.compiled import default_cache_dir
-
-    path = Path(args.calibrate)
-    try:
-        data = read_results(path)
-    except ValueError as error:
-        print(f"rlx-triton perf: --calibrate: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    profile = devices.profile_for_name(data["device"])
-    if profile is None or profile.kind != "cuda":
-        print(f"rlx-triton perf: --calibrate: {data['device']!r} is not a CUDA GPU with a profile "
-              f"({', '.join(p.key for p in devices.cuda_profiles())})", file=sys.stderr)
-        return EXIT_USAGE
-    cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
-    analysis = analyse(profile, args.benches or list(BENCHES), workers=args.workers, cache_dir=cache_dir,
-                       results_dir=path.parent, quick=bool(data.get("quick")),
-                       progress=lambda message: print(message, file=sys.stderr, flush=True))
-    cases = matched_cases(analysis["cases"], measured_table(data))
-    if not cases:
-        print(f"rlx-triton perf: --calibrate: no case of {path} matches a bench case (bench, shape, dtype, "
-              f"candidate)", file=sys.stderr)
-        return EXIT_FAILED
-    before = _values_of(profile)
-    after = fit(cases, profile)
-    fitted = devices.calibrated(profile, after, str(path))
-    lines = [f"calibration of {profile.name} on {len(cases)} measured cases of {path}", "",
-             f"{'case':70} {'measured us':>12} {'before us':>10} {'err':>7} {'after us':>10} {'err':>7}"]
-    for case in cases:
-        old, new = case_estimate(case, before, profile), case_estimate(case, after, profile)
-        lines.append(f"{case.label[:70]:70} {case.measured_us:>12.1f} {old:>10.1f} "
-                     f"{old / case.measured_us - 1:>+7.0%} {new:>10.1f} {new / case.measured_us - 1:>+7.0%}")
-    lines += ["", "constants (before -> after):"]
-    lines += [f"  {key}: {before[key]:.4g} -> {after[key]:.4g}" for key in before]
-    print("\n".join(lines))
-    target = Path(args.write_profile) if args.write_profile else REPO_ROOT / "bench" / "results" / "profiles" / (
-        path.stem + ".json")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(devices.profile_file(fitted, str(path)), indent=1) + "\n")
-    print(f"\ncalibrated profile written to {target} (rlx-triton perf --profile {target})")
-    if args.json:
-        write_json(args.json, {"profile": devices.profile_file(fitted, str(path)),
-                               "cases": [{"case": c.label, "measured_us": c.measured_us,
-                                          "before_us": round(case_estimate(c, before, profile), 3),
-                                          "after_us": round(case_estimate(c, after, profile), 3)} for c in cases]})
-    return EXIT_OK if not analysis["errors"] else EXIT_FAILED

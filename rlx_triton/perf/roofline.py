@@ -1,6 +1,7 @@
-"""Occupancy, waves, SM fill and a roofline estimate of one launch on a device profile.
+"""The roofline model of a launch on a device profile: occupancy, waves, SM fill and the time its terms take.
 
-The model is the same for every kernel: per wave the longest of memory (bytes at the profile's achievable
+The model is the same for every kernel and names none (rlx_triton.perf.launch_estimate reads a launch's
+loop structure and prices it here; the kernels read their occupancy here): per wave the longest of memory (bytes at the profile's achievable
 bandwidth), compute (FLOPs at the unit's peak) and issue (warp instructions over the SMs' schedulers),
 then the launch's latency chain and one launch latency. The constants come from the profile
 (rlx_triton/devices.py) and the assumptions below, which `rlx-triton perf` writes into its JSON;
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel  # the records library_estimate reads
 
 ASSUMPTIONS = (
     "uncalibrated unless the profile says calibrated: constants come from the device profile "
@@ -85,7 +88,7 @@ class Occupancy:
     def limiter(self) -> str:
         limits = {"registers": self.by_registers, "shared": self.by_shared, "warps": self.by_warps,
                   "hardware": self.hardware}
-        return min(limits, key=limits.get)
+        return min(limits, key=lambda name: limits[name])
 
 
 def occupancy(profile, registers: int, shared: int, num_warps: int) -> Occupancy:
@@ -199,7 +202,7 @@ class KernelEstimate:
         return {key: data[key] for key in self.JSON_KEYS}
 
 
-def _rounded(value: Optional[float], digits: int = 3) -> Optional[float]:
+def rounded(value: Optional[float], digits: int = 3) -> Optional[float]:
     return None if value is None else round(value, digits)
 
 
@@ -218,87 +221,6 @@ def priced(terms: KernelTerms, profile) -> dict:
     result["est_low_us"] = kernel_time(terms, constants(profile, "low"))["est_us"]
     result["est_high_us"] = kernel_time(terms, constants(profile, "high"))["est_us"]
     return result
-
-
-def _selected_loop(loops: Sequence[dict], trips: Sequence[float]) -> Optional[int]:
-    """The loop executing the most instructions: its own instructions x passes (spin loops aside)."""
-    work = [i for i, loop in enumerate(loops) if not loop["spin"]]
-    if not work:
-        return None
-    return max(work, key=lambda i: (loops[i]["own"] * trips[i], loops[i]["own"]))
-
-
-def estimate(launch, compiled, profile) -> KernelEstimate:
-    """The analysis of one launch record given its compiled facts (rlx_triton.perf.compiled.Compiled)."""
-    from rlx_triton.perf.structure import chain_steps, loop_trips
-
-    memory_s = launch.bytes / profile.bandwidth
-    compute_s = launch.flops / profile.peak[launch.unit] if launch.flops else 0.0
-    floor_us = max(memory_s, compute_s) * 1e6
-    base = dict(name=launch.name, grid=list(launch.grid), ctas=launch.ctas, bytes=launch.bytes,
-                flops=int(launch.flops), unit=launch.unit, floor_us=_rounded(floor_us),
-                num_stages=int(launch.num_stages))
-    if compiled is None or not compiled.ok:
-        return KernelEstimate(ctas_per_sm=None, waves=None, sm_fill=None, regs=None, smem=None, spills=None,
-                              mma=None, ldg128=None, est_us=None, num_warps=int(launch.num_warps),
-                              error=compiled.error if compiled is not None else "not compiled", **base)
-    occ = occupancy(profile, compiled.registers, compiled.shared, compiled.num_warps)
-    loops = list(compiled.loops)
-    trips, rule = loop_trips(launch, loops, compiled.num_warps)
-    selected = _selected_loop(loops, trips)
-    mix = dict(mma=compiled.mma, ldg128=compiled.ldg128, ffma=compiled.ffma, ldgsts=compiled.ldgsts,
-               scope=compiled.scope)
-    if selected is not None:
-        loop = loops[selected]
-        mix = dict(mma=loop["mma"], ldg128=loop["ldg128"], ffma=loop["ffma"], ldgsts=loop["ldgsts"], scope="loop")
-    straight = compiled.kernel_instructions - sum(loop["own"] for loop in loops)
-    per_warp = max(0, straight) + sum(loop["own"] * t for loop, t in zip(loops, trips) if not loop["spin"])
-    spin = [{"start": loop["start"], "size": loop["own"]} for loop in loops if loop["spin"]]
-    common = dict(regs=compiled.registers, smem=compiled.shared, spills=compiled.spills, num_warps=compiled.num_warps,
-                  limiter=occ.limiter, spin_loops=spin, trips_rule=rule, **mix)
-    if occ.ctas_per_sm == 0:
-        return KernelEstimate(ctas_per_sm=0, waves=None, sm_fill=None, est_us=None,
-                              error=f"does not fit on an SM ({occ.limiter})", **common, **base)
-    sms = profile.sm_count
-    slots = sms * occ.ctas_per_sm
-    ctas = launch.ctas
-    remainder = ctas % slots
-    last_wave = remainder if remainder else (slots if ctas else 0)
-    sm_fill = min(last_wave, sms) / sms
-    chain = chain_steps(launch)
-    terms = KernelTerms(bytes=launch.bytes, flops=float(launch.flops), peak=profile.peak[launch.unit], sms=sms,
-                        ctas=ctas, waves=wave_shape(ctas, slots), warps=compiled.num_warps,
-                        warp_instructions=float(per_warp), chain=chain)
-    times = priced(terms, profile)
-    return KernelEstimate(ctas_per_sm=occ.ctas_per_sm, waves=_rounded(ctas / slots, 4), sm_fill=_rounded(sm_fill, 4),
-                          est_us=_rounded(times["est_us"]), issue_us=_rounded(times["issue_us"]), chain_steps=chain,
-                          chain_us=round(times["chain_us"], 3), bound=times["bound"],
-                          est_low_us=_rounded(times["est_low_us"]), est_high_us=_rounded(times["est_high_us"]),
-                          warp_instructions=int(round(per_warp * compiled.num_warps * ctas)),
-                          memory_us=times["memory_us"], compute_us=times["compute_us"], terms=terms,
-                          **common, **base)
-
-
-@dataclass(frozen=True)
-class LibraryKernel:
-    """One kernel of a library (torch) path, as a family states it for the library path estimate: the bytes it
-    must read and write at least (each byte once), the FLOPs it must execute, on `unit`, and the dependent steps
-    it cannot overlap (`chain`: latency kind -> steps, as rlx_triton.perf.structure counts them). `ctas`: the
-    CTAs its grid has where that is known from the library's launch rule (one per SM at a time; None: every SM
-    busy); `repeat`: the same kernel launched that many times one after another (a recurrence's steps), the
-    figures above being one launch's."""
-    name: str
-    bytes_read: int
-    bytes_written: int
-    flops: int = 0
-    unit: str = "fp32_fma"
-    chain: Mapping[str, int] = field(default_factory=dict)
-    ctas: Optional[int] = None
-    repeat: int = 1
-
-    @property
-    def bytes(self) -> int:
-        return int(self.bytes_read) + int(self.bytes_written)
 
 
 def library_terms(kernel: LibraryKernel, profile) -> KernelTerms:
@@ -331,26 +253,28 @@ def library_estimate(kernels: Sequence[LibraryKernel], profile) -> dict:
         times = priced(library_terms(kernel, profile), profile)
         rows.append({"name": kernel.name, "launches": max(1, int(kernel.repeat)), "bytes": kernel.bytes,
                      "flops": int(kernel.flops), "unit": kernel.unit,
-                     "floor_us": _rounded(floor_us), "est_us": _rounded(times["est_us"]),
-                     "est_low_us": _rounded(times["est_low_us"]), "est_high_us": _rounded(times["est_high_us"]),
-                     "chain_steps": dict(kernel.chain), "chain_us": _rounded(times["chain_us"]),
+                     "floor_us": rounded(floor_us), "est_us": rounded(times["est_us"]),
+                     "est_low_us": rounded(times["est_low_us"]), "est_high_us": rounded(times["est_high_us"]),
+                     "chain_steps": dict(kernel.chain), "chain_us": rounded(times["chain_us"]),
                      "bound": times["bound"]})
     label = "library path estimate" + ("" if profile.calibrated else " (uncalibrated)")
     return {"label": label, "launches": sum(max(1, int(kernel.repeat)) for kernel in kernels),
-            "floor_us": _rounded(sum(row["floor_us"] for row in rows)),
-            "est_us": _rounded(sum(row["est_us"] for row in rows)),
-            "est_low_us": _rounded(sum(row["est_low_us"] for row in rows)),
-            "est_high_us": _rounded(sum(row["est_high_us"] for row in rows)), "kernels": rows}
+            "floor_us": rounded(sum(row["floor_us"] for row in rows)),
+            "est_us": rounded(sum(row["est_us"] for row in rows)),
+            "est_low_us": rounded(sum(row["est_low_us"] for row in rows)),
+            "est_high_us": rounded(sum(row["est_high_us"] for row in rows)), "kernels": rows}
 
 
-def case_totals(kernels: Sequence[KernelEstimate], profile):
+def case_totals(kernels: Sequence[KernelEstimate],
+                profile) -> Tuple[Optional[float], Optional[float], Optional[float]]:
     """(floor_us, est_us, bw_fraction) of a case: sums over its launches (None where any launch has no estimate)."""
     if not kernels:
         return None, None, None
     floor_us = round(sum(k.floor_us for k in kernels), 3)
-    if any(k.est_us is None for k in kernels):
+    estimates = [k.est_us for k in kernels]
+    if any(value is None for value in estimates):
         return floor_us, None, None
-    est_us = round(sum(k.est_us for k in kernels), 3)
+    est_us = round(sum(value or 0.0 for value in estimates), 3)
     memory_us = sum(k.memory_us for k in kernels)
     compute_us = sum(k.compute_us for k in kernels)
     total_bytes = sum(k.bytes for k in kernels)

@@ -106,7 +106,8 @@ class HostSyncs:
 
     def __exit__(self, *exc) -> None:
         stack, self._stack = self._stack, None
-        stack.__exit__(*exc)
+        if stack is not None:
+            stack.__exit__(*exc)
 
 
 @dataclass

@@ -63,13 +63,13 @@ class Coverage:
                 continue
             if not low <= value <= high:
                 return Refusal(SHAPE_UNIMPLEMENTED, f"{name}={value} is outside [{low}, {high}]", field=name)
-        for name, value in features.items():
+        for name, feature in features.items():
             allowed = self.features.get(name)
-            if allowed is None or value not in allowed:
+            if allowed is None or feature not in allowed:
                 kind = WEIGHTS_OUT_OF_CONTRACT if name in self.weight_features else SHAPE_UNIMPLEMENTED
                 shown = "not implemented" if allowed is None else \
                     f"not covered (covered: {', '.join(sorted(map(repr, allowed)))})"
-                return Refusal(kind, f"{name}={value!r} is {shown}")
+                return Refusal(kind, f"{name}={feature!r} is {shown}")
         return None
 
     def range_holds(self, name: str, value: int) -> bool:

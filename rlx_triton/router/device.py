@@ -16,11 +16,13 @@ import contextvars
 import functools
 import hashlib
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
 
+from rlx_triton.devices import DeviceProfile
 from rlx_triton.router import registry
+from rlx_triton.router.invalidation import Change, changed, forget_on
 
 
 @dataclass(frozen=True)
@@ -104,14 +106,14 @@ def _facts(kind: str, index: Optional[int]) -> DeviceFacts:
 _ASSUMED_ON_KIND = {"mps": ("metal",)}
 
 
-def profile_facts(profile) -> DeviceFacts:
+def profile_facts(profile: DeviceProfile) -> DeviceFacts:
     """The DeviceFacts a device of this profile (rlx_triton.devices.DeviceProfile) gives the router.
 
     Kind, name, capability, SM count, memory and device class are what `device_facts` reads from such a
     device; the fingerprint has the same form ("cuda-" + 12 hex digits) and names the profile; each
     backend's verdict is its probe's on these facts (Metal is assumed to run on an Apple GPU profile).
     """
-    if profile.kind == "cuda":
+    if profile.kind == "cuda" and profile.capability is not None:
         device_class = cuda_device_class(profile.capability)
     else:
         device_class = profile.kind
@@ -127,25 +129,25 @@ _routing_as: contextvars.ContextVar[Optional[Tuple[DeviceFacts, frozenset]]] = c
 
 
 @contextlib.contextmanager
-def routing_as(profile_or_facts, devices: Tuple[str, ...] = ("meta",)) -> Iterator[DeviceFacts]:
+def routing_as(profile_or_facts: Union[DeviceProfile, DeviceFacts],
+               devices: Tuple[str, ...] = ("meta",)) -> Iterator[DeviceFacts]:
     """Inside the block, devices of the profile's kind and of the `devices` types (meta tensors by default;
     "cpu" too to run real CPU tensors as if on the device) report the profile's facts.
 
-    The route cache is cleared on entry and exit, so no decision made for one device serves another.
+    Entry and exit announce Change.DEVICE_VIEW, which clears the remembered routes, so no decision made
+    for one device serves another.
     """
-    from rlx_triton.router.route import clear_route_cache
-
     facts = profile_or_facts if isinstance(profile_or_facts, DeviceFacts) else profile_facts(profile_or_facts)
     token = _routing_as.set((facts, frozenset((facts.kind, *devices))))
-    clear_route_cache()
+    changed(Change.DEVICE_VIEW)
     try:
         yield facts
     finally:
         _routing_as.reset(token)
-        clear_route_cache()
+        changed(Change.DEVICE_VIEW)
 
 
-def device_facts(device) -> DeviceFacts:
+def device_facts(device: Union[torch.device, str, torch.Tensor]) -> DeviceFacts:
     """Facts for a torch.device / device string / tensor's device; cached per device."""
     if isinstance(device, torch.Tensor):
         device = device.device
@@ -161,3 +163,7 @@ def device_facts(device) -> DeviceFacts:
 
 def clear_device_cache() -> None:
     _facts.cache_clear()
+
+
+# each fact holds every registered backend's verdict
+forget_on(Change.BACKENDS, clear_device_cache)

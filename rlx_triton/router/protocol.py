@@ -1,9 +1,11 @@
 """The backend family protocol: what a module at `<backend package>.<family>` must define.
 
-The router finds a backend's family modules by string import (registry.family_module) and reads them
-as data. What it reads is written down here once, as typing.Protocols for readers and type checkers,
-and checked when a module is first loaded, so a module that lacks a piece is refused with its name and
-the missing attribute instead of failing later inside a routed call.
+The router finds a backend's family modules by string import (registry.family_module, typed as
+FamilyModule; registry.kernel_family_module, typed as KernelFamilyModule) and reads them as data. What it
+reads is written down here once, as typing.Protocols for readers and type checkers, and checked (names,
+and that each is a Coverage, a function or a mapping) when a module is first loaded, so a module that
+lacks a piece is refused with its name and the missing attribute instead of failing later inside a
+routed call.
 
 Every family module (the library fallback's too):
     COVERAGE        a Coverage: what its kernels implement (Coverage.everything() for the library);
@@ -27,9 +29,14 @@ from rlx_triton.router.coverage import Coverage
 
 
 class FamilyModule(Protocol):
-    """A backend's module for one kernel family (the library fallback's modules need only this)."""
+    """A backend's module for one kernel family (the library fallback's modules need only this).
+
+    Its other names are read by name: the function of each op COVERAGE names, and what a backend states
+    beyond the protocol (recipe_key, AUDIT_KERNELS, launch_count, library_kernels, explain_execution)."""
 
     COVERAGE: Coverage
+
+    def __getattr__(self, name: str) -> Any: ...
 
 
 class KernelFamilyModule(FamilyModule, Protocol):

@@ -5,24 +5,25 @@ are registered on first use from `rlx_triton.backends.SPECS` (each backend packa
 data); third-party backends and tests add theirs with `register_backend`. A backend's family
 modules are imported lazily, only once the backend can run on the device at hand, so that triton is
 not imported on machines that cannot use it; each is checked against the family protocol
-(router/protocol.py) when it is first loaded.
+(router/protocol.py) when it is first loaded. A change of the registered backends is announced to
+router/invalidation.py: device facts and remembered routes were read from the backends registered before it.
 """
 from __future__ import annotations
 
 import importlib
 import threading
-from types import ModuleType
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, cast
 
 from rlx_triton.router.backend_spec import BackendSpec
-from rlx_triton.router.protocol import check_family_module
+from rlx_triton.router.invalidation import Change, changed
+from rlx_triton.router.protocol import FamilyModule, KernelFamilyModule, check_family_module
 
-__all__ = ["BackendSpec", "backend", "backends", "family_module", "library_backend", "register_backend",
-           "unregister_backend"]
+__all__ = ["BackendSpec", "backend", "backends", "family_module", "kernel_family_module", "library_backend",
+           "register_backend", "unregister_backend"]
 
 
 _backends: Dict[str, BackendSpec] = {}
-_modules: Dict[Tuple[str, str, Optional[str]], ModuleType] = {}
+_modules: Dict[Tuple[str, str, Optional[str]], FamilyModule] = {}
 _lock = threading.Lock()
 _loaded = False
 
@@ -30,7 +31,7 @@ _loaded = False
 def register_backend(spec: BackendSpec) -> None:
     with _lock:
         _backends[spec.name] = spec
-    _forget_routes()
+    changed(Change.BACKENDS)
 
 
 def unregister_backend(name: str) -> None:
@@ -38,17 +39,7 @@ def unregister_backend(name: str) -> None:
         _backends.pop(name, None)
         for key in [key for key in _modules if key[0] == name]:
             del _modules[key]
-    _forget_routes()
-
-
-def _forget_routes() -> None:
-    """Device facts hold a verdict per registered backend, and remembered routes were decided among the
-    backends registered then: a change of the backends clears both."""
-    from rlx_triton.router.device import clear_device_cache  # both modules import this one
-    from rlx_triton.router.route import clear_route_cache
-
-    clear_device_cache()
-    clear_route_cache()
+    changed(Change.BACKENDS)
 
 
 def _ensure_loaded() -> None:
@@ -63,7 +54,7 @@ def _ensure_loaded() -> None:
             for spec in built_in.SPECS:
                 _backends.setdefault(spec.name, spec)
             _loaded = True
-    _forget_routes()
+    changed(Change.BACKENDS)
 
 
 def backends() -> List[BackendSpec]:
@@ -84,13 +75,22 @@ def library_backend() -> BackendSpec:
     raise LookupError("no library backend is registered")
 
 
-def family_module(backend_name: str, family: str, op: Optional[str] = None) -> ModuleType:
-    """The backend's module for one family, or for one op of it (imported and checked on first use)."""
+def family_module(backend_name: str, family: str, op: Optional[str] = None) -> FamilyModule:
+    """The backend's module for one family, or for one op of it (imported and checked against the family
+    protocol on first use, so what it lacks is refused then, by name)."""
     key = (backend_name, family, op)
     module = _modules.get(key)
     if module is None:
         spec = backend(backend_name)
-        module = importlib.import_module(f"{spec.package}.{spec.module_name(family, op)}")
-        check_family_module(module, backend=spec.name, is_library=spec.is_library, extra=spec.module_attributes)
-        _modules[key] = module
+        loaded = importlib.import_module(f"{spec.package}.{spec.module_name(family, op)}")
+        check_family_module(loaded, backend=spec.name, is_library=spec.is_library, extra=spec.module_attributes)
+        module = _modules[key] = cast(FamilyModule, loaded)
     return module
+
+
+def kernel_family_module(backend_name: str, family: str, op: Optional[str] = None) -> KernelFamilyModule:
+    """family_module of a kernel backend (not the library): its routing tables were checked when it loaded."""
+    if backend(backend_name).is_library:
+        raise ValueError(f"kernel_family_module: backend {backend_name!r} is the library fallback, which states "
+                         f"no routing tables; use family_module")
+    return cast(KernelFamilyModule, family_module(backend_name, family, op))

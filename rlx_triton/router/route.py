@@ -18,15 +18,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass, field, replace
-from types import ModuleType
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple, TypeVar, Union
 
 from rlx_triton.caches import BoundedCache
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
 from rlx_triton.router.coverage import (BACKEND_UNAVAILABLE, NOT_APPROVED, NOT_SELECTED, SHAPE_UNIMPLEMENTED,
                                         Coverage, Refusal)
-from rlx_triton.router.device import device_facts
+from rlx_triton.router.device import DeviceFacts, device_facts
+from rlx_triton.router.invalidation import Change, forget_on
+from rlx_triton.router.protocol import FamilyModule, KernelFamilyModule
 from rlx_triton.router.request import Request
 from rlx_triton.router.settings import BackendChoice, current_choice
 
@@ -112,7 +113,7 @@ class Route:
     skipped: Tuple[Tuple[str, Refusal], ...] = ()
     request: Optional[Request] = None
     tune_key: Any = None
-    module: Optional[ModuleType] = field(default=None, compare=False, repr=False)
+    module: Optional[FamilyModule] = field(default=None, compare=False, repr=False)
     execution: Optional[str] = None
 
     @property
@@ -152,6 +153,11 @@ _exact: BoundedCache[tuple, Route] = BoundedCache("route_signatures")
 def clear_route_cache() -> None:
     _cache.clear()
     _exact.clear()
+
+
+# a remembered route was decided among the backends registered then, on the facts its device reported then
+forget_on(Change.BACKENDS, clear_route_cache)
+forget_on(Change.DEVICE_VIEW, clear_route_cache)
 
 
 def exact_route(signature: tuple) -> Optional[Route]:
@@ -273,7 +279,7 @@ def _decide(request: Request, choice: BackendChoice) -> Route:
         if request.family not in spec.families:
             skipped[spec.name] = Refusal(SHAPE_UNIMPLEMENTED, f"no {request.family} kernels in this backend")
             continue
-        module = registry.family_module(spec.name, request.family, request.op)
+        module = registry.kernel_family_module(spec.name, request.family, request.op)
         refusal = module.COVERAGE.check(request.op, facts.kind, request.dtype, request.field_map,
                                         request.feature_map)
         if refusal is not None:
@@ -288,7 +294,7 @@ def _decide(request: Request, choice: BackendChoice) -> Route:
 
     if choice.strict and choice.name != library.name:
         raise MissingKernel(request, skipped)
-    module = registry.family_module(library.name, request.family, request.op)
+    fallback = registry.family_module(library.name, request.family, request.op)
     if choice.name == library.name:
         detail = f"backend {library.name!r} was requested"
     elif skipped:
@@ -296,11 +302,11 @@ def _decide(request: Request, choice: BackendChoice) -> Route:
     else:
         detail = "no kernel backend is registered"
     return Route(family=request.family, op=request.op, backend=library.name, evidence=LIBRARY,
-                 evidence_detail=detail, skipped=tuple(skipped.items()), request=request, module=module)
+                 evidence_detail=detail, skipped=tuple(skipped.items()), request=request, module=fallback)
 
 
-def _choose_candidate(backend_name: str, module: ModuleType, request: Request, facts,
-                      pinned: Optional[str] = None) -> Any:
+def _choose_candidate(backend_name: str, module: KernelFamilyModule, request: Request, facts: DeviceFacts,
+                      pinned: Optional[str] = None) -> Union[Dict[str, Any], Refusal]:
     """Winner table > recipe > plan default; then accuracy approval, with the fp32 candidate as replacement.
 
     A pinned tag (use_candidate) replaces the three sources and gets no fp32 replacement.
@@ -320,7 +326,7 @@ def _choose_candidate(backend_name: str, module: ModuleType, request: Request, f
 
     candidate, evidence, detail = None, None, ""
     if pinned is not None:
-        approval = approval_for(getattr(module, "APPROVALS", {}), pinned, profile_name)
+        approval = approval_for(module.APPROVALS, pinned, profile_name)
         if pinned not in by_tag or approval is None:
             why = "is not a candidate of the plan" if pinned not in by_tag else "has no accuracy approval"
             return Refusal(NOT_APPROVED, f"pinned candidate {pinned} {why}")
@@ -336,7 +342,7 @@ def _choose_candidate(backend_name: str, module: ModuleType, request: Request, f
     if candidate is None:
         candidate, evidence, detail = launch.candidate, DEVICE_DEFAULT, f"plan default ({profile_name} profile)"
 
-    approvals = getattr(module, "APPROVALS", {})
+    approvals = module.APPROVALS
     approval = approval_for(approvals, candidate.tag(), profile_name)
     if approval is None:
         fp32 = plans.fp32_candidate(request.family)
@@ -348,18 +354,18 @@ def _choose_candidate(backend_name: str, module: ModuleType, request: Request, f
         candidate, evidence = fp32, IMPLEMENTED
 
     kernel_name = LaunchBuilder.from_plan(plan).fields(**request.field_map).candidate(candidate).build().kernel_name
-    speed = getattr(module, "SPEED_EVIDENCE", {}).get(candidate.tag())
+    speed = module.SPEED_EVIDENCE.get(candidate.tag())
     return dict(candidate=candidate, candidate_tag=candidate.tag(), kernel_name=kernel_name, evidence=evidence,
                 evidence_detail=detail, approval=approval, speed=speed, tune_key=tune_key)
 
 
-def _recipe(module: ModuleType, request: Request, device_class: str) -> Tuple[Optional[str], str]:
+def _recipe(module: KernelFamilyModule, request: Request, device_class: str) -> Tuple[Optional[str], str]:
     """(tag, where) of a module's built-in recipe for the device class: RECIPES[class] is a tag, or a mapping
     from the module's `recipe_key(request)` (e.g. a layer geometry) to tags, "*" for any other key."""
-    recipe = getattr(module, "RECIPES", {}).get(device_class)
+    recipe = module.RECIPES.get(device_class)
     if not isinstance(recipe, Mapping):
         return recipe, ""
-    key = module.recipe_key(request)
+    key: Hashable = module.recipe_key(request)
     if key in recipe:
         return recipe[key], f", {key}"
     return recipe.get("*"), ""
@@ -378,7 +384,7 @@ def routed_op(build_request: Callable[..., Request]) -> Callable[[_Op], _Op]:
     return mark
 
 
-def explain(op, *args, **kwargs) -> Route:
+def explain(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Route:
     """The Route that `op(*args, **kwargs)` would take, without running it (rt.explain's answer for an op;
     rt.explain also takes rt.nn modules and whole models).
 

@@ -78,8 +78,9 @@ def use_candidate(tag: str) -> Iterator[BackendChoice]:
     if not isinstance(tag, str) or not tag:
         raise TypeError(f"use_candidate: tag must be a non-empty str, got {tag!r}")
     outer = current_choice()
-    token = _choice.set(BackendChoice(outer.name, outer.strict, tag))
+    pinned = BackendChoice(outer.name, outer.strict, tag)
+    token = _choice.set(pinned)
     try:
-        yield _choice.get()
+        yield pinned
     finally:
         _choice.reset(token)

@@ -1,4 +1,5 @@
-"""The bench case lists ship with the package: `rlx-triton perf` reads them without a source checkout's bench/."""
+"""The bench case lists and stock models ship with the package: `rlx-triton perf` builds every bench's cases
+without a source checkout's bench/ or tests/."""
 import os
 import shutil
 import subprocess
@@ -34,6 +35,35 @@ def test_perf_lists_the_fbank_cases_with_no_bench_package_on_the_path(tmp_path):
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["fbank (32, 1, 160000) cuda float32"]
+
+
+BUILD_EVERY_BENCH = """
+import importlib.util, sys
+from rlx_triton.devices import profile
+from rlx_triton.perf import BENCHES
+from rlx_triton.perf.benches import perf_cases
+from rlx_triton.router.device import profile_facts
+
+assert importlib.util.find_spec("bench") is None and importlib.util.find_spec("tests") is None
+facts = profile_facts(profile("h200"))
+for name in BENCHES:
+    print(name, len(perf_cases(name, facts)))
+assert not any(name.split(".")[0] in ("bench", "tests") for name in sys.modules)
+"""
+
+
+def test_every_perf_bench_builds_its_cases_from_the_package_alone(tmp_path):
+    """The stock pyannote models of the sincnet, pyannote_segmentation and embedding cases ship in the package."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE_DIR, site / "rlx_triton", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    result = subprocess.run([sys.executable, "-c", BUILD_EVERY_BENCH], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    counts = dict(line.split() for line in result.stdout.splitlines())
+    assert list(counts) == list(BENCHES)
+    assert all(int(count) > 0 for count in counts.values()), counts
 
 
 def test_every_perf_bench_has_a_shipped_case_list():

@@ -97,3 +97,23 @@ def test_json_to_stdout_is_the_json_alone(capsys):
     assert perf.main(["--json", "-", "fbank"]) == 0
     out = capsys.readouterr()
     assert list(json.loads(out.out)) == TOP_KEYS and "UNCALIBRATED" in out.err
+
+
+def test_an_installed_wheel_analyses_fbank_and_reports_both_models_outside_a_checkout(built_wheel, tmp_path):
+    """`rlx-triton perf --device rtx4090 fbank` from the wheel alone: its stock models ship in the package too."""
+    import os
+    import subprocess
+    import sys
+    import zipfile
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(built_wheel).extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    result = subprocess.run([sys.executable, "-m", "rlx_triton", "perf", "--device", "rtx4090", "--json", "-",
+                             "--cache-dir", str(tmp_path / "cache"), "fbank"], capture_output=True, text=True,
+                            cwd=tmp_path, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["device"] == "rtx-4090" and [case["bench"] for case in report["cases"]] == ["fbank"]
+    assert report["cases"][0]["backend"] == "triton" and report["cases"][0]["est_us"] > 0
+    assert all(model["launches_per_forward"] for model in report["models"]), report["models"]

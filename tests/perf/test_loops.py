@@ -6,7 +6,7 @@ import torch
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.devices import profile
 from rlx_triton.perf.compiled import CompileJob, compile_all
-from rlx_triton.perf.roofline import estimate
+from rlx_triton.perf.launch_estimate import estimate
 from tests.perf.kernels import row_sum_kernel, stepped_barrier_kernel
 
 H200 = profile("h200")

@@ -7,7 +7,8 @@ import torch
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.devices import profile
 from rlx_triton.perf.compiled import Compiled, sass_mix
-from rlx_triton.perf.roofline import ASSUMPTIONS, KernelEstimate, case_totals, estimate, occupancy
+from rlx_triton.perf.launch_estimate import estimate
+from rlx_triton.perf.roofline import ASSUMPTIONS, KernelEstimate, case_totals, occupancy
 from tests.perf.kernels import scaled_add_kernel
 
 H200 = profile("h200")

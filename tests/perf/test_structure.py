@@ -15,7 +15,8 @@ from rlx_triton.backends.triton import sdpa_decode as decode_kernels
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.devices import profile
 from rlx_triton.perf.compiled import Compiled
-from rlx_triton.perf.roofline import constants, estimate
+from rlx_triton.perf.launch_estimate import estimate
+from rlx_triton.perf.roofline import constants
 from rlx_triton.perf.structure import chain_steps, loop_trips
 from rlx_triton.planner import LstmVariant
 from rlx_triton.router.device import routing_as

@@ -1,6 +1,7 @@
 """The backend registry: built-in backends are data (rlx_triton.backends.SPECS) registered on first use, never
-as a side effect of importing a backend package. Each test runs in a fresh interpreter (registration is once
-per process)."""
+as a side effect of importing a backend package (those tests run in a fresh interpreter: registration is once
+per process). Lookups are typed by the family protocol, and a change of the backends forgets what was read
+from them."""
 import subprocess
 import sys
 import textwrap
@@ -42,3 +43,30 @@ def test_a_backend_registered_before_the_first_lookup_keeps_its_name():
         print(" ".join(spec.name for spec in registry.backends()))
     """)
     assert out == "triton torch metal"
+
+
+def test_a_kernel_family_module_is_never_the_library_s():
+    import pytest
+
+    from rlx_triton.router import registry
+
+    assert registry.kernel_family_module("triton", "fbank").APPROVALS
+    with pytest.raises(ValueError, match="'torch' is the library fallback"):
+        registry.kernel_family_module("torch", "fbank")
+
+
+def test_a_change_of_the_backends_forgets_the_device_facts_and_the_routes(fake_backends):
+    from rlx_triton.router import BackendSpec, register_backend
+    from rlx_triton.router.device import device_facts
+    from rlx_triton.router.registry import unregister_backend
+
+    before = device_facts("cpu")
+    assert before is device_facts("cpu")
+    register_backend(BackendSpec(name="later", precedence=-5, package="tests.router.fakes", families=("fbank",),
+                                 probe=lambda facts: "never here"))
+    try:
+        after = device_facts("cpu")
+        assert after is not before and after.unavailable_reason("later") == "never here"
+    finally:
+        unregister_backend("later")
+    assert device_facts("cpu").unavailable_reason("later") == "backend 'later' is not registered"

@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
 from rlx_triton.router.coverage import Coverage
 
 COVERAGE = Coverage.everything()
@@ -170,11 +171,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 def library_kernels(request) -> list:
     """The kernel torch's SDPA runs on a GPU for a routed decode request, for the library path estimate
-    (rlx_triton.perf.roofline.LibraryKernel): one fused attention kernel (FlashAttention-2 / memory-efficient)
+    (rlx_triton.backends.torch_ref.library_kernel.LibraryKernel): one fused attention kernel (FlashAttention-2 / memory-efficient)
     reading q, K and V once and writing the output, with the two products on the tensor cores for fp16/bf16
     (fp32: the FMA units). Its grid is not stated (every SM busy), so the estimate bounds the library from below."""
-    from rlx_triton.perf.roofline import LibraryKernel
-
     fields = request.field_map
     batch, heads, kv_heads = fields["batch"], fields["num_heads"], fields["num_kv_heads"]
     seq_q, seq_kv, dim, dim_v = fields["seq_q"], fields["seq_kv"], fields["head_dim"], fields["head_dim_v"]

@@ -8,9 +8,10 @@ recipes, `audit.py` the audit specs. `fbank` here is what a routed call runs.
 from __future__ import annotations
 
 from rlx_triton.backends.triton.fbank.audit import AUDIT_KERNELS
-from rlx_triton.backends.triton.fbank.launch import (MAX_BINS, MAX_WINDOW, fbank, fbank_plan, launch_count,
-                                                     runs_split, split_factors, split_flops, tuned_split_kernel)
-from rlx_triton.backends.triton.fbank.routing import APPROVAL_BOUND, APPROVALS, COVERAGE, RECIPES, SPEED_EVIDENCE
+from rlx_triton.backends.triton.fbank.launch import (fbank, fbank_plan, launch_count, runs_split, split_factors,
+                                                     split_flops, tuned_split_kernel)
+from rlx_triton.backends.triton.fbank.routing import (APPROVAL_BOUND, APPROVALS, COVERAGE, MAX_BINS, MAX_WINDOW,
+                                                      RECIPES, SPEED_EVIDENCE)
 
 __all__ = ["APPROVALS", "APPROVAL_BOUND", "AUDIT_KERNELS", "COVERAGE", "MAX_BINS", "MAX_WINDOW", "RECIPES",
            "SPEED_EVIDENCE", "fbank", "fbank_plan", "launch_count", "runs_split", "split_factors", "split_flops",

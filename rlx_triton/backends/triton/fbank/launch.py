@@ -20,13 +20,12 @@ from rlx_triton.backends.torch_ref.fbank import FbankOptions
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.device_cache import device_constants
 from rlx_triton.backends.triton.fbank.kernels import _fbank_cmn_kernel, _fbank_frames_kernel, _fbank_split_kernel
+from rlx_triton.backends.triton.fbank.routing import APPROVALS
 from rlx_triton.backends.triton.launches import Launch
 
 # kernel meta-parameters, constexprs or scalar arguments by name: ints, floats, strings and flags
 KernelArgs = Dict[str, Any]
 
-MAX_WINDOW = 1024  # largest padded DFT length covered (the cached basis is 4 x window x window / 2 floats)
-MAX_BINS = 128  # mel bins (padded to a power of two) accumulated per frame row
 # window samples per tl.dot step of the DFT: the frames are rebuilt in registers step by step (the
 # whole 512-sample frame as one dot operand lowers to far too much unrolled code for fp32 dots)
 WINDOW_STEP = 16
@@ -266,7 +265,6 @@ def tuned_split_kernel():
     global _tuned_split_kernel
     if _tuned_split_kernel is None:
         from rlx_triton.backends.triton.autotune import TunedKernel
-        from rlx_triton.backends.triton.fbank.routing import APPROVALS  # routing imports this module
 
         candidates = [c for c in plan_candidates("fbank") if c.tag() in APPROVALS and c.precision == "tf32x3"]
         _tuned_split_kernel = TunedKernel(_fbank_split_kernel, candidates, _split_config, key=_TUNE_KEY)

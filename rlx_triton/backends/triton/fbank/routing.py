@@ -5,9 +5,11 @@ from typing import Dict
 
 from rlx_triton.backends.candidates import approvals_by_precision
 from rlx_triton.backends.torch_ref import fbank as _ref
-from rlx_triton.backends.triton.fbank.launch import MAX_BINS, MAX_WINDOW
 from rlx_triton.planner.candidates.fbank import FbankVariant
 from rlx_triton.router.coverage import Coverage
+
+MAX_WINDOW = 1024  # largest padded DFT length covered (the cached basis is 4 x window x window / 2 floats)
+MAX_BINS = 128  # mel bins (padded to a power of two) accumulated per frame row
 
 COVERAGE = Coverage(
     ops=frozenset({"fbank"}),

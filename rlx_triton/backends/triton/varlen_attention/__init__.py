@@ -24,7 +24,8 @@ def kernel_options(causal: bool, window_size: Tuple[int, int], max_seqlen_q: int
                    alibi_slopes: Optional[torch.Tensor]) -> dict:
     """FlashAttention 2's masking of a varlen call (normalized against max_seqlen_q / max_seqlen_k) as the
     kernel's window (causal is (-1, 0)) and ALiBi form."""
-    mask = masking(causal, tuple(window_size), max_seqlen_q, max_seqlen_k, alibi_slopes is not None)
+    left, right = window_size
+    mask = masking(causal, (int(left), int(right)), max_seqlen_q, max_seqlen_k, alibi_slopes is not None)
     window = (mask.left, mask.right) if mask.is_local or mask.is_causal else (-1, -1)
     alibi = "none" if alibi_slopes is None else ("key_index" if mask.is_causal else "distance")
     return dict(window=window, alibi=alibi)

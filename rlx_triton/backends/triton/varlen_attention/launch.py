@@ -21,9 +21,9 @@ import triton
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.backends.triton.varlen_attention.kernels import (ALIBI_DISTANCE, ALIBI_KEY_INDEX, ALIBI_NONE,
                                                                  _varlen_attention_kernel)
+from rlx_triton.backends.triton.varlen_attention.routing import APPROVALS
 
 MIN_DOT = 16            # tl.dot's smallest tile side
-MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 # the unit that executes the dots with 16-bit operands (fp32 operands run on the FMA units)
 _DOT_UNITS = {torch.float16: "fp16_mma", torch.bfloat16: "bf16_mma"}
@@ -71,7 +71,6 @@ def tuned_kernel(*, group: int, head_dim: int, head_dim_v: int, dtype: torch.dty
     """`_varlen_attention_kernel` under the autotune bridge, one config per candidate approved for the current
     precision profile, for one head shape (group, D, Dv, dtype)."""
     from rlx_triton.backends.triton.autotune import TunedKernel
-    from rlx_triton.backends.triton.varlen_attention.routing import APPROVALS
     from rlx_triton.router import plans
     from rlx_triton.router.approvals import approval_for
 
@@ -142,7 +141,7 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
         k_strides, v_strides = (0,) + k.stride()[:2], (0,) + v.stride()[:2]
         page_size = 1
     slopes = alibi_slopes.contiguous() if alibi_slopes is not None else lse
-    table = block_table if paged else cu_seqlens_k
+    table = block_table if block_table is not None else cu_seqlens_k
     sink_logits = sinks if sinks is not None else lse
     left, right = window
     args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, table, slopes, sink_logits,

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from rlx_triton.backends.candidates import plan_candidates
-from rlx_triton.backends.triton.varlen_attention.launch import MAX_HEAD_DIM
 from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage
 
+MAX_HEAD_DIM = 256   # the largest head_dim and head_dim_v covered
 _INT32 = 2**31 - 1
 COVERAGE = Coverage(
     ops=frozenset({"flash_attn_varlen_func"}),
