@@ -19,6 +19,7 @@ profile into the DeviceFacts the router would read on such a device.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -356,3 +357,42 @@ def load_profile(data: Mapping) -> DeviceProfile:
         if key in data:
             values[key] = float(data[key])
     return calibrated(base, values, str(data.get("fitted_from", "")))
+
+
+# ------------------------------------------------------------------------------------------ occupancy
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Resident CTAs per SM a kernel's registers, shared memory and warps each allow, the hardware's cap,
+    and the least of them."""
+
+    by_registers: int
+    by_shared: int
+    by_warps: int
+    hardware: int
+    ctas_per_sm: int
+
+    @property
+    def limiter(self) -> str:
+        limits = {"registers": self.by_registers, "shared": self.by_shared, "warps": self.by_warps,
+                  "hardware": self.hardware}
+        return min(limits, key=lambda name: limits[name])
+
+
+def occupancy(profile: DeviceProfile, registers: int, shared: int, num_warps: int) -> Occupancy:
+    """Resident CTAs per SM of a kernel on a CUDA profile (the CUDA occupancy calculator's rules)."""
+    unit, registers_per_sm = profile.register_alloc_unit, profile.registers_per_sm
+    shared_per_cta, shared_per_sm = profile.shared_per_cta, profile.shared_per_sm
+    max_warps, max_ctas = profile.max_warps_per_sm, profile.max_ctas_per_sm
+    if (unit is None or registers_per_sm is None or shared_per_cta is None or shared_per_sm is None
+            or max_warps is None or max_ctas is None):
+        raise ValueError(f"occupancy: profile {profile.key!r} has no CUDA occupancy limits (a CUDA profile is needed)")
+    per_warp = math.ceil(max(1, registers) * 32 / unit) * unit
+    by_registers = registers_per_sm // (per_warp * num_warps)
+    if shared > shared_per_cta:
+        by_shared = 0
+    else:
+        by_shared = shared_per_sm // (shared + profile.shared_reserved_per_cta)
+    by_warps = max_warps // num_warps
+    hardware = max_ctas
+    return Occupancy(by_registers, by_shared, by_warps, hardware, min(by_registers, by_shared, by_warps, hardware))

@@ -10,11 +10,11 @@ then the launch's latency chain and one launch latency. The constants come from 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel  # the records library_estimate reads
+from rlx_triton.devices import Occupancy, occupancy  # the occupancy calculator the estimates use
 
 ASSUMPTIONS = (
     "uncalibrated unless the profile says calibrated: constants come from the device profile "
@@ -74,35 +74,6 @@ def constants(profile, end: str = "nominal") -> dict:
     for key, span in profile.latency.items():
         values[key] = span[which]
     return values
-
-
-@dataclass(frozen=True)
-class Occupancy:
-    by_registers: int
-    by_shared: int
-    by_warps: int
-    hardware: int
-    ctas_per_sm: int
-
-    @property
-    def limiter(self) -> str:
-        limits = {"registers": self.by_registers, "shared": self.by_shared, "warps": self.by_warps,
-                  "hardware": self.hardware}
-        return min(limits, key=lambda name: limits[name])
-
-
-def occupancy(profile, registers: int, shared: int, num_warps: int) -> Occupancy:
-    """Resident CTAs per SM of a kernel on a profile (the CUDA occupancy calculator's rules)."""
-    unit = profile.register_alloc_unit
-    per_warp = math.ceil(max(1, registers) * 32 / unit) * unit
-    by_registers = profile.registers_per_sm // (per_warp * num_warps)
-    if shared > profile.shared_per_cta:
-        by_shared = 0
-    else:
-        by_shared = profile.shared_per_sm // (shared + profile.shared_reserved_per_cta)
-    by_warps = profile.max_warps_per_sm // num_warps
-    hardware = profile.max_ctas_per_sm
-    return Occupancy(by_registers, by_shared, by_warps, hardware, min(by_registers, by_shared, by_warps, hardware))
 
 
 @dataclass

@@ -73,7 +73,7 @@ def library_kernels(request) -> list:
     conv2d (and linear, a 1x1 conv2d request): cuDNN's convolution with its bias, then the residual add and the
     ReLU as the separate elementwise kernels eager torch runs; stats_pool without weights: the mean, the standard
     deviation (each reading the sequences once) and their concatenation."""
-    from rlx_triton.perf.roofline import LibraryKernel
+    from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
 
     fields, features = request.field_map, request.feature_map
     batch, c_in, c_out = fields["batch"], fields["c_in"], fields["c_out"]

@@ -236,7 +236,7 @@ def library_kernels(request) -> list:
     cuFFT's real FFT (2.5 N log2 N FLOPs per frame); the power (or magnitude); the mel matrix product (cuBLAS
     SGEMM with TF32 off, as pyannote runs it); the log floor; with use_energy the log energy and the column
     concatenation; with subtract_mean the mean over frames and its subtraction."""
-    from rlx_triton.perf.roofline import LibraryKernel
+    from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
 
     fields, features = request.field_map, request.feature_map
     batch, samples, frames = fields["batch"], fields["samples"], fields["frames"]

@@ -64,7 +64,7 @@ def library_kernels(request) -> list:
     every step and direction as one GEMM, then one launch per step for the recurrent GEMM and the gate update of
     every direction, each step reading back the h row the step before wrote (one dependent L2 read). W_hh is
     read from L2 every step (not memory traffic). At least one launch per step is a lower bound of cuDNN's."""
-    from rlx_triton.perf.roofline import LibraryKernel
+    from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
 
     fields = request.field_map
     batch, seq, hidden = fields["batch"], fields["seq"], fields["hidden"]

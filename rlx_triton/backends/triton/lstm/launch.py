@@ -24,6 +24,7 @@ import torch
 import triton
 
 from rlx_triton import devices
+from rlx_triton.devices import occupancy
 from rlx_triton.backends.candidates import plan_candidates
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.launches import Launch
@@ -158,7 +159,6 @@ def co_residency_refusal(record: Launch, facts) -> Optional[Refusal]:
     """None when every program of the on-chip recurrence launch `record` can be resident at once on the
     device `facts` describe (so no program waits at a barrier for one that cannot start), else the typed
     refusal: the programs, the CTAs per SM the compiled kernel allows and the SMs."""
-    from rlx_triton.perf.roofline import occupancy
 
     if facts.kind != "cuda":
         return Refusal(DEVICE_UNSUPPORTED, f"the synchronised on-chip recurrence runs on CUDA devices, not "

@@ -23,6 +23,7 @@ from rlx_triton.backends.triton.sdpa_decode.kernels import (ALIBI_DISTANCE, ALIB
                                                             MASK_BOOL, MASK_FLOAT, MASK_NONE, MAX_LIFTED_SPLITS,
                                                             MAX_MERGE_GROUPS, MERGE_GROUP, _sdpa_decode_kernel)
 from rlx_triton.backends.triton.sdpa_decode.routing import APPROVALS
+from rlx_triton.devices import occupancy
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -106,7 +107,6 @@ def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d
     the pipeline's K/V stages plus the fp32 output tile the epilogue stages; registers = the per-thread
     budget `_meta` keeps the config within (128 with tensor-core dots, all 255 with fp32 operands)."""
     from rlx_triton import devices
-    from rlx_triton.perf.roofline import occupancy
     from rlx_triton.router.device import device_facts
 
     facts = device_facts(device)
