@@ -7,12 +7,12 @@ call can validate and bind in one line.
 """
 from __future__ import annotations
 
-from types import ModuleType
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
 if TYPE_CHECKING:
+    from rlx_triton.router.protocol import FamilyModule
     from rlx_triton.router.route import Route
 
 # the dtypes the kernels take; float64 inputs are accepted where the op falls back to torch for them
@@ -188,7 +188,7 @@ def _typed(option):
     return (type(option), option)
 
 
-def backend_module(route: "Route") -> ModuleType:
+def backend_module(route: "Route") -> "FamilyModule":
     """The backend module that runs a routed call: route() always names one, so a Route without one (built by
     hand) is a bug, not bad input."""
     if route.module is None:
