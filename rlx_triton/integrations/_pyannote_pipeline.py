@@ -113,28 +113,28 @@ class HookBatches:
     def __init__(self, hook: Optional[Callable], pairs: int, pairs_per_hook: int):
         self.hook, self.pairs, self.pairs_per_hook = hook, pairs, pairs_per_hook
         self.count = math.ceil(pairs / pairs_per_hook)
-        self.rows: List[np.ndarray] = []
+        self.out: Optional[np.ndarray] = None   # (pairs, dimension), filled as rows arrive
         self.received = 0
         self.reported = 0
         if hook is not None:
             hook("embeddings", None, total=self.count, completed=0)
 
     def add(self, rows: np.ndarray) -> None:
-        self.rows.append(rows)
+        if self.out is None:
+            self.out = np.empty((self.pairs, rows.shape[1]), dtype=rows.dtype)
+        self.out[self.received:self.received + rows.shape[0]] = rows
         self.received += rows.shape[0]
         while (self.reported < self.count
                and min((self.reported + 1) * self.pairs_per_hook, self.pairs) <= self.received):
             self.reported += 1
             if self.hook is not None:
-                flat = self.all_rows()
                 start = (self.reported - 1) * self.pairs_per_hook
-                self.hook("embeddings", flat[start:self.reported * self.pairs_per_hook], total=self.count,
+                self.hook("embeddings", self.out[start:self.reported * self.pairs_per_hook], total=self.count,
                           completed=self.reported)
 
     def all_rows(self) -> np.ndarray:
-        if len(self.rows) > 1:
-            self.rows[:] = [np.concatenate(self.rows)]
-        return self.rows[0]
+        assert self.out is not None and self.received == self.pairs, "every (chunk, speaker) pair is embedded"
+        return self.out
 
 
 def _parameter_state(model: nn.Module) -> tuple:
