@@ -205,7 +205,8 @@ class EmbeddingPrefetch:
             return "another file, or the file's waveform changed"
         if bool(exclude_overlap) != self.exclude_overlap:
             return "another exclude_overlap"
-        if self.embeddings.input_state(self.exclude_overlap) != self.inputs or self.embeddings.model() is not self.model:
+        if (self.embeddings.input_state(self.exclude_overlap) != self.inputs
+                or self.embeddings.model() is not self.model):
             return "the embedding model, its parameters, device or sample rate changed"
         window = getattr(binary_segmentations, "sliding_window", None)
         if window is None or _window_key(window) != _window_key(self.window):

@@ -146,8 +146,10 @@ class SharedTrunkEmbeddings:
     """SpeakerDiarization.get_embeddings(file, binary_segmentations, exclude_overlap=False, hook=None) with
     fbank + trunk once per chunk (see the module docstring); installed on a pipeline by `optimize`.
 
-    overlap: None, on CUDA when a file has more chunks than one segmentation batch; True, whenever the
-    segmentation is watched (CPU included, where it runs in sequence); False, never."""
+    overlap (also settable on the installed object, `pipeline.get_embeddings.overlap = ...`): whether the
+    embeddings of a file are computed while its segmentation runs (rlx_triton.integrations._pyannote_overlap).
+    None: on CUDA, when the file has more chunks than one segmentation batch; True: always (off CUDA the work
+    then runs in sequence, with the same results); False: never."""
 
     def __init__(self, pipeline, cuda_graphs: bool = False, overlap: Optional[bool] = None):
         self.pipeline = pipeline
@@ -157,13 +159,23 @@ class SharedTrunkEmbeddings:
         self.prefetch: Optional[EmbeddingPrefetch] = None
         self.overlap_report = "no file embedded yet"   # why the last get_embeddings call used a prefetch or not
 
+    @property
+    def overlap(self) -> Optional[bool]:
+        return self._overlap
+
+    @overlap.setter
+    def overlap(self, value: Optional[bool]) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"overlap must be None, True or False, got {value!r}")
+        self._overlap = value
+
     def __deepcopy__(self, memo):
         pipeline = memo.get(id(self.pipeline))
         return SharedTrunkEmbeddings(pipeline if pipeline is not None else self.pipeline, self.cuda_graphs,
                                      self.overlap)
 
     def __getstate__(self):
-        return {"pipeline": self.pipeline, "cuda_graphs": self.cuda_graphs, "overlap": self.overlap,
+        return {"pipeline": self.pipeline, "cuda_graphs": self.cuda_graphs, "_overlap": self.overlap,
                 "graphs": None, "prefetch": None, "overlap_report": "no file embedded yet"}
 
     def stock(self, *args, **kwargs):

@@ -17,8 +17,8 @@ rlx_triton.integrations._pyannote_pipeline and _pyannote_overlap):
   device. On CUDA, when a file has more chunks than one segmentation batch, each chunk batch is queued on a
   side stream as soon as the segmentation of its chunks has come back, so embedding and segmentation
   overlap; `get_embeddings` then waits for those results (or, called with other binarized segmentations,
-  computes its own). Without the overlap (`overlap=False`, off CUDA, one segmentation batch) the embedding
-  forwards run on the current stream inside `get_embeddings`;
+  computes its own). Without the overlap (`get_embeddings.overlap = False`, off CUDA, one segmentation
+  batch) the embedding forwards run on the current stream inside `get_embeddings`;
 - host: audio cropping and speaker masks per chunk, done while the device computes the previous batch;
   clustering and reconstruction, as pyannote runs them.
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import types
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, cast
+from typing import Any, Dict, Iterable, Iterator, List, Tuple, cast
 
 import torch
 from torch import nn
@@ -250,7 +250,7 @@ def _put(owner, name, module: nn.Module) -> None:
         setattr(owner, name, module)
 
 
-def optimize(model, *, cuda_graphs: bool = False, overlap: Optional[bool] = None):
+def optimize(model, *, cuda_graphs: bool = False):
     """Swap rlx_triton modules into a pyannote.audio model, or into every model a pipeline holds, in place.
 
     Recognised by structure (pyannote is never imported): PyanNet (SincNet -> rt.nn.SincNet, the LSTM
@@ -261,7 +261,8 @@ def optimize(model, *, cuda_graphs: bool = False, overlap: Optional[bool] = None
     fbank and trunk once per chunk for all its local speakers (`_pyannote_pipeline.SharedTrunkEmbeddings`:
     same embeddings, NaN rows, order and hook calls as pyannote's), and a `get_segmentations` that can
     start those embeddings while the segmentation runs (`_pyannote_overlap.OverlappedSegmentation`: the
-    same results as without it).
+    same results as without it; on CUDA for files with more chunks than one segmentation batch, and
+    `pipeline.get_embeddings.overlap = True | False | None` forces it, turns it off or leaves it to that rule).
 
     The state_dict keeps its keys and values (the rlx modules hold the model's own Parameter and buffer
     objects): a stock checkpoint loads into the optimized model with strict=True, and the optimized
@@ -273,10 +274,6 @@ def optimize(model, *, cuda_graphs: bool = False, overlap: Optional[bool] = None
             forward from CUDA graphs, one per input shape (`SegmentationGraphs`; other shapes, inputs off
             CUDA and calls that record autograd run eagerly), and a SpeakerDiarization pipeline's embedding
             forward replays a graph at its fixed chunk-batch shape (`TrunkGraphs`).
-        overlap: None, True or False (TypeError otherwise), for SpeakerDiarization pipelines: whether the
-            embedding of chunk batch i runs on a side stream while the segmentation of the next chunks does.
-            None: on CUDA, for files with more chunks than one segmentation batch; True: always (off CUDA the
-            work then runs in sequence, with the same results); False: never.
 
     Returns:
         the same object (for a module a recogniser replaces whole, the replacement).
@@ -289,8 +286,6 @@ def optimize(model, *, cuda_graphs: bool = False, overlap: Optional[bool] = None
     """
     if not isinstance(cuda_graphs, bool):
         raise TypeError(f"optimize: cuda_graphs must be True or False, got {cuda_graphs!r}")
-    if overlap is not None and not isinstance(overlap, bool):
-        raise TypeError(f"optimize: overlap must be None, True or False, got {overlap!r}")
     table = recognisers()
     if isinstance(model, nn.Module):
         optimized = [_optimize_module(model, table)]
@@ -310,7 +305,7 @@ def optimize(model, *, cuda_graphs: bool = False, overlap: Optional[bool] = None
         return optimized[0]
     from rlx_triton.integrations._pyannote_pipeline import optimize_pipeline
 
-    optimize_pipeline(model, cuda_graphs=cuda_graphs, overlap=overlap)
+    optimize_pipeline(model, cuda_graphs=cuda_graphs)
     return model
 
 

@@ -85,11 +85,12 @@ def recording():
     return synthetic_recording(8.0, seed=1)
 
 
-def _optimized(pipeline, **kwargs):
+def _optimized(pipeline, overlap=None, **kwargs):
     from rlx_triton.integrations import pyannote
 
     optimized = copy.deepcopy(pipeline)
     assert pyannote.optimize(optimized, **kwargs) is optimized
+    optimized.get_embeddings.overlap = overlap
     return optimized
 
 
@@ -265,19 +266,19 @@ def test_the_pipeline_in_training_mode_does_not_overlap(stock_pipeline, recordin
     assert overlapped.get_embeddings.prefetch is None
 
 
-def test_optimize_installs_the_overlap_once_and_checks_its_argument(stock_pipeline):
+def test_optimize_installs_the_overlap_once_and_the_setting_is_checked(stock_pipeline):
     from rlx_triton.integrations import pyannote
     from rlx_triton.integrations._pyannote_overlap import OverlappedSegmentation
 
-    optimized = _optimized(stock_pipeline)
+    optimized = _optimized(stock_pipeline, overlap=False)
     segmentation = optimized.get_segmentations
     assert isinstance(segmentation, OverlappedSegmentation) and segmentation.pipeline is optimized
-    pyannote.optimize(optimized, overlap=False)
+    pyannote.optimize(optimized)
     assert optimized.get_segmentations is segmentation and optimized.get_embeddings.overlap is False
     copied = copy.deepcopy(optimized)
     assert copied.get_segmentations.pipeline is copied and copied.get_embeddings.overlap is False
-    with pytest.raises(TypeError, match="overlap"):
-        pyannote.optimize(copy.deepcopy(stock_pipeline), overlap="yes")
+    with pytest.raises(TypeError, match="overlap must be None, True or False"):
+        optimized.get_embeddings.overlap = "yes"
 
 
 def test_off_cuda_the_queue_runs_in_the_calling_thread():
