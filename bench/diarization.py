@@ -4,15 +4,26 @@ The pipeline is built offline with random weights (tests/reference/diarization_p
 segmentation (10 s chunks, pyannote's 1 s step), WeSpeakerResNet34 embedding, a random PLDA and
 agglomerative clustering, the class defaults for the batch sizes (embedding_batch_size=1,
 segmentation_batch_size=1), on a synthetic recording of 4 speakers taking turns with overlaps (5 min; 20 s
-with quick). Both pipelines run on the same file, alternately, `rounds` times; each stage's time is read from
-pyannote's own hook calls (segmentation, then counting to the end of the embeddings, then clustering and
-reconstruction to the discrete diarization) and the median per stage is reported, with the real-time factor
-(seconds of processing per second of audio). Without pyannote.audio (tests/integrations/
-install_pyannote_pipeline.sh installs it) the bench reports no rows and says why on stderr.
+with quick). Both pipelines run on the same file, alternately (stock first in even rounds), `rounds` times;
+each stage's time is read from pyannote's own hook calls (segmentation, then counting to the end of the
+embeddings, then clustering and reconstruction to the discrete diarization) and the median per stage is
+reported, with the real-time factor (seconds of processing per second of audio). Without pyannote.audio
+(tests/integrations/install_pyannote_pipeline.sh installs it; on the GPU machine, bench/gpu_wheels.sh and
+gpu_check.sh) the bench reports no rows and says why on stderr.
+
+On CUDA the optimized pipeline overlaps the two stages (rlx_triton.integrations._pyannote_overlap): the
+embedding of each chunk batch is queued while the segmentation of the next chunks runs, so most of its
+embedding work falls inside the segmentation stage and the embedding stage is what is left to wait for;
+compare the whole pipeline there. Each row says whether the embeddings were prefetched (`overlap`).
+
+Each row also carries the 1-minute load average before and after the rounds and torch's thread count: on a
+shared machine with fewer free cores than threads, torch's OpenMP threads spin at barriers while one of them
+waits for a core, and a stage can take many times its quiet-machine time, on either side.
 """
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import sys
 import time
@@ -70,11 +81,16 @@ def _measure(spec: dict, device: torch.device) -> list:
     fast = pyannote.optimize(copy.deepcopy(stock))
     file = synthetic_recording(spec["seconds"])
     times: Dict[str, Dict[str, List[float]]] = {"stock": {s: [] for s in STAGES}, "fast": {s: [] for s in STAGES}}
+    load_before = round(os.getloadavg()[0], 2)
     with torch.inference_mode():
-        for _ in range(spec["rounds"]):
-            for name, pipeline in (("stock", stock), ("fast", fast)):
+        for round_ in range(spec["rounds"]):
+            # the side that goes first alternates, so that neither always runs on the machine the other warmed
+            order = (("stock", stock), ("fast", fast)) if round_ % 2 == 0 else (("fast", fast), ("stock", stock))
+            for name, pipeline in order:
                 for stage, seconds in stage_seconds(pipeline, file).items():
                     times[name][stage].append(seconds)
+    load = (load_before, round(os.getloadavg()[0], 2))
+    overlap = getattr(fast.get_embeddings, "overlap_report", "")
     rows = []
     for stage in STAGES:
         fast_s, stock_s = statistics.median(times["fast"][stage]), statistics.median(times["stock"][stage])
@@ -82,7 +98,8 @@ def _measure(spec: dict, device: torch.device) -> list:
                          fast_s * 1e6, "pyannote.audio 4 SpeakerDiarization (stock)", stock_s * 1e6,
                          backend="torch" if device.type == "cpu" else "auto", stage=stage,
                          rtf=round(fast_s / spec["seconds"], 4), baseline_rtf=round(stock_s / spec["seconds"], 4),
-                         rounds=spec["rounds"]))
+                         rounds=spec["rounds"], load_average=load, threads=torch.get_num_threads(),
+                         overlap=overlap))
     return rows
 
 

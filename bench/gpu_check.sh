@@ -9,28 +9,37 @@
 #
 # Results go to bench/results/<date>-<gpu>.{md,json,png} plus one log per check; if $OUT is set (the device
 # tool's output folder), they are copied there too. Exit status 0 only when every check run passed.
+#
+# The image has no pyannote.audio: `bash bench/gpu_wheels.sh` (where PyPI is reachable) downloads the wheels
+# it needs into .whl/ (ignored by git; carry it to the device machine), and when .whl/ exists the `wheels`
+# check installs them into $WHEEL_SITE first, whichever checks are selected, so that the pyannote tests and
+# the diarization bench run; without it they report why they did not.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-CHECKS=(env gpu-tests graphs no-sync two-streams sanitizer multi-gpu bench)
+CHECKS=(env wheels gpu-tests graphs no-sync two-streams sanitizer multi-gpu bench diarization)
 declare -A BUDGET=(
-  [env]=10 [gpu-tests]=170 [graphs]=40 [no-sync]=30 [two-streams]=70 [sanitizer]=60 [multi-gpu]=10 [bench]=90
+  [env]=10 [wheels]=25 [gpu-tests]=165 [graphs]=40 [no-sync]=30 [two-streams]=60 [sanitizer]=50 [multi-gpu]=10
+  [bench]=55 [diarization]=35
 )
 declare -A WHAT=(
   [env]="torch, triton, driver and GPU"
+  [wheels]="pip install --no-index of .whl/ (pyannote.audio and what it needs beyond the image), if .whl/ exists"
   [gpu-tests]="every other GPU-marked test: each kernel on CUDA tensors vs float64, graphs, torch.compile"
-  [graphs]="capture -> grow -> allocate -> replay: decode (counters back to 0, two streams) and the PyanNet graph"
+  [graphs]="capture -> grow -> allocate -> replay: decode (counters back to 0, two streams), the PyanNet and trunk graphs"
   [no-sync]="torch.cuda.set_sync_debug_mode('error') around steady-state decode calls and a PyanNet forward"
-  [two-streams]="two streams x LSTM at B=128 and B=512 in a subprocess with a timeout: finish or refuse, never hang"
+  [two-streams]="two streams x LSTM at B=128 and B=512 (finish or refuse, never hang); diarization segmentation || embedding"
   [sanitizer]="compute-sanitizer memcheck and racecheck on small decode and LSTM launches (if the binary exists)"
   [multi-gpu]="device guard: kernels on cuda:1 while cuda:0 is current (skipped on one GPU)"
-  [bench]="the benchmarks in quick mode"
+  [bench]="the benchmarks in quick mode, but diarization"
+  [diarization]="the SpeakerDiarization pipeline, stock vs optimized, seconds per stage (quick: 20 s of audio)"
 )
 # the tests the dedicated checks run (gpu-tests deselects them)
 GRAPH_TESTS=(
   "tests/ops/test_sdpa_decode.py::test_cuda_graph_capture_grow_allocate_replay_keeps_its_own_counters"
   "tests/ops/test_sdpa_decode.py::test_cuda_graphs_replayed_concurrently_on_two_streams_never_share_counters"
   "tests/integrations/test_pyannote.py::test_cuda_graphs_capture_grow_allocate_replay_on_memory_of_their_own"
+  "tests/integrations/test_pyannote_pipeline.py::test_get_embeddings_on_cuda_equal_stock"
 )
 NO_SYNC_TESTS=(
   "tests/ops/test_sdpa_decode.py::test_a_steady_state_decode_step_never_syncs_with_the_host"
@@ -38,6 +47,7 @@ NO_SYNC_TESTS=(
 )
 TWO_STREAMS_TESTS=(
   "tests/triton/test_lstm.py::test_two_streams_of_lstm_forwards_at_batch_128_and_512_finish_or_refuse_never_hang"
+  "tests/integrations/test_pyannote_overlap.py::test_on_cuda_the_overlap_engages_by_default_and_gives_the_sequential_embeddings"
 )
 MULTI_GPU_TESTS=(
   "tests/triton/test_launches.py::test_kernels_on_the_second_gpu_run_there_whichever_device_is_current"
@@ -64,10 +74,15 @@ for name in "${selected[@]}"; do
     exit 2
   fi
 done
+# the other checks import what the wheels install: `wheels` runs first whenever .whl/ is there
+if compgen -G ".whl/*.whl" >/dev/null && [[ " ${selected[*]} " != *" wheels "* ]]; then
+  selected=(wheels "${selected[@]}")
+fi
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 RLX_TRITON_TUNE_CACHE="${RLX_TRITON_TUNE_CACHE:-/tmp/rlx_triton_tune.tsv}"
 PY=${PYTHON:-python3}
+WHEEL_SITE=${WHEEL_SITE:-/tmp/rlx_triton_wheels}
 RESULTS=bench/results
 mkdir -p "$RESULTS"
 stamp=$(date +%F)
@@ -106,7 +121,25 @@ check_sanitizer() {
     $PY bench/gpu_sanitize.py decode lstm &&
     timeout $(($1 / 2)) "$sanitizer" --tool racecheck --error-exitcode 1 $PY bench/gpu_sanitize.py decode lstm
 }
-check_bench() { timeout "$1" $PY bench/run.py --quick --out "$RESULTS"; }
+check_wheels() {
+  if ! compgen -G ".whl/*.whl" >/dev/null; then
+    echo "skipped: no .whl/ (bash bench/gpu_wheels.sh downloads the wheels pyannote.audio needs into it)"
+    return 0
+  fi
+  rm -rf "${WHEEL_SITE:?}"
+  timeout "$1" $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$WHEEL_SITE" .whl/*.whl &&
+    echo "installed $(ls .whl/*.whl | wc -l) wheels into $WHEEL_SITE" &&
+    PYTHONPATH="$PYTHONPATH:$WHEEL_SITE" PYANNOTE_METRICS_ENABLED=false timeout "$1" $PY -W ignore -c \
+      "import pyannote.audio.pipelines as p, pyannote.audio as a; print('pyannote.audio', a.__version__, 'from', p.__file__)"
+}
+check_bench() {
+  local names
+  names=$($PY -c "from rlx_triton.perf.cases import BENCH_NAMES; print(' '.join(n for n in BENCH_NAMES if n != 'diarization'))") &&
+    timeout "$1" $PY bench/run.py --quick --out "$RESULTS" $names
+}
+# its own report (the table in the log), so that a slow pipeline costs only this check
+check_diarization() { timeout "$1" $PY bench/run.py --quick --json "$RESULTS/$stamp-$gpu-diarization.json" diarization; }
 
 failed=()
 for name in "${selected[@]}"; do
@@ -116,6 +149,9 @@ for name in "${selected[@]}"; do
   "check_$name" "${BUDGET[$name]}" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   echo "== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$log"
+  if [ "$name" = wheels ] && [ "$rc" -eq 0 ] && [ -d "$WHEEL_SITE" ]; then
+    export PYTHONPATH="$PYTHONPATH:$WHEEL_SITE" PYANNOTE_METRICS_ENABLED=false
+  fi
   if [ "$rc" -eq 124 ]; then
     failed+=("$name (over its budget)")
   elif [ "$rc" -ne 0 ]; then

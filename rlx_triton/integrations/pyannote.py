@@ -10,6 +10,18 @@ and replayed (see `SegmentationGraphs`): pyannote feeds fixed 32 x 10 s batches,
 batch of a shape each forward is one graph launch; other shapes, inputs off CUDA and calls that record
 autograd run eagerly.
 
+What runs where in an optimized SpeakerDiarization pipeline (details in
+rlx_triton.integrations._pyannote_pipeline and _pyannote_overlap):
+- segmentation: the PyanNet, on the current stream, batch by batch as pyannote's Inference feeds it;
+- embeddings: the WeSpeaker model once per chunk for all its local speakers, chunk batches sized from the
+  device. On CUDA, when a file has more chunks than one segmentation batch, each chunk batch is queued on a
+  side stream as soon as the segmentation of its chunks has come back, so embedding and segmentation
+  overlap; `get_embeddings` then waits for those results (or, called with other binarized segmentations,
+  computes its own). Without the overlap (`get_embeddings.overlap = False`, off CUDA, one segmentation
+  batch) the embedding forwards run on the current stream inside `get_embeddings`;
+- host: audio cropping and speaker masks per chunk, done while the device computes the previous batch;
+  clustering and reconstruction, as pyannote runs them.
+
 Models are recognised by structure (class names and attributes as pyannote.audio 3.x and 4.x define
 them); pyannote is never imported. Recognition is a table of recognisers, each a structure predicate
 and a swap function; other modules add theirs with `register_recogniser`:
@@ -24,48 +36,17 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import types
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Tuple, cast
 
 import torch
 from torch import nn
 
-from rlx_triton.explaining import explain_model, explaining_now
-
-
-@dataclass(frozen=True)
-class Recogniser:
-    name: str
-    matches: Callable[[nn.Module], bool]  # structure predicate; must not raise for unknown modules
-    swap: Callable[[nn.Module], nn.Module]  # swaps rlx modules in, in place; returns the module to keep
-
-
-_RECOGNISERS: Dict[str, Recogniser] = {}
-_EXTENSIONS = ("rlx_triton.integrations._wespeaker",)
-
-
-def register_recogniser(name: str, matches: Callable[[nn.Module], bool],
-                        swap: Callable[[nn.Module], nn.Module]) -> None:
-    """Add (or replace, by name) a recogniser. `optimize` walks every module of a model top-down; the
-    first recogniser whose `matches(module)` is true gets `swap(module)`, whose result replaces the
-    module in its parent (return the module itself for an in-place swap), and the walk does not
-    descend into a swapped module."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_recogniser: name must be a non-empty str, got {name!r}")
-    if not callable(matches) or not callable(swap):
-        raise TypeError("register_recogniser: matches and swap must be callables taking an nn.Module")
-    _RECOGNISERS[name] = Recogniser(name, matches, swap)
-
-
-def recognisers() -> List[Recogniser]:
-    _load_extensions()
-    return list(_RECOGNISERS.values())
-
-
-def _load_extensions() -> None:
-    for module_name in _EXTENSIONS:
-        if importlib.util.find_spec(module_name) is not None:
-            importlib.import_module(module_name)
+from rlx_triton.explaining import explain_model
+# the graphs and the recogniser table live below this module (the pipeline optimizer uses them too); their
+# names are this module's as well
+from rlx_triton.integrations._pyannote_graphs import MAX_GRAPH_SHAPES, GraphCapture, SegmentationGraphs
+from rlx_triton.integrations._pyannote_recognisers import (_RECOGNISERS, Recogniser, recognisers,
+                                                        register_recogniser)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,15 +96,15 @@ _SINCNET_GEOMETRY = ("num_frames", "receptive_field_size", "receptive_field_cent
 
 
 def _swap_sincnet(model: nn.Module) -> None:
-    if _class_name(model.sincnet) != "SincNet" or not importlib.util.find_spec("rlx_triton.nn.conv"):
+    stock = cast(nn.Module, model.sincnet)
+    if _class_name(stock) != "SincNet" or not importlib.util.find_spec("rlx_triton.nn.conv"):
         return
     try:
         from rlx_triton.nn import SincNet
     except (ImportError, AttributeError):
         return
-    if isinstance(model.sincnet, SincNet):
+    if isinstance(stock, SincNet):
         return
-    stock = model.sincnet
     try:
         model.sincnet = SincNet.from_pyannote(stock)
     except ValueError:  # a SincNet configuration the rlx forward does not reproduce stays as it is
@@ -138,27 +119,30 @@ def _swap_sincnet(model: nn.Module) -> None:
 def _swap_lstm(model: nn.Module) -> None:
     from rlx_triton.nn.lstm import LSTM
 
-    lstm = model.lstm
+    lstm = cast(nn.Module, model.lstm)
     if isinstance(lstm, nn.LSTM):
         if not isinstance(lstm, LSTM):
             model.lstm = LSTM.from_torch(lstm)
     else:
-        for i, layer in enumerate(lstm):
+        layers = cast(nn.ModuleList, lstm)
+        for i, layer in enumerate(layers):
             if not isinstance(layer, LSTM):
-                lstm[i] = LSTM.from_torch(layer)
+                layers[i] = LSTM.from_torch(cast(nn.LSTM, layer))
 
 
 def _swap_head(model: nn.Module) -> None:
     from rlx_triton.nn.segdense import SegDense, activation_name
 
-    if isinstance(model.classifier, SegDense) or activation_name(model.activation) is None:
+    classifier = cast(nn.Linear, model.classifier)
+    activation = activation_name(cast(nn.Module, model.activation))
+    if isinstance(classifier, SegDense) or activation is None:
         return
     linear = model._modules.get("linear")
     head_linears = None
     if linear is not None:
-        head_linears = _HeadLinears(list(linear))
-    model.classifier = SegDense(head_linears if head_linears is not None else nn.ModuleList(), model.classifier,
-                                activation_name(model.activation), register_linears=False)
+        head_linears = _HeadLinears(list(cast(nn.ModuleList, linear)))
+    linears = cast(Iterable[nn.Linear], head_linears if head_linears is not None else nn.ModuleList())
+    model.classifier = SegDense(linears, classifier, activation, register_linears=False)
     if head_linears is not None:
         model.linear = head_linears
     model.activation = nn.Identity()
@@ -178,144 +162,8 @@ register_recogniser("pyannet", is_pyannet, swap_pyannet)
 
 
 # ---------------------------------------------------------------------------------------------
-# CUDA graphs of the segmentation forward
+# CUDA graphs of the segmentation forward (rlx_triton.integrations._pyannote_graphs)
 # ---------------------------------------------------------------------------------------------
-MAX_GRAPH_SHAPES = 8   # captured input shapes per model; further shapes run eagerly
-
-@dataclass(frozen=True)
-class GraphCapture:
-    """What `explain` reports for a model whose forward replays CUDA graphs: the captured input shapes and
-    whether a call with the explained inputs replays one, is captured, or runs eagerly (and why)."""
-    module: str
-    captured_shapes: Tuple[Tuple[int, ...], ...]
-    decision: str   # "replay" | "capture" | "eager"
-    reason: str
-    backend: str = "cuda_graph"
-
-    def __str__(self) -> str:
-        shapes = ", ".join(str(shape) for shape in self.captured_shapes) or "none yet"
-        return (f"cuda graphs of {self.module or 'the model'}: {self.decision} ({self.reason}); "
-                f"captured shapes: {shapes}")
-
-
-@dataclass
-class _Graph:
-    graph: Any
-    static_inputs: Tuple[torch.Tensor, ...]
-    static_output: torch.Tensor
-    weights: tuple
-
-
-class SegmentationGraphs:
-    """A PyanNet's forward, captured in a CUDA graph per input shape and replayed.
-
-    Installed by `optimize(model, cuda_graphs=True)` as the model's `forward` (the class's forward stays the
-    eager path). A waveform batch on CUDA, with no autograd to record (no_grad, inference_mode, or no
-    parameter requiring grad), of a shape seen before: the first call of a shape runs eagerly (it compiles,
-    tunes and packs the weights), the second captures the forward (after a warm-up on a side stream) and
-    every later one copies the input into the graph's buffer, replays the graph and returns a copy of its
-    output. At most MAX_GRAPH_SHAPES shapes are captured; other shapes, devices and calls run eagerly. A
-    graph is captured again when a parameter or buffer is replaced or changed in place (the version
-    counters; inference tensors, which have none, are re-read by the graph at every replay, since the rlx
-    modules pack them inside the forward). The rlx modules' forwards make no host synchronisation and copy
-    nothing from the host, which is what makes the forward capturable."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.graphs: Dict[tuple, _Graph] = {}
-        self.seen: Dict[tuple, int] = {}
-
-    def eager(self, *args, **kwargs):
-        return type(self.model).forward(self.model, *args, **kwargs)
-
-    def __deepcopy__(self, memo):
-        # graphs and their memory pools stay with the original; the copy captures its own
-        model = memo.get(id(self.model))
-        return type(self)(model if model is not None else self.model)
-
-    def __getstate__(self):
-        return {"model": self.model, "graphs": {}, "seen": {}}
-
-    def _weights(self) -> tuple:
-        state = []
-        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
-            version = None if tensor.is_inference() else tensor._version
-            state.append((tensor.data_ptr(), version, tensor.dtype, tuple(tensor.shape)))
-        return tuple(state)
-
-    @staticmethod
-    def _key(x: torch.Tensor) -> tuple:
-        return (tuple(x.shape), x.dtype, x.device, tuple(x.stride()), torch.is_inference_mode_enabled())
-
-    def decide(self, args, kwargs) -> Tuple[str, str]:
-        """("replay" | "capture" | "eager", why) for a call with these arguments."""
-        if kwargs or len(args) != 1 or not isinstance(args[0], torch.Tensor):
-            return "eager", "only a call with one waveform tensor is captured"
-        x = args[0]
-        if x.device.type != "cuda":
-            return "eager", f"the input is on {x.device.type}, not CUDA"
-        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.model.parameters())):
-            return "eager", "autograd would record the forward (run under torch.no_grad or torch.inference_mode)"
-        if torch.cuda.is_current_stream_capturing():
-            return "eager", "a CUDA graph is being captured around the call"
-        return self._decide_shape(self._key(x), tuple(x.shape))
-
-    def explain_forward(self, path: str, inputs: tuple, kwargs: dict, called_directly: bool) -> Dict[str, Any]:
-        """What explain_model reports for the module this forward is installed on: its GraphCapture."""
-        decision, reason = self.decide(inputs, kwargs) if called_directly else (
-            "eager", "not decided here: it depends on the input this submodule receives")
-        shapes = tuple(key[0] for key in self.graphs)
-        return {f"{path}#cuda_graphs": GraphCapture(path, shapes, decision, reason)}
-
-    def _decide_shape(self, key: tuple, shape: Tuple[int, ...]) -> Tuple[str, str]:
-        """The decision for a capturable call, from what was captured and seen of its key."""
-        graph = self.graphs.get(key)
-        if graph is not None:
-            if graph.weights == self._weights():
-                return "replay", f"a graph of input shape {shape} is captured"
-            return "capture", "a parameter or buffer changed since the graph was captured"
-        if len(self.graphs) >= MAX_GRAPH_SHAPES:
-            return "eager", f"{MAX_GRAPH_SHAPES} input shapes are captured already"
-        if self.seen.get(key, 0) < 1:
-            return "eager", f"the first call of input shape {shape} runs eagerly; the next one is captured"
-        return "capture", f"input shape {shape} is called again"
-
-    def __call__(self, *args, **kwargs):
-        if explaining_now():   # explain sees every rlx module run, which a replay hides
-            return self.eager(*args, **kwargs)
-        decision, _reason = self.decide(args, kwargs)
-        if decision == "eager":
-            if args and isinstance(args[0], torch.Tensor) and not kwargs and len(args) == 1:
-                key = self._key(args[0])
-                self.seen[key] = self.seen.get(key, 0) + 1
-            return self.eager(*args, **kwargs)
-        return self._replay(self._key(args[0]), decision, args)
-
-    def _replay(self, key: tuple, decision: str, inputs: Tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Replays the graph of `key` (captured first when the decision is "capture") on these inputs."""
-        if decision == "capture":
-            self.graphs.pop(key, None)
-            self.graphs[key] = self._capture(*inputs)
-        graph = self.graphs[key]
-        for static_input, x in zip(graph.static_inputs, inputs):
-            static_input.copy_(x)
-        graph.graph.replay()
-        return graph.static_output.clone()
-
-    def _capture(self, *inputs: torch.Tensor) -> _Graph:
-        static_inputs = tuple(x.clone() for x in inputs)
-        device = inputs[0].device
-        side = torch.cuda.Stream(device=device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            self.eager(*static_inputs)      # lazy initialisation happens outside the capture
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_output = self.eager(*static_inputs)
-        return _Graph(graph, static_inputs, static_output, self._weights())
-
-
 def _is_optimized_pyannet(module: nn.Module) -> bool:
     from rlx_triton.nn.segdense import SegDense
 
@@ -411,7 +259,10 @@ def optimize(model, *, cuda_graphs: bool = False):
     Other modules are left as they are; more recognisers can be added with register_recogniser.
     A SpeakerDiarization pipeline with a WeSpeaker embedding model also gets a `get_embeddings` that runs
     fbank and trunk once per chunk for all its local speakers (`_pyannote_pipeline.SharedTrunkEmbeddings`:
-    same embeddings, NaN rows, order and hook calls as pyannote's).
+    same embeddings, NaN rows, order and hook calls as pyannote's), and a `get_segmentations` that can
+    start those embeddings while the segmentation runs (`_pyannote_overlap.OverlappedSegmentation`: the
+    same results as without it; on CUDA for files with more chunks than one segmentation batch, and
+    `pipeline.get_embeddings.overlap = True | False | None` forces it, turns it off or leaves it to that rule).
 
     The state_dict keeps its keys and values (the rlx modules hold the model's own Parameter and buffer
     objects): a stock checkpoint loads into the optimized model with strict=True, and the optimized
