@@ -129,7 +129,7 @@ class EmbeddingPrefetch:
             if total_chunks is None or total_chunks <= batch_size:
                 self.reason = f"{total_chunks} chunks fit in one segmentation batch of {batch_size}"
                 return
-        from pyannote.core import SlidingWindow  # type: ignore  # a pipeline implies pyannote is installed
+        from pyannote.core import SlidingWindow  # a pipeline implies pyannote is installed
 
         inference = pipeline._segmentation
         self.window = SlidingWindow(start=0.0, duration=inference.duration, step=inference.step)
@@ -155,13 +155,13 @@ class EmbeddingPrefetch:
             self.abandon(f"a segmentation batch is a {type(scores).__name__}, "
                          "not one (chunks, frames, classes) array")
             return
-        from pyannote.core import SlidingWindowFeature  # type: ignore
+        from pyannote.core import SlidingWindowFeature
 
         pipeline = self.embeddings.pipeline
         if pipeline._segmentation.model.specifications.powerset:
             binarized = scores
         else:
-            from pyannote.audio.utils.signal import binarize  # type: ignore
+            from pyannote.audio.utils.signal import binarize
 
             binarized = binarize(SlidingWindowFeature(scores, self.window), onset=pipeline.segmentation.threshold,
                                  initial_state=False).data
