@@ -19,19 +19,13 @@ import rlx_triton as rt
 from tests.reference.diarization_pipeline import pyannote_audio_missing
 
 _MISSING = pyannote_audio_missing()
-pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+pytestmark = [pytest.mark.skipif(_MISSING is not None, reason=_MISSING or ""),
+              pytest.mark.usefixtures("torch_route_off_cuda")]
 
 CHUNK_SECONDS = 2.0
 RTOL, ATOL = 1e-4, 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _torch_route():
-    if torch.cuda.is_available():
-        yield
-        return
-    with rt.use_backend("torch"):
-        yield
 
 
 def _powerset_pipeline(**kwargs):

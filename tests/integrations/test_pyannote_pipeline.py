@@ -18,16 +18,8 @@ import rlx_triton as rt
 from tests.reference.diarization_pipeline import pyannote_audio_missing
 
 _MISSING = pyannote_audio_missing()
-pytestmark = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
-
-
-@pytest.fixture(autouse=True)
-def _torch_route():
-    if torch.cuda.is_available():
-        yield
-        return
-    with rt.use_backend("torch"):
-        yield
+pytestmark = [pytest.mark.skipif(_MISSING is not None, reason=_MISSING or ""),
+              pytest.mark.usefixtures("torch_route_off_cuda")]
 
 CHUNK_SECONDS = 2.0   # short chunks keep the interpreter-free CPU forwards fast
 FRAMES = 24           # frames per chunk of the hand-made segmentations

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rlx_triton.perf.stock_models import randomize  # the bench models' weights, re-exported for the tests
 from tests.reference.fbank import fbank64
 
 
@@ -285,26 +286,6 @@ class WeSpeakerResNet152(BaseWeSpeakerResNet):
     def __init__(self, num_mel_bins=80, m_channels=32, **kwargs):
         super().__init__(num_mel_bins=num_mel_bins, **kwargs)
         self.resnet = ResNet152(num_mel_bins, 256, pooling_func="TSTP", two_emb_layer=False, m_channels=m_channels)
-
-
-@torch.no_grad()
-def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Random conv/linear weights (variance-preserving) and non-trivial BatchNorm affine + running stats; eval mode."""
-    gen = torch.Generator().manual_seed(seed)
-    for module in model.modules():
-        if isinstance(module, (nn.Conv2d, nn.Linear)):
-            fan_in = module.weight[0].numel()
-            module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * (2.0 / fan_in) ** 0.5)
-            if module.bias is not None:
-                module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=gen))
-        elif isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
-            n = module.num_features
-            module.running_mean.copy_(0.2 * torch.randn(n, generator=gen))
-            module.running_var.copy_(0.5 + torch.rand(n, generator=gen))
-            if module.affine:
-                module.weight.copy_(0.8 + 0.4 * torch.rand(n, generator=gen))
-                module.bias.copy_(0.1 * torch.randn(n, generator=gen))
-    return model.eval()
 
 
 def tiny_wespeaker(m_channels: int = 4, num_mel_bins: int = 16, seed: int = 0, bottleneck: bool = False):
