@@ -42,6 +42,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from rlx_triton.backends.triton import _online_softmax as online_softmax
+
 # the codes of the CAUSAL, MASK_KIND and ALIBI constexprs
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
 MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
@@ -225,29 +227,14 @@ def _sdpa_decode_kernel(
             scores = scores + mask_add.to(tl.float32) * 1.4426950408889634
         scores = tl.where(keep, scores, float("-inf"))
 
-        # online softmax; a row with no visible key so far keeps m = -inf, l = 0, acc = 0. A NaN score
-        # makes l NaN whether or not the max keeps it (tl.max drops NaN): p = exp2(NaN - m) is NaN
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(scores - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-
+        m_new, p, alpha, l_i = online_softmax.rescale(m_i, l_i, scores)
         v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
                     mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
-        if DOT_LOWP:
-            pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        acc = acc * alpha[:, None] + pv
+        acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
         m_i = m_new
 
-    # l is exactly 0 only when every score was -inf (the largest score contributes exp2(0) = 1); a NaN l
-    # (a NaN or +inf score) must stay NaN in the output and the LSE, so the test is l == 0, not l > 0
-    no_keys = l_i == 0.0
-    l_safe = tl.where(no_keys, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse2 = tl.where(no_keys, float("-inf"), m_i + tl.log2(l_safe))
+    out, no_keys, l_safe = online_softmax.normalise(acc, l_i)
+    lse2 = tl.where(no_keys, float("-inf"), m_i + tl.log2(l_safe))   # a split that saw no key: -inf, merged as 0
 
     # rows of o / lse / partials are contiguous (batch, head, token)
     out_row = (batch64 * (num_kv_heads * group) + head64) * seq_q + tok64

@@ -30,6 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from rlx_triton.backends.triton import _online_softmax as online_softmax
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 # ALiBi's two forms in FlashAttention 2 (the ALIBI constexpr)
@@ -153,27 +155,14 @@ def _varlen_attention_kernel(
                 & ((window_right < 0) | (offs_n[None, :] <= diagonal[:, None] + window_right))
         scores = tl.where(keep, scores, float("-inf"))
 
-        # online softmax; a row with no visible key so far keeps m = -inf, l = 0, acc = 0. A NaN score makes
-        # l NaN whether or not the max keeps it: p = exp2(NaN - m) is NaN
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(scores - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, p, alpha, l_i = online_softmax.rescale(m_i, l_i, scores)
         v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=n_valid[:, None] & dv_valid[None, :],
                     other=0.0)
-        if DOT_LOWP:
-            pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        acc = acc * alpha[:, None] + pv
+        acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
         m_i = m_new
 
-    # l is exactly 0 only when every score was -inf; a NaN l must stay NaN, so the test is l == 0
-    no_keys = l_i == 0.0
-    l_safe = tl.where(no_keys, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse = tl.where(no_keys, float("inf"), (m_i + tl.log2(l_safe)) * LN2)
+    out, no_keys, l_safe = online_softmax.normalise(acc, l_i)
+    lse = tl.where(no_keys, float("inf"), (m_i + tl.log2(l_safe)) * LN2)   # FlashAttention's +inf for no key
     tl.store(o_ptr + token64[:, None] * stride_ot + head64[:, None] * stride_oh + offs_dv[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_valid[:, None] & dv_valid[None, :])
     tl.store(lse_ptr + head64 * stride_lse_h + token64, lse, mask=row_valid)
