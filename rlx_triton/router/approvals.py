@@ -7,8 +7,8 @@ approval in the catalogue is a claim the test suite checks.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
 
 ALL_PROFILES = frozenset({"ultra_low_latency", "balanced", "high_fidelity", "deterministic"})
 
@@ -19,9 +19,23 @@ class Approval:
     reference: str = "float64"
     where: str = ""  # how and where it was measured, e.g. "interpreter, tests/triton/test_fbank.py"
     profiles: frozenset = ALL_PROFILES
+    # (request dtype, its own measured bound) where a dtype runs the candidate differently: a 16-bit-operand
+    # candidate keeps fp32 operands on an fp32 request, so its fp16 error is no claim about fp32
+    dtype_errors: Tuple[Tuple[str, float], ...] = ()
 
     def covers_profile(self, profile: str) -> bool:
         return profile in self.profiles
+
+    def for_dtype(self, dtype: str) -> "Approval":
+        """The approval as a request of `dtype` reads it: its own measured bound where it has one."""
+        bound = dict(self.dtype_errors).get(dtype)
+        if bound is None:
+            return self
+        return replace(self, max_rel_err=bound, dtype_errors=())
+
+    def error_bound(self, dtype: str) -> float:
+        """The largest relative error measured for a request of `dtype`."""
+        return self.for_dtype(dtype).max_rel_err
 
     def label(self) -> str:
         """The accuracy line a user reads (explain, the demo): a test file of the source checkout is named by

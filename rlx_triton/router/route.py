@@ -356,7 +356,8 @@ def _choose_candidate(backend_name: str, module: KernelFamilyModule, request: Re
     kernel_name = LaunchBuilder.from_plan(plan).fields(**request.field_map).candidate(candidate).build().kernel_name
     speed = module.SPEED_EVIDENCE.get(candidate.tag())
     return dict(candidate=candidate, candidate_tag=candidate.tag(), kernel_name=kernel_name, evidence=evidence,
-                evidence_detail=detail, approval=approval, speed=speed, tune_key=tune_key)
+                evidence_detail=detail, approval=approval.for_dtype(request.dtype), speed=speed,
+                tune_key=tune_key)
 
 
 def _recipe(module: KernelFamilyModule, request: Request, device_class: str) -> Tuple[Optional[str], str]:

@@ -298,3 +298,16 @@ def test_explain_help_lists_every_op_and_what_its_fields_count():
             assert f"    {spec.op}: --field {', '.join(spec.required)}" in text
     assert "    height                 input height" in text
     assert "    m                      query rows per KV head" in text
+
+
+@pytest.mark.parametrize("dtype, bound", [("float32", "1.0e-05"), ("float16", "1.0e-03")])
+def test_the_accuracy_line_is_the_bound_measured_for_the_request_dtype(capsys, dtype, bound):
+    """An f16-KV decode candidate keeps fp32 operands on an fp32 request: explain states the fp32 bound there,
+    and the fp16 measurement only where fp16 operands run."""
+    from rlx_triton import cli
+
+    code = cli.main(["explain", "sdpa_decode", "--device", "h200", "--dtype", dtype, "--field", "batch=1",
+                     "--field", "num_heads=8", "--field", "head_dim=64", "--field", "seq_kv=4096"])
+    out = capsys.readouterr().out
+    assert code == 0 and "_f16kv_" in out
+    assert f"accuracy   max rel err {bound} vs float64" in out
