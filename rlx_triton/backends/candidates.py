@@ -6,11 +6,11 @@ candidates exist stays the planner's word (`rlx_triton.planner.candidates.<famil
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, Iterable, List, Mapping
 
 from rlx_triton.planner import KernelFamily
 from rlx_triton.planner.candidates import FAMILIES
-from rlx_triton.router.approvals import Approval
+from rlx_triton.router.approvals import Approval, approval_for
 
 
 def plan_candidates(family: str) -> List[Any]:
@@ -21,6 +21,12 @@ def plan_candidates(family: str) -> List[Any]:
 def default_candidate(family: str) -> Any:
     """The candidate of the family's default plan (`DEFAULT_VARIANT`)."""
     return FAMILIES[KernelFamily(family)].default_variant.candidate()
+
+
+def approved_candidates(candidates: Iterable[Any], approvals: Mapping[str, Approval], profile: str) -> List[Any]:
+    """The candidates whose accuracy approval covers the precision profile, in their order: what an
+    autotuner may time for a call routed under that profile."""
+    return [candidate for candidate in candidates if approval_for(approvals, candidate.tag(), profile) is not None]
 
 
 def approvals_by_precision(family: str, bounds: Mapping[str, float], where: str) -> Dict[str, Approval]:

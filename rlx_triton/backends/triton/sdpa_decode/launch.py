@@ -261,7 +261,7 @@ def tuned_kernel(*, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtyp
     """`_sdpa_decode_kernel` under the autotune bridge, one config per candidate approved for the current
     precision profile, for one head shape (query rows, D, Dv, dtype) and short-KV tile bound."""
     from rlx_triton.router import plans
-    from rlx_triton.router.approvals import approval_for
+    from rlx_triton.backends.candidates import approved_candidates
 
     profile = plans.profile_name(plans.current_profile())
     rows_class = min(triton.next_power_of_2(rows), 64)
@@ -274,8 +274,7 @@ def tuned_kernel(*, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtyp
             if tuned is None:
                 from rlx_triton.backends.triton.autotune import TunedKernel
 
-                candidates = [c for c in plans.plan_for("sdpa_decode").candidates
-                              if approval_for(APPROVALS, c.tag(), profile) is not None]
+                candidates = approved_candidates(plans.plan_for("sdpa_decode").candidates, APPROVALS, profile)
 
                 def to_config(candidate):
                     meta = _meta(candidate, rows=rows_class, head_dim=head_dim, head_dim_v=head_dim_v, dtype=dtype,

@@ -72,7 +72,7 @@ def tuned_kernel(*, group: int, head_dim: int, head_dim_v: int, dtype: torch.dty
     precision profile, for one head shape (group, D, Dv, dtype)."""
     from rlx_triton.backends.triton.autotune import TunedKernel
     from rlx_triton.router import plans
-    from rlx_triton.router.approvals import approval_for
+    from rlx_triton.backends.candidates import approved_candidates
 
     profile = plans.profile_name(plans.current_profile())
     key = (profile, group, triton.next_power_of_2(head_dim), triton.next_power_of_2(head_dim_v), dtype)
@@ -81,8 +81,7 @@ def tuned_kernel(*, group: int, head_dim: int, head_dim_v: int, dtype: torch.dty
         with _tuned_lock:
             tuned = _tuned.get(key)
             if tuned is None:
-                candidates = [c for c in plans.plan_for("varlen_attention").candidates
-                              if approval_for(APPROVALS, c.tag(), profile) is not None]
+                candidates = approved_candidates(plans.plan_for("varlen_attention").candidates, APPROVALS, profile)
 
                 def to_config(candidate):
                     meta = kernel_meta(candidate, group=group, head_dim=head_dim, head_dim_v=head_dim_v, dtype=dtype)
