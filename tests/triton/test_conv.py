@@ -330,20 +330,34 @@ def test_the_symmetric_sinc_block_gives_nan_for_a_non_finite_chunk_and_leaves_th
     assert rel_err(out[1], ref[1]) <= TOL[torch.float32]
 
 
-@NON_FINITE
-def test_tf32x3_conv1d_propagates_nan_and_keeps_finite_outputs_finite():
-    """The split tensor-core dots: NaN reaches every output torch gives NaN; an Inf input gives non-finite
-    outputs where torch's are non-finite (NaN where the weight it meets is exactly a TF32 value: inf times
-    its zero low half); every other output is finite and within the fp32 bound."""
+def _non_finite_tf32x3_conv1d(device: str):
+    """(out, float64 reference) of the tf32x3 conv1d on an input with a NaN, an Inf and a -Inf."""
     x = torch.randn(2, 3, 40)
     x[0, 0, 5] = float("nan")
     x[0, 2, 20] = float("inf")
     x[1, 1, 33] = -float("inf")
     w, b = torch.randn(4, 3, 3), torch.randn(4)
-    out = tconv.conv1d(x, w, b, 1, 1, 1, epilogue=ConvEpilogue(abs=True, pool=2, negative_slope=0.01),
-                       candidate=GPU_RECIPE)
-    ref = conv1d_float64(x, w, b, 1, 1, 1, abs_=True, pool=2, negative_slope=0.01)
+    out = tconv.conv1d(x.to(device), w.to(device), b.to(device), 1, 1, 1,
+                       epilogue=ConvEpilogue(abs=True, pool=2, negative_slope=0.01), candidate=GPU_RECIPE)
+    return out.cpu(), conv1d_float64(x, w, b, 1, 1, 1, abs_=True, pool=2, negative_slope=0.01)
+
+
+@NON_FINITE
+def test_tf32x3_conv1d_propagates_nan_and_keeps_finite_outputs_finite():
+    """The split tensor-core dots: NaN reaches every output torch gives NaN; an Inf input gives non-finite
+    outputs where torch's are non-finite (NaN where the weight it meets is exactly a TF32 value: inf times
+    its zero low half); every other output is finite and within the fp32 bound."""
+    out, ref = _non_finite_tf32x3_conv1d("cpu")
     assert ref.isnan().any() and ref.isinf().any()
+    assert torch.equal(torch.isfinite(out), torch.isfinite(ref)) and out[ref.isnan()].isnan().all()
+    finite = torch.isfinite(ref)
+    assert_matches_float64(out[finite], ref[finite], TOL[torch.float32], reduced=9)
+
+
+@pytest.mark.gpu
+def test_tf32x3_conv1d_propagates_nan_and_keeps_finite_outputs_finite_on_gpu():
+    """The same on real TF32 tensor cores, which the interpreter's numpy dots only stand in for."""
+    out, ref = _non_finite_tf32x3_conv1d("cuda")
     assert torch.equal(torch.isfinite(out), torch.isfinite(ref)) and out[ref.isnan()].isnan().all()
     finite = torch.isfinite(ref)
     assert_matches_float64(out[finite], ref[finite], TOL[torch.float32], reduced=9)
