@@ -12,7 +12,16 @@ Units of `peak`:
 - tf32x3: three TF32 products per fp32 product (input_precision "tf32x3"): a third of tf32;
 - tf32x4: four TF32 products per fp32 product (both operands split into TF32 halves, every pair of
   halves multiplied, as one dot): a quarter of tf32;
-- fp16_mma / bf16_mma: tensor cores on fp16 / bf16 operands with fp32 accumulation.
+- fp16_mma / bf16_mma: tensor cores on fp16 / bf16 operands with fp32 accumulation;
+- fp8_mma: tensor cores on fp8 (e4m3 / e5m2) operands, where the GPU has them (Hopper, Ada's L40S);
+- sfu: the special function units (exp2, log2, rcp, rsqrt, sin, cos), in results per second: 16 per SM per
+  clock on compute capability 8.x and 9.0. Library kernel models count a softmax's exponentials there; no
+  Triton launch record names it.
+
+Dense peaks are datasheet figures. A tensor-core kernel is estimated at `sustained_peak(profile, unit)`: the
+datasheet rate times `tensor_sustained`, the fraction a long tensor-core kernel keeps under its clock and
+power limits (measured on an H200: an 8192^3 bf16 matmul at 769-798 of 989 TFLOP/s). Floors keep the
+datasheet rate.
 
 This module imports neither torch nor triton; `rlx_triton.router.device.profile_facts` turns a
 profile into the DeviceFacts the router would read on such a device.
@@ -29,7 +38,9 @@ MB = 1024 * 1024
 GiB = 1024 ** 3
 TERA = 1e12
 
-UNITS = ("fp32_fma", "tf32", "tf32x3", "tf32x4", "fp16_mma", "bf16_mma")
+UNITS = ("fp32_fma", "tf32", "tf32x3", "tf32x4", "fp16_mma", "bf16_mma", "fp8_mma", "sfu")
+# the units whose rate is the tensor cores'
+TENSOR_UNITS = ("tf32", "tf32x3", "tf32x4", "fp16_mma", "bf16_mma", "fp8_mma")
 
 # The latency constants of a CUDA profile, in nanoseconds except issue_interval (cycles):
 # l2_hit: a dependent load served by L2 (data another SM wrote: .cg loads, merge partials, h rows);
@@ -60,6 +71,15 @@ _ISSUE = ("Jia et al., 'Dissecting the NVIDIA Volta GPU Architecture via Microbe
           "per SM, each issuing one warp instruction per cycle")
 _CLOCK = ("derived: peak.fp32_fma / (SMs x FP32 lanes per SM x 2), lanes per SM from the CUDA C++ Programming "
           "Guide's arithmetic instruction throughput table (128 on 8.9/9.0, 64 on 8.0)")
+_SFU = ("CUDA C++ Programming Guide, 'Arithmetic Instructions' throughput table: 16 results per clock cycle per "
+        "multiprocessor for 32-bit reciprocal, reciprocal square root, base-2 logarithm and exponential, sine and "
+        "cosine on compute capability 8.0, 8.6, 8.9 and 9.0; times the clock (clock_hz)")
+_H200_TENSOR = ("measured: a 8192^3 bf16 matmul (torch.matmul, cuBLAS) on the H200 this project's GPU runs are lent "
+                "sustains 769-798 TFLOP/s, 0.79 of the 989 TFLOP/s dense datasheet figure (the clock a long "
+                "tensor-core kernel keeps under the 700 W limit)")
+_TENSOR_RATIO = ("assumption: the H200's measured sustained / datasheet tensor-core ratio (0.79, measured on an H200) "
+                 "applied to this GPU; not measured on this GPU")
+TENSOR_RATIO = 783.5 / 989.4
 _H200_COPY = ("measured: a device-to-device copy (torch copy_, 256 MB) on the H200 this project's GPU runs are "
               "lent moves ~4.3 TB/s (bytes read + written), 0.896 of the 4.8 TB/s datasheet figure")
 _COPY_RATIO = ("assumption: the H200's measured copy / datasheet ratio (4.3 / 4.8 = 0.896, measured on an "
@@ -104,6 +124,7 @@ class DeviceProfile:
     schedulers_per_sm: int = 4
     latency: Mapping[str, Tuple[float, float, float]] = field(default_factory=dict)   # LATENCY_KEYS -> range
     calibrated: bool = False                       # constants fitted to a measured run (rlx-triton perf --calibrate)
+    tensor_sustained: float = 1.0                  # fraction of the tensor-core peak a long kernel sustains
 
     def __post_init__(self):
         object.__setattr__(self, "peak", MappingProxyType(dict(self.peak)))
@@ -136,7 +157,8 @@ class DeviceProfile:
 
 
 def _cuda(key, name, capability, sm_count, memory_bytes, bandwidth, fp32, tf32, fp16, bf16, *, shared_per_sm,
-          shared_per_cta, max_ctas, max_warps, l2_bytes, names, sources, achievable=None) -> DeviceProfile:
+          shared_per_cta, max_ctas, max_warps, l2_bytes, names, sources, achievable=None,
+          tensor_sustained=None, fp8=None) -> DeviceProfile:
     cc = f"{capability[0]}.{capability[1]}"
     fp32_lanes = 64 if capability == (8, 0) else 128
     common = {
@@ -153,34 +175,39 @@ def _cuda(key, name, capability, sm_count, memory_bytes, bandwidth, fp32, tf32, 
         "peak.tf32x4": _TF32X4,
         "achievable_bandwidth": _COPY_RATIO,
         "clock_hz": _CLOCK,
+        "peak.sfu": _SFU,
+        "tensor_sustained": _TENSOR_RATIO,
         "schedulers_per_sm": _ISSUE,
         **{f"latency.{k}": _ISSUE if k == "issue_interval" else _LATENCY for k in LATENCY_KEYS},
     }
+    clock = fp32 / (sm_count * fp32_lanes * 2)
     return DeviceProfile(
         key=key, name=name, kind="cuda", capability=capability, sm_count=sm_count, memory_bytes=memory_bytes,
         bandwidth=bandwidth,
         peak={"fp32_fma": fp32, "tf32": tf32, "tf32x3": tf32 / 3, "tf32x4": tf32 / 4, "fp16_mma": fp16,
-              "bf16_mma": bf16},
+              "bf16_mma": bf16, "sfu": 16.0 * sm_count * clock, **({"fp8_mma": fp8} if fp8 else {})},
         launch_us=4.0, registers_per_sm=65536, shared_per_sm=shared_per_sm, shared_per_cta=shared_per_cta,
         shared_reserved_per_cta=1 * KB, max_ctas_per_sm=max_ctas, max_warps_per_sm=max_warps, l2_bytes=l2_bytes,
         names=names, sources={**common, **sources},
         achievable_bandwidth=achievable if achievable is not None else bandwidth * COPY_RATIO,
-        clock_hz=fp32 / (sm_count * fp32_lanes * 2), schedulers_per_sm=4, latency=CUDA_LATENCY)
+        clock_hz=clock, schedulers_per_sm=4, latency=CUDA_LATENCY,
+        tensor_sustained=TENSOR_RATIO if tensor_sustained is None else tensor_sustained)
 
 
 _H100_DATASHEET = ("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column: FP32 67 TFLOPS, TF32 Tensor Core "
-                   "989 TFLOPS, BF16/FP16 Tensor Core 1979 TFLOPS, both with sparsity (dense: half)")
+                   "989 TFLOPS, BF16/FP16 Tensor Core 1979 TFLOPS, FP8 Tensor Core 3958 TFLOPS, all with sparsity "
+                   "(dense: half)")
 _HOPPER_BLOG = ("NVIDIA Technical Blog 'NVIDIA Hopper Architecture In-Depth' (2022): H100 SXM5 has 132 SMs, "
                 "50 MB L2, 228 KB shared memory per SM")
 _H200_DATASHEET = ("NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column: 141 GB HBM3e at 4.8 TB/s; "
-                   "FP32 67 TFLOPS, TF32 989 / BF16 and FP16 1979 TFLOPS with sparsity (dense: half); "
+                   "FP32 67 TFLOPS, TF32 989 / BF16 and FP16 1979 / FP8 3958 TFLOPS with sparsity (dense: half); "
                    "the same GH100 configuration as H100 SXM")
 _A100_DATASHEET = ("NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column: 2039 GB/s, FP32 19.5 TFLOPS, "
                    "TF32 156 TFLOPS, BF16/FP16 312 TFLOPS (dense)")
 _A100_WHITEPAPER = ("NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs, 40 MB L2, "
                     "164 KB shared memory per SM")
 _L40S_DATASHEET = ("NVIDIA L40S datasheet: 48 GB GDDR6 at 864 GB/s, FP32 91.6 TFLOPS, TF32 183 TFLOPS, "
-                   "BF16/FP16 362.05 TFLOPS (dense; the doubled figures are with sparsity)")
+                   "BF16/FP16 362.05 TFLOPS, FP8 733 TFLOPS (dense; the doubled figures are with sparsity)")
 _ADA_WHITEPAPER = ("NVIDIA Ada GPU Architecture whitepaper: L40S/AD102 with 142 SMs enabled and 96 MB L2 "
                    "(18176 CUDA cores / 128 per SM); GeForce RTX 4090 (appendix A): 128 SMs, 72 MB L2, "
                    "24 GB GDDR6X at 1008 GB/s, FP32 82.6 TFLOPS, TF32 Tensor 82.6 TFLOPS, FP16/BF16 Tensor "
@@ -211,19 +238,22 @@ _APPLE_M2_ULTRA = "Apple Newsroom, 'Apple introduces M2 Ultra' (2023-06-05): 76-
 PROFILES: Dict[str, DeviceProfile] = {profile.key: profile for profile in (
     _cuda("h100-sxm", "NVIDIA H100 SXM", (9, 0), 132, 80 * GiB, 3.35e12, 67 * TERA, 494.7 * TERA, 989.4 * TERA,
           989.4 * TERA, shared_per_sm=228 * KB, shared_per_cta=227 * KB, max_ctas=32, max_warps=64,
-          l2_bytes=50 * MB, names=("H100 80GB HBM3", "H100 SXM"),
+          l2_bytes=50 * MB, names=("H100 80GB HBM3", "H100 SXM"), fp8=1979 * TERA,
           sources={"sm_count": _HOPPER_BLOG, "l2_bytes": _HOPPER_BLOG, "shared_per_sm": _HOPPER_BLOG,
                    "memory_bytes": _H100_DATASHEET, "bandwidth": _H100_DATASHEET,
                    "peak.fp32_fma": _H100_DATASHEET, "peak.tf32": _H100_DATASHEET,
-                   "peak.fp16_mma": _H100_DATASHEET, "peak.bf16_mma": _H100_DATASHEET}),
+                   "peak.fp16_mma": _H100_DATASHEET, "peak.bf16_mma": _H100_DATASHEET,
+                   "peak.fp8_mma": _H100_DATASHEET}),
     _cuda("h200", "NVIDIA H200", (9, 0), 132, 141 * 10**9, 4.8e12, 67 * TERA, 494.7 * TERA, 989.4 * TERA,
           989.4 * TERA, shared_per_sm=228 * KB, shared_per_cta=227 * KB, max_ctas=32, max_warps=64,
-          l2_bytes=50 * MB, names=("H200",), achievable=4.3e12,
-          sources={"achievable_bandwidth": _H200_COPY,
+          l2_bytes=50 * MB, names=("H200",), achievable=4.3e12, fp8=1979 * TERA,
+          tensor_sustained=TENSOR_RATIO,
+          sources={"achievable_bandwidth": _H200_COPY, "tensor_sustained": _H200_TENSOR,
                    "sm_count": _H200_DATASHEET + "; " + _HOPPER_BLOG, "l2_bytes": _HOPPER_BLOG,
                    "shared_per_sm": _HOPPER_BLOG, "memory_bytes": _H200_DATASHEET, "bandwidth": _H200_DATASHEET,
                    "peak.fp32_fma": _H200_DATASHEET, "peak.tf32": _H200_DATASHEET,
-                   "peak.fp16_mma": _H200_DATASHEET, "peak.bf16_mma": _H200_DATASHEET}),
+                   "peak.fp16_mma": _H200_DATASHEET, "peak.bf16_mma": _H200_DATASHEET,
+                   "peak.fp8_mma": _H200_DATASHEET}),
     _cuda("a100-80gb", "NVIDIA A100 80GB SXM", (8, 0), 108, 80 * GiB, 2.039e12, 19.5 * TERA, 156 * TERA,
           312 * TERA, 312 * TERA, shared_per_sm=164 * KB, shared_per_cta=163 * KB, max_ctas=32, max_warps=64,
           l2_bytes=40 * MB, names=("A100-SXM4-80GB", "A100 80GB"),
@@ -233,11 +263,12 @@ PROFILES: Dict[str, DeviceProfile] = {profile.key: profile for profile in (
                    "peak.fp16_mma": _A100_DATASHEET, "peak.bf16_mma": _A100_DATASHEET}),
     _cuda("l40s", "NVIDIA L40S", (8, 9), 142, 48 * GiB, 864e9, 91.6 * TERA, 183 * TERA, 362.05 * TERA,
           362.05 * TERA, shared_per_sm=100 * KB, shared_per_cta=99 * KB, max_ctas=24, max_warps=48,
-          l2_bytes=96 * MB, names=("L40S",),
+          l2_bytes=96 * MB, names=("L40S",), fp8=733 * TERA,
           sources={"sm_count": _ADA_WHITEPAPER, "l2_bytes": _ADA_WHITEPAPER,
                    "shared_per_sm": _CUDA_GUIDE.format(cc="8.9"), "memory_bytes": _L40S_DATASHEET,
                    "bandwidth": _L40S_DATASHEET, "peak.fp32_fma": _L40S_DATASHEET, "peak.tf32": _L40S_DATASHEET,
-                   "peak.fp16_mma": _L40S_DATASHEET, "peak.bf16_mma": _L40S_DATASHEET}),
+                   "peak.fp16_mma": _L40S_DATASHEET, "peak.bf16_mma": _L40S_DATASHEET,
+                   "peak.fp8_mma": _L40S_DATASHEET}),
     _cuda("rtx-4090", "NVIDIA GeForce RTX 4090", (8, 9), 128, 24 * GiB, 1008e9, 82.6 * TERA, 82.6 * TERA,
           165.2 * TERA, 165.2 * TERA, shared_per_sm=100 * KB, shared_per_cta=99 * KB, max_ctas=24, max_warps=48,
           l2_bytes=72 * MB, names=("RTX 4090",),
@@ -280,6 +311,12 @@ def profile(key: str) -> DeviceProfile:
     raise ValueError(f"unknown device {key!r}; choose from {', '.join(PROFILES)}")
 
 
+def sustained_peak(gpu: DeviceProfile, unit: str) -> float:
+    """The rate an estimate prices `unit` at: the datasheet peak, times tensor_sustained for tensor-core units."""
+    rate = gpu.peak[unit]
+    return rate * gpu.tensor_sustained if unit in TENSOR_UNITS else rate
+
+
 def cuda_profiles() -> Tuple[DeviceProfile, ...]:
     return tuple(p for p in PROFILES.values() if p.kind == "cuda")
 
@@ -303,12 +340,13 @@ CALIBRATION_KEYS = ("achievable_bw", "launch_us") + LATENCY_KEYS
 
 def profile_block(gpu: DeviceProfile) -> dict:
     """The profile's figures and constants as `rlx-triton perf` writes them (JSON key "profile"), with sources."""
-    keys = ("bandwidth", "achievable_bandwidth", "clock_hz", "schedulers_per_sm", "launch_us")
+    keys = ("bandwidth", "achievable_bandwidth", "clock_hz", "schedulers_per_sm", "launch_us", "tensor_sustained")
     sources = {key: gpu.sources.get(key) for key in keys}
     sources.update({f"latency.{key}": gpu.sources.get(f"latency.{key}") for key in gpu.latency})
     return {"key": gpu.key, "name": gpu.name, "arch": gpu.arch, "sm_count": gpu.sm_count, "bandwidth": gpu.bandwidth,
             "achievable_bw": gpu.achievable_bw, "clock_hz": gpu.clock_hz, "schedulers_per_sm": gpu.schedulers_per_sm,
-            "launch_us": gpu.launch_us, "latency": {key: list(span) for key, span in gpu.latency.items()},
+            "launch_us": gpu.launch_us, "tensor_sustained": gpu.tensor_sustained,
+            "latency": {key: list(span) for key, span in gpu.latency.items()},
             "latency_units": {key: "cycles" if key == "issue_interval" else "ns" for key in gpu.latency},
             "calibrated": gpu.calibrated, "sources": sources}
 

@@ -178,16 +178,31 @@ def _cache_path(cache_dir: str, job: CompileJob, source_key: str) -> Path:
     return Path(cache_dir) / f"{hashlib.sha256(material.encode()).hexdigest()}.json"
 
 
+def _jit_of(job: CompileJob):
+    from rlx_triton.backends.triton.audit import _jit_function
+
+    kernel: Any = importlib.import_module(job.module)
+    for part in job.qualname.split("."):
+        kernel = getattr(kernel, part)
+    return _jit_function(kernel)
+
+
+def read_cached(job: CompileJob, cache_dir: str) -> Optional[Compiled]:
+    """A configuration's compiled facts from the disk cache, or None where it was not compiled before (or the
+    entry cannot be read); compiles nothing, so it may run in any process."""
+    path = _cache_path(cache_dir, job, _jit_of(job).cache_key)
+    try:
+        return Compiled(**{**json.loads(path.read_text()), "cached": True})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def compile_job(job: CompileJob, cache_dir: Optional[str]) -> Compiled:
     """Compiles one configuration (in a worker without TRITON_INTERPRET), or reads it from the cache."""
-    from rlx_triton.backends.triton.audit import _jit_function, read_cubin
+    from rlx_triton.backends.triton.audit import read_cubin
 
     try:
-        module = importlib.import_module(job.module)
-        kernel = module
-        for part in job.qualname.split("."):
-            kernel = getattr(kernel, part)
-        jit = _jit_function(kernel)
+        jit = _jit_of(job)
         path = _cache_path(cache_dir, job, jit.cache_key) if cache_dir else None
         if path is not None and path.exists():
             return Compiled(**{**json.loads(path.read_text()), "cached": True})

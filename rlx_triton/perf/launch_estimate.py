@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from rlx_triton.devices import sustained_peak
 from rlx_triton.perf.roofline import KernelEstimate, KernelTerms, occupancy, priced, rounded, wave_shape
 from rlx_triton.perf.structure import chain_steps, loop_trips
 
@@ -58,7 +59,7 @@ def estimate(launch, compiled, profile) -> KernelEstimate:
     last_wave = remainder if remainder else (slots if ctas else 0)
     sm_fill = min(last_wave, sms) / sms
     chain = chain_steps(launch)
-    terms = KernelTerms(bytes=launch.bytes, flops=float(launch.flops), peak=profile.peak[launch.unit], sms=sms,
+    terms = KernelTerms(bytes=launch.bytes, flops=float(launch.flops), peak=sustained_peak(profile, launch.unit), sms=sms,
                         ctas=ctas, waves=wave_shape(ctas, slots), warps=compiled.num_warps,
                         warp_instructions=float(per_warp), chain=chain)
     times = priced(terms, profile)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel  # the records library_estimate reads
-from rlx_triton.devices import Occupancy, occupancy  # the occupancy calculator the estimates use
+from rlx_triton.devices import Occupancy, occupancy, sustained_peak  # the occupancy calculator the estimates use
 
 ASSUMPTIONS = (
     "uncalibrated unless the profile says calibrated: constants come from the device profile "
@@ -53,10 +53,14 @@ ASSUMPTIONS = (
     "models: launches_per_forward counts the Triton kernel launches of one forward at the bench shape (ops that "
     "run on torch are not counted); host_syncs_per_forward counts .item()/bool() reads, tensors made from host "
     "data and host-device copies in that forward",
-    "library path estimate: where a family's torch path states its kernels (backends/torch_ref/<family>.py "
-    "`library_kernels(request)`: each kernel's minimum bytes and FLOPs, its unit and its latency chain), each is "
-    "read with the same constants with every SM busy (no occupancy, fill or issue term: no SASS) plus its chain "
-    "and one launch latency; the case's estimate is their sum",
+    "library path estimate: the kernels torch launches for each routed call (backends/torch_ref/<family>.py "
+    "`library_kernels(request, profile)`, modelled by their launch rules in rlx_triton/perf/library: grid, resident "
+    "CTAs per SM, the main loop's unit and the fraction of its rate that instruction class reaches, the work beside "
+    "the loop that does not overlap it, the latency chain), read with the same constants: waves of SMs x resident "
+    "CTAs, each the longest of its memory and compute time (no issue term: no SASS), plus the chain and one launch "
+    "latency per launch; the case's estimate is their sum",
+    "tensor-core rates: the datasheet peak times the profile's tensor_sustained (the clock a long tensor-core kernel "
+    "keeps; measured on an H200), for Triton launches and library kernels alike; floors use the datasheet peak",
 )
 
 # est_low_us, est_us, est_high_us: each constant at the fast end, its nominal value, its slow end
@@ -195,20 +199,28 @@ def priced(terms: KernelTerms, profile) -> dict:
 
 
 def library_terms(kernel: LibraryKernel, profile) -> KernelTerms:
-    """A library kernel's terms: every SM busy in one wave (or its stated CTAs, one per SM at a time), no issue
-    term (its SASS is not read), its chain; `repeat` launches of all of it."""
+    """A library kernel's terms: its stated CTAs (every SM once where none are stated) in waves of SMs x its
+    resident CTAs per SM, its main loop at its efficiency of the unit's sustained rate with the work beside the
+    loop added (no overlap), no issue term (its SASS is not read), its chain; `repeat` launches of all of it."""
     repeat = max(1, int(kernel.repeat))
-    ctas = profile.sm_count if kernel.ctas is None else max(1, int(kernel.ctas))
+    slots = profile.sm_count * max(1, int(kernel.ctas_per_sm))
+    ctas = slots if kernel.ctas is None else max(1, int(kernel.ctas))
     chain = {kind: steps * repeat for kind, steps in kernel.chain.items()}
-    return KernelTerms(bytes=kernel.bytes * repeat, flops=float(kernel.flops) * repeat, peak=profile.peak[kernel.unit],
+    rate = sustained_peak(profile, kernel.unit) * kernel.efficiency
+    compute_s = float(kernel.flops) / rate if kernel.flops else 0.0
+    compute_s += sum(ops / sustained_peak(profile, unit) for unit, ops in kernel.side_ops.items())
+    # the terms carry one rate: the loop's FLOPs over the time the loop and the work beside it take together
+    flops = float(kernel.flops) if kernel.flops else compute_s * rate
+    peak = flops / compute_s if compute_s else rate
+    return KernelTerms(bytes=kernel.bytes * repeat, flops=flops * repeat, peak=peak,
                        sms=profile.sm_count, ctas=ctas * repeat,
-                       waves=[(count * repeat, size) for count, size in wave_shape(ctas, profile.sm_count)],
+                       waves=[(count * repeat, size) for count, size in wave_shape(ctas, slots)],
                        chain=chain, launches=repeat)
 
 
 def library_kernel_us(kernel: LibraryKernel, profile) -> tuple:
-    """(floor_us, est_us) of one library kernel: bytes at datasheet bandwidth or FLOPs at peak; and the model's
-    nominal time (achievable bandwidth, every SM busy, its chain, one launch latency)."""
+    """(floor_us, est_us) of one library kernel: bytes at datasheet bandwidth or FLOPs at the datasheet peak; and
+    the model's nominal time (library_terms at the nominal constants)."""
     repeat = max(1, int(kernel.repeat))
     memory_s = kernel.bytes * repeat / profile.bandwidth
     compute_s = kernel.flops * repeat / profile.peak[kernel.unit] if kernel.flops else 0.0
@@ -227,7 +239,9 @@ def library_estimate(kernels: Sequence[LibraryKernel], profile) -> dict:
                      "floor_us": rounded(floor_us), "est_us": rounded(times["est_us"]),
                      "est_low_us": rounded(times["est_low_us"]), "est_high_us": rounded(times["est_high_us"]),
                      "chain_steps": dict(kernel.chain), "chain_us": rounded(times["chain_us"]),
-                     "bound": times["bound"]})
+                     "bound": times["bound"], "ctas": library_terms(kernel, profile).ctas // max(1, int(kernel.repeat)),
+                     "ctas_per_sm": int(kernel.ctas_per_sm), "efficiency": kernel.efficiency,
+                     "side_ops": dict(kernel.side_ops), "note": kernel.note})
     label = "library path estimate" + ("" if profile.calibrated else " (uncalibrated)")
     return {"label": label, "launches": sum(max(1, int(kernel.repeat)) for kernel in kernels),
             "floor_us": rounded(sum(row["floor_us"] for row in rows)),

@@ -14,8 +14,9 @@ kind (the profile's LATENCY_KEYS: l2_hit, hbm, atomic, cta_barrier), from `CHAIN
 steps, from the launch record); a kernel without an entry has no chain. The entries follow the kernels'
 code (backends/triton/*.py):
 - `_sdpa_decode_kernel` with more than one split: after the last split of a row block finishes, its ticket
-  (an atomic) and the merge: the partials' LSE vector and one dependent L2 read per partial; beyond
-  MERGE_GROUP splits two levels (a group's merge, a second ticket, the merge of the groups).
+  (an atomic) and the merge: the partials' LSE vector, then one dependent L2 round trip per MERGE_CHUNK
+  partials (the merge issues a chunk's loads before it uses the first); beyond MERGE_GROUP splits two levels
+  (a group's merge, a second ticket, the merge of the groups).
 - `_lstm_onchip_kernel`: per step, the h_{t-1} row read back from L2 in BLOCK_K / K_CHUNK serial chunks
   (each feeds the next dot), and with SYNC the group barrier: a fence, the arriving atomic and the
   acquiring poll (three dependent L2 round trips, priced as atomics) between two CTA barriers.
@@ -73,10 +74,15 @@ def _sdpa_decode_chain(launch, arg) -> Dict[str, int]:
     splits = launch.grid[1] if len(launch.grid) > 1 else 1
     if splits <= 1 or int(arg["MAX_SPLITS"]) <= 1:
         return {}
+    chunk = max(1, int(arg.get("MERGE_CHUNK", 1)))
+
+    def merge(count: int) -> int:   # the LSE vector, then the partials a chunk at a time
+        return 1 + math.ceil(count / chunk)
+
     if splits <= MERGE_GROUP:
-        return {"atomic": 1, "l2_hit": 1 + splits}
+        return {"atomic": 1, "l2_hit": merge(splits)}
     groups = math.ceil(splits / MERGE_GROUP)
-    return {"atomic": 2, "l2_hit": (1 + MERGE_GROUP) + (1 + groups)}
+    return {"atomic": 2, "l2_hit": merge(MERGE_GROUP) + merge(groups)}
 
 
 def _lstm_onchip_chain(launch, arg) -> Dict[str, int]:

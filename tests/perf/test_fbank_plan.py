@@ -106,27 +106,37 @@ def test_bench_shape_records_by_hand(bench_plan):
 
 
 def test_library_kernels_by_hand(bench_plan):
+    """The torch fallback's eager ops at the bench shape, each with its bytes: what `fbank` launches."""
     route, _options, _plan, _out = bench_plan
-    stated = torch_ref.library_kernels(route.request)
+    stated = torch_ref.library_kernels(route.request, H200)
     rows = 32 * 998
     assert [k.name for k in stated] == [
-        "framing + DC removal + pre-emphasis + window + zero pad", "rfft (cuFFT)", "power spectrum",
-        "mel matmul (cuBLAS, TF32 off)", "log floor + log", "mean over frames", "mean subtraction"]
-    framing, rfft, power, mel, log, mean, subtract = stated
-    assert (framing.bytes_read, framing.bytes_written) == (32 * 160000 * 4, rows * 512 * 4)
-    assert (rfft.bytes_read, rfft.bytes_written, rfft.flops) == (rows * 512 * 4, rows * 257 * 8, rows * 11520)
-    assert (power.bytes_read, power.bytes_written) == (rows * 257 * 8, rows * 257 * 4)
-    assert mel.flops == 2 * rows * 257 * 80 and mel.unit == "fp32_fma"
-    assert mel.bytes == (rows + 80) * 257 * 4 + rows * 80 * 4
-    assert log.bytes == mean.bytes_read + subtract.bytes_written == 2 * rows * 80 * 4
+        "frame mean (DC offset)", "- mean", "pre-emphasis cat (replicate pad)", "pre-emphasis * coefficient",
+        "pre-emphasis subtraction", "window multiply", "zero pad to the FFT size", "rfft (cuFFT R2C)",
+        "abs (complex magnitude)", "pow(2)", stated[10].name, "torch.tensor(epsilon) to the device",
+        "max(mel, eps)", "log", "mean over frames", "mean subtraction"]
+    mean, subtract, cat, scale, emphasis, window, pad, rfft, magnitude, power, mel, eps, floor, log, cmn, cmn_sub = (
+        stated)
+    wave, frames = 32 * 160000 * 4, rows * 400 * 4
+    # the first ops over the strided frames read each waveform sample once; the frames are 400 samples
+    assert (mean.bytes_read, subtract.bytes_written) == (wave, frames)
+    assert (cat.bytes_written, scale.bytes, emphasis.bytes_read, window.bytes_written) == (
+        frames, 2 * frames, 2 * frames, frames)
+    assert (pad.bytes_read, pad.bytes_written) == (frames, rows * 512 * 4)
+    assert (rfft.bytes_read, rfft.bytes_written) == (rows * 512 * 4, rows * 257 * 8)
+    assert (magnitude.bytes_read, magnitude.bytes_written, power.bytes) == (rows * 257 * 8, rows * 257 * 4,
+                                                                             2 * rows * 257 * 4)
+    assert mel.name.startswith("mel matmul (cuBLAS SGEMM, TF32 off)") and mel.unit == "fp32_fma"
+    assert mel.flops >= 2 * rows * 257 * 80 and mel.bytes == (rows + 80) * 257 * 4 + rows * 80 * 4
+    assert eps.bytes_read == 4 and floor.bytes == log.bytes == 2 * rows * 80 * 4
+    assert cmn.bytes_read == rows * 80 * 4 and cmn_sub.bytes_written == rows * 80 * 4
     estimate = library_estimate(stated, H200)
-    assert estimate["launches"] == 7
-    # each kernel at the achievable bandwidth or its unit's peak, whichever is longer, plus a launch each
-    by_hand = sum(max(k.bytes / 4.3e12, k.flops / H200.peak[k.unit]) for k in stated) * 1e6 + 7 * H200.launch_us
-    assert estimate["est_us"] == pytest.approx(by_hand, abs=0.01)
-    # the mel product is FLOP-bound at the FMA rate, everything else bandwidth-bound
-    assert estimate["kernels"][3]["floor_us"] == pytest.approx(mel.flops / 67e12 * 1e6, abs=0.01)
-    assert estimate["kernels"][1]["floor_us"] == pytest.approx(rfft.bytes / 4.8e12 * 1e6, abs=0.01)
+    assert estimate["launches"] == 16
+    # every elementwise kernel is bandwidth-bound, one launch each
+    by_hand = sum(k.bytes for k in stated if k.flops < 1e8) / 4.3e12 * 1e6 + 16 * H200.launch_us
+    memory_rows = [row for row, k in zip(estimate["kernels"], stated) if k.flops < 1e8]
+    assert all(row["bound"] == "memory" for row in memory_rows)
+    assert estimate["est_us"] > by_hand
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +154,8 @@ def test_the_two_stage_kernel_runs_on_tensor_cores_without_spilling(bench_analys
 def test_the_estimate_is_below_the_library_path_estimate(bench_plan, bench_analysis):
     route, _options, _plan, _out = bench_plan
     _floor_us, est_us, _bw = case_totals(bench_analysis, H200)
-    library = library_estimate(torch_ref.library_kernels(route.request), H200)
-    # the two-stage kernel is issue-bound (one CTA of 8 warps per SM) but still under the library's 7 launches
+    library = library_estimate(torch_ref.library_kernels(route.request, H200), H200)
+    # the two-stage kernel is issue-bound (one CTA of 8 warps per SM) but still under the library's 16 launches
     assert bench_analysis[0].bound == "issue"
     assert est_us < library["est_us"]
 

@@ -137,14 +137,17 @@ def _decode_record(seq_kv, kv_heads=1, **options):
 
 
 @pytest.mark.parametrize("seq_kv, kv_heads", [(32768, 1), (65536, 8)], ids=["two-level", "one-level"])
-def test_the_merge_loop_chain_is_a_ticket_and_one_l2_trip_per_merged_partial(seq_kv, kv_heads):
+def test_the_merge_loop_chain_is_a_ticket_the_lse_vector_and_one_l2_trip_per_chunk_of_partials(seq_kv, kv_heads):
     record = _decode_record(seq_kv, kv_heads)
     splits = record.grid[1]
     group = decode_kernels.MERGE_GROUP
+    chunk = record.meta["MERGE_CHUNK"]
+    assert chunk == 4   # D 128: four partials' loads in flight at once
     if splits > group:   # the group's merge, a second ticket, the merge of the groups
-        expected = {"atomic": 2, "l2_hit": (1 + group) + (1 + math.ceil(splits / group))}
+        groups = math.ceil(splits / group)
+        expected = {"atomic": 2, "l2_hit": (1 + group // chunk) + (1 + math.ceil(groups / chunk))}
     else:
-        expected = {"atomic": 1, "l2_hit": 1 + splits}
+        expected = {"atomic": 1, "l2_hit": 1 + math.ceil(splits / chunk)}
     assert splits > 1 and chain_steps(record) == expected
     assert (splits > group) == (seq_kv == 32768)
     trips, rule = loop_trips(record, [_loop(500, pass_flops=131200)] + [_loop(60, start=0x8000 + i) for i in range(3)])

@@ -10,4 +10,4 @@ OP_MODULES = (("conv2d", "conv2d"), ("stats_pool", "conv2d"))
 
 # what the router registers (rlx_triton.backends.SPECS)
 SPEC = BackendSpec(name="torch", precedence=100, package=__name__, families=FAMILIES, op_modules=OP_MODULES,
-                   probe=lambda facts: None, is_library=True)
+                   probe=lambda facts: None, is_library=True, speed_model="rlx_triton.perf.route_estimate")

@@ -67,34 +67,89 @@ def stats_pool(x: torch.Tensor, weights: Optional[torch.Tensor] = None, *, candi
     return torch.cat([mean, torch.sqrt(var)], dim=-1).to(x.dtype)
 
 
-def library_kernels(request) -> list:
-    """The kernels the functions above run on a GPU for a routed request, for the library path estimate
-    (rlx_triton.perf.roofline.LibraryKernel), fp32 with TF32 off as the benches and pyannote run them:
-    conv2d (and linear, a 1x1 conv2d request): cuDNN's convolution with its bias, then the residual add and the
-    ReLU as the separate elementwise kernels eager torch runs; stats_pool without weights: the mean, the standard
-    deviation (each reading the sequences once) and their concatenation."""
-    from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
+def library_kernels(request, profile) -> list:
+    """The kernels the functions above run on a GPU for a routed request, for the library path estimate and the
+    router's speed decision (rlx_triton.backends.torch_ref.library_kernel.LibraryKernel), priced by the models of
+    rlx_triton.perf.library. fp32 with TF32 off, as the benches and pyannote run it (bench/common.py fp32_setup,
+    pyannote's fix_reproducibility), and cudnn.benchmark on, as the embedding bench's baseline runs it (cuDNN's
+    fastest algorithm per shape). Half-precision requests add the casts to fp32 and back these functions make.
 
+    - conv2d: cuDNN's convolution (rlx_triton.perf.library.conv), then the bias as its own kernel (torch's
+      cudnn path adds it with `output.add_(bias)` after cudnn_convolution: aten/native/Convolution.cpp), the
+      residual add and the ReLU as the separate elementwise kernels eager torch runs. The request does not say
+      whether a bias is given: the conv family's ResNet convs carry their folded BatchNorm's, so one is assumed;
+    - linear (a 1x1 conv2d request of one pixel): F.linear of 2-D x is addmm, one cuBLASLt GEMM with the bias in
+      its epilogue (rlx_triton.perf.library.gemm: split-K where the rows are few, as for seg_1's 32 rows);
+    - stats_pool: the mean, the standard deviation (each one reduction over the frames) and their concatenation;
+      with weights, every product, sum and division of the function is its own kernel (the request carries no
+      speaker count: one speaker is assumed)."""
+    from rlx_triton.perf.library import Unmodelled
+    from rlx_triton.perf.library.conv import convolution_kernels
+    from rlx_triton.perf.library.eager import ELEMENT_BYTES, elementwise, reduction
+    from rlx_triton.perf.library.gemm import gemm_kernels
+
+    if request.dtype not in ("float32", "float16", "bfloat16"):
+        raise Unmodelled(f"the conv family's library path in {request.dtype} is not modelled")
     fields, features = request.field_map, request.feature_map
     batch, c_in, c_out = fields["batch"], fields["c_in"], fields["c_out"]
-    size = 8 if request.dtype == "float64" else 4
+    size = 4                                    # these functions compute in fp32
+    given = ELEMENT_BYTES[request.dtype]
+    half = given != size
+
+    def cast(name: str, elements: int, to_fp32: bool = True) -> list:
+        if not half:
+            return []
+        read, written = (given, size) if to_fp32 else (size, given)
+        return [elementwise(f"{name} cast", elements * read, elements * written)]
+
     if request.op == "stats_pool":
-        sequences = batch * c_in * fields["length"] * size
+        frames = fields["length"]
+        values = batch * c_in * frames
         stats = batch * c_in * size
-        if features.get("weighted"):   # weights: products and sums per speaker, as the function's steps
-            return [LibraryKernel("weighted mean and variance", 3 * sequences, 2 * stats, 6 * batch * c_in
-                                  * fields["length"]), LibraryKernel("concatenation", 2 * stats, 2 * stats)]
-        return [LibraryKernel("mean", sequences, stats, batch * c_in * fields["length"]),
-                LibraryKernel("std", sequences, stats, 3 * batch * c_in * fields["length"]),
-                LibraryKernel("concatenation", 2 * stats, 2 * stats)]
-    taps, tokens = fields["taps"], fields["tokens"]
-    output = batch * c_out * tokens * size
-    kernels = [LibraryKernel("convolution (cuDNN, TF32 off)" if taps > 1 or fields["length"] > 1 else
-                             "linear (cuBLAS SGEMM, TF32 off)",
-                             (batch * c_in * fields["length"] + c_out * c_in * taps + c_out) * size, output,
-                             2 * batch * c_out * tokens * c_in * taps)]
+        kernels = cast("input", values)
+        if features.get("weighted"):
+            weights = batch * frames             # one speaker
+            products = values * size
+            kernels += cast("weights", weights)
+            kernels += [
+                reduction("weight sum", weights * size, batch * size), elementwise("+ 1e-8", batch * size, batch * size),
+                elementwise("x * w", products + weights * size, products, values),
+                reduction("sum of x * w", products, stats, values), elementwise("mean = / v1", stats + batch * size,
+                                                                               stats),
+                elementwise("x - mean", products + stats, products, values),
+                elementwise("square", products, products, values),
+                elementwise("w squared", weights * size, weights * size, weights),
+                reduction("sum of w squared", weights * size, batch * size),
+                elementwise("dx2 * w", products + weights * size, products, values),
+                reduction("sum of dx2 * w", products, stats, values)]
+            kernels += [elementwise(name, 2 * batch * size, batch * size) for name in ("v2 / v1", "v1 - v2 / v1",
+                                                                                         "+ 1e-8")]
+            kernels += [elementwise("var = / denominator", stats + batch * size, stats),
+                        elementwise("sqrt", stats, stats), elementwise("concatenation", 2 * stats, 2 * stats)]
+        else:
+            kernels += [reduction("mean", values * size, stats, values),
+                        reduction("std (one Welford pass)", values * size, stats, 3 * values),
+                        elementwise("concatenation", 2 * stats, 2 * stats)]
+        return kernels + cast("output", 2 * batch * c_in, to_fp32=False)
+    taps, pixels, length = fields["taps"], fields["tokens"], fields["length"]
+    outputs = batch * c_out * pixels
+    inputs = batch * c_in * length
+    if taps == 1 and length == 1:   # linear: one pixel per row
+        kernels = cast("x", inputs) + cast("weight", c_out * c_in) + cast("bias", c_out)
+        kernels += gemm_kernels(batch, c_out, c_in, "fp32", profile,
+                                read_bytes=(inputs + c_out * c_in + c_out) * size, written_bytes=outputs * size,
+                                label="linear (addmm: cuBLASLt, bias in the epilogue, TF32 off)")
+        return kernels + cast("output", outputs, to_fp32=False)
+    kernel = tuple(features.get("kernel", (3, 3)))
+    output = outputs * size
+    kernels = cast("x", inputs) + cast("weight", c_out * c_in * taps) + cast("bias", c_out)
+    kernels += convolution_kernels(batch, c_in, c_out, length, pixels, kernel, fields["stride"], "fp32", profile,
+                                   label="conv2d (TF32 off, cudnn.benchmark)")
+    kernels.append(elementwise("bias add (output.add_ after cudnn_convolution)", output + c_out * size, output,
+                               outputs))
     if features.get("residual"):
-        kernels.append(LibraryKernel("residual add", 2 * output, output, batch * c_out * tokens))
+        kernels += cast("residual", outputs)
+        kernels.append(elementwise("residual add", 2 * output, output, outputs))
     if features.get("relu"):
-        kernels.append(LibraryKernel("relu", output, output, batch * c_out * tokens))
-    return kernels
+        kernels.append(elementwise("relu", output, output, outputs))
+    return kernels + cast("output", outputs, to_fp32=False)

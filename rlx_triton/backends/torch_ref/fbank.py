@@ -225,45 +225,90 @@ def fbank(waveform: torch.Tensor, options: FbankOptions, *, candidate=None, rout
 # ---------------------------------------------------------------------------------------------
 # the library path's kernels, for `rlx-triton perf`'s library path estimate
 
-_ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+# The request carries the padded FFT size, not the frame length (window_size is not a launch field): where the
+# padded size is 512, the frame is taken as torchaudio's default 25 ms at 16 kHz (400 samples, pyannote's and
+# WeSpeaker's), else as the padded size itself (no zero padding)
+_ASSUMED_FRAME = {512: 400}
 
 
-def library_kernels(request) -> list:
-    """The kernels `fbank` above needs on a GPU for a routed fbank request, each with its minimum traffic (every
-    byte once) and FLOPs (rlx_triton.perf.roofline.LibraryKernel). The torch ops are grouped as a lean torch
-    path would fuse them, so the estimate is a lower bound of this module's launches (it runs several
-    elementwise kernels per step): framing with DC removal, pre-emphasis, window and zero padding as one kernel;
-    cuFFT's real FFT (2.5 N log2 N FLOPs per frame); the power (or magnitude); the mel matrix product (cuBLAS
-    SGEMM with TF32 off, as pyannote runs it); the log floor; with use_energy the log energy and the column
-    concatenation; with subtract_mean the mean over frames and its subtraction."""
-    from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
+def library_kernels(request, profile) -> list:
+    """The kernels `fbank` above launches on a GPU for a routed fbank request, one per eager torch op in the
+    order the function runs them (rlx_triton.backends.torch_ref.library_kernel.LibraryKernel), priced by the
+    models of rlx_triton.perf.library: the DC-offset mean and its subtraction (reading the strided frames
+    gathers each waveform sample from memory once, the overlap being L2 hits), pre-emphasis as cat, multiply and
+    subtract, the window, the zero padding, cuFFT's rfft (rlx_triton.perf.library.fft), abs and pow, the mel
+    product (one cuBLAS SGEMM of frames x bins, TF32 off as pyannote runs it: rlx_triton.perf.library.gemm),
+    the log floor (its epsilon made a device tensor by torch.tensor on every call: a host-to-device copy) and
+    log, with use_energy the log energy and the concatenation, with subtract_mean the mean over frames and its
+    subtraction. Not in the request, so assumed: a pre-emphasis coefficient other than 0 (torchaudio's 0.97),
+    the frame length (_ASSUMED_FRAME), input_scale 1 (a scaled call adds one multiply over the waveform) and,
+    with use_energy, torchaudio's energy_floor of 1 (one more copy and max)."""
+    from rlx_triton.perf.library import Unmodelled
+    from rlx_triton.perf.library.eager import ELEMENT_BYTES, elementwise, host_copy, reduction
+    from rlx_triton.perf.library.fft import rfft_kernels
+    from rlx_triton.perf.library.gemm import gemm_kernels
 
+    if request.dtype not in ("float32", "float16", "bfloat16"):
+        raise Unmodelled(f"the fbank library path in {request.dtype} (float64 FFT and GEMM) is not modelled")
     fields, features = request.field_map, request.feature_map
     batch, samples, frames = fields["batch"], fields["samples"], fields["frames"]
-    dft, mel = fields["window"], fields["bins"]
-    compute = 8 if request.dtype == "float64" else 4
+    padded, bins = fields["window"], fields["bins"]
+    frame = _ASSUMED_FRAME.get(padded, padded)
+    size = 4                                     # computed in fp32
     rows = batch * frames
-    spectrum_bins = dft // 2 + 1
-    frames_bytes = rows * dft * compute
-    columns = mel + int(bool(features.get("use_energy")))
-    features_bytes = rows * columns * compute
-    kernels = [
-        LibraryKernel("framing + DC removal + pre-emphasis + window + zero pad",
-                      batch * samples * _ELEMENT_BYTES.get(request.dtype, 4), frames_bytes, 4 * rows * dft),
-        LibraryKernel("rfft (cuFFT)", frames_bytes, rows * spectrum_bins * 2 * compute,
-                      int(2.5 * dft * math.log2(dft)) * rows),
-        LibraryKernel("power spectrum", rows * spectrum_bins * 2 * compute, rows * spectrum_bins * compute,
-                      3 * rows * spectrum_bins),
-        LibraryKernel("mel matmul (cuBLAS, TF32 off)", (rows + mel) * spectrum_bins * compute,
-                      rows * mel * compute, 2 * rows * spectrum_bins * mel),
-    ]
+    wave = batch * samples * size
+    frame_bytes = rows * frame * size
+    spectrum = padded // 2 + 1
+    kernels = []
+    if request.dtype != "float32":
+        kernels.append(elementwise("waveform cast to fp32", batch * samples * ELEMENT_BYTES[request.dtype], wave))
+    if not features.get("snip_edges", True):
+        kernels += [elementwise("flip (reflected edges)", wave, wave), elementwise("cat (reflected edges)", 2 * wave,
+                                                                                   2 * wave)]
+    source = wave                                # the first op over the strided frames reads the waveform once
+    if features.get("dither"):
+        kernels += [elementwise("randn (dither)", 0, frame_bytes), elementwise("* dither", frame_bytes, frame_bytes),
+                    elementwise("+ noise", source + frame_bytes, frame_bytes)]
+        source = frame_bytes
+    if features.get("remove_dc_offset", True):
+        kernels += [reduction("frame mean (DC offset)", source, rows * size, rows * frame),
+                    elementwise("- mean", source + rows * size, frame_bytes, rows * frame)]
+        source = frame_bytes
+
+    def log_energy(over: int) -> list:
+        energy = rows * size
+        return [elementwise("pow(2)", over, over), reduction("sum (energy)", over, energy),
+                host_copy("torch.tensor(epsilon) to the device", size), elementwise("max(energy, eps)", energy, energy),
+                elementwise("log (energy)", energy, energy), host_copy("torch.tensor(log energy_floor)", size),
+                elementwise("max(log energy, floor)", energy, energy)]
+
+    if features.get("use_energy") and features.get("raw_energy", True):
+        kernels += log_energy(source)
+    kernels += [elementwise("pre-emphasis cat (replicate pad)", source, frame_bytes),
+                elementwise("pre-emphasis * coefficient", frame_bytes, frame_bytes, rows * frame),
+                elementwise("pre-emphasis subtraction", source + frame_bytes, frame_bytes, rows * frame),
+                elementwise("window multiply", frame_bytes + frame * size, frame_bytes, rows * frame)]
+    padded_bytes = rows * padded * size
+    if padded != frame:
+        kernels.append(elementwise("zero pad to the FFT size", frame_bytes, padded_bytes))
+    if features.get("use_energy") and not features.get("raw_energy", True):
+        kernels += log_energy(padded_bytes)
+    kernels += rfft_kernels(rows, padded, "fp32", profile, label="rfft")
+    magnitudes = rows * spectrum * size
+    kernels.append(elementwise("abs (complex magnitude)", 2 * magnitudes, magnitudes, 3 * rows * spectrum))
+    if features.get("use_power", True):
+        kernels.append(elementwise("pow(2)", magnitudes, magnitudes, rows * spectrum))
+    kernels += gemm_kernels(rows, bins, spectrum, "fp32", profile, label="mel matmul (cuBLAS SGEMM, TF32 off)")
+    mel = rows * bins * size
     if features.get("use_log_fbank", True):
-        kernels.append(LibraryKernel("log floor + log", rows * mel * compute, rows * mel * compute, 2 * rows * mel))
+        kernels += [host_copy("torch.tensor(epsilon) to the device", size), elementwise("max(mel, eps)", mel, mel),
+                    elementwise("log", mel, mel)]
+    columns = bins + int(bool(features.get("use_energy")))
+    features_bytes = rows * columns * size
     if features.get("use_energy"):
-        kernels.append(LibraryKernel("log energy", frames_bytes, rows * compute, 2 * rows * dft))
-        kernels.append(LibraryKernel("energy column concatenation", features_bytes, features_bytes))
+        kernels.append(elementwise("energy column concatenation", mel + rows * size, features_bytes))
     if features.get("subtract_mean"):
-        kernels.append(LibraryKernel("mean over frames", features_bytes, batch * columns * compute, rows * columns))
-        kernels.append(LibraryKernel("mean subtraction", features_bytes + batch * columns * compute, features_bytes,
-                                     rows * columns))
+        kernels += [reduction("mean over frames", features_bytes, batch * columns * size, rows * columns),
+                    elementwise("mean subtraction", features_bytes + batch * columns * size, features_bytes,
+                                rows * columns)]
     return kernels

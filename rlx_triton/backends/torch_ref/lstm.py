@@ -58,25 +58,31 @@ def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: L
     return output, (h_n, c_n)
 
 
-def library_kernels(request) -> list:
-    """The kernels torch's LSTM (cuDNN's standard algorithm, TF32 off as the benches and pyannote run it) needs
-    per layer, for the library path estimate (rlx_triton.perf.roofline.LibraryKernel): the input projection of
-    every step and direction as one GEMM, then one launch per step for the recurrent GEMM and the gate update of
-    every direction, each step reading back the h row the step before wrote (one dependent L2 read). W_hh is
-    read from L2 every step (not memory traffic). At least one launch per step is a lower bound of cuDNN's."""
-    from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
+def library_kernels(request, profile) -> list:
+    """The kernels `lstm` above runs on a GPU for a routed request (rlx_triton.backends.torch_ref.library_kernel
+    .LibraryKernel), priced by rlx_triton.perf.library's models: the zero h0 and c0 this function fills when no
+    state is given (two kernels), the copy _cudnn_rnn makes of a batch_first input (`input.transpose(0, 1)
+    .contiguous()`), then cuDNN's LSTM forward (rlx_triton.perf.library.rnn): per layer the input projection GEMM
+    and the recurrence, with the algorithm torch's get_algo picks (PERSIST_STATIC_SMALL_H for hidden <= 192: one
+    persistent launch per layer), fp32 with TF32 off as the benches and pyannote run it. The request does not say
+    whether a state is given; none is assumed (nn.LSTM's and pyannote's call)."""
+    from rlx_triton.perf.library import Unmodelled
+    from rlx_triton.perf.library.eager import elementwise
+    from rlx_triton.perf.library.gemm import REQUEST_DTYPE
+    from rlx_triton.perf.library.rnn import lstm_kernels
 
-    fields = request.field_map
+    dtype = REQUEST_DTYPE.get(request.dtype)
+    if dtype is None:
+        raise Unmodelled(f"the LSTM library path in {request.dtype} is not modelled")
+    fields, features = request.field_map, request.feature_map
     batch, seq, hidden = fields["batch"], fields["seq"], fields["hidden"]
-    layers, directions, features = fields["layers"], fields["directions"], fields["input_size"]
-    gates = 4 * hidden * directions
-    kernels = []
-    for layer in range(layers):
-        inputs = features if layer == 0 else hidden * directions
-        kernels.append(LibraryKernel(f"layer {layer} input projection (cuBLAS SGEMM)",
-                                     (batch * seq * inputs + gates * inputs + gates) * 4, batch * seq * gates * 4,
-                                     2 * batch * seq * inputs * gates))
-        state = batch * hidden * directions * 4
-        kernels.append(LibraryKernel(f"layer {layer} recurrence step (GEMM + gates)", batch * gates * 4 + 2 * state,
-                                     2 * state, 2 * batch * gates * hidden, chain={"l2_hit": 1}, repeat=seq))
+    layers, directions, inputs = fields["layers"], fields["directions"], fields["input_size"]
+    element = 2 if dtype in ("fp16", "bf16") else 4
+    state = layers * directions * batch * hidden * element
+    kernels = [elementwise("h0 zeros", 0, state), elementwise("c0 zeros", 0, state)]
+    if features.get("batch_first") and not features.get("packed"):
+        sequence = batch * seq * inputs * element
+        kernels.append(elementwise("batch_first input to (seq, batch) (contiguous copy)", sequence, sequence))
+    kernels += lstm_kernels(batch, seq, inputs, hidden, layers, directions, dtype, profile,
+                            packed=bool(features.get("packed")), proj_size=int(features.get("proj_size", 0)))
     return kernels

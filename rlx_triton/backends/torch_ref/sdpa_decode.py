@@ -13,7 +13,7 @@ NaN row, and NaN or Inf in a value gives NaN (0 * NaN). lse is NaN wherever the 
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -169,17 +169,197 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                                      is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def library_kernels(request) -> list:
-    """The kernel torch's SDPA runs on a GPU for a routed decode request, for the library path estimate
-    (rlx_triton.backends.torch_ref.library_kernel.LibraryKernel): one fused attention kernel (FlashAttention-2 / memory-efficient)
-    reading q, K and V once and writing the output, with the two products on the tensor cores for fp16/bf16
-    (fp32: the FMA units). Its grid is not stated (every SM busy), so the estimate bounds the library from below."""
-    fields = request.field_map
-    batch, heads, kv_heads = fields["batch"], fields["num_heads"], fields["num_kv_heads"]
-    seq_q, seq_kv, dim, dim_v = fields["seq_q"], fields["seq_kv"], fields["head_dim"], fields["head_dim_v"]
+class _TorchLaunches:
+    """The kernels a stretch of eager torch code launches, one record per op, in the order the code runs them:
+    `small` for ops on a few elements (their launch latency is their cost), `big` for passes over large tensors,
+    `bmm` for torch.matmul / einsum's batched GEMM (cuBLAS)."""
+
+    def __init__(self, profile, size: int, compute: int):
+        self.profile, self.size, self.compute = profile, size, compute
+        self.kernels: List[LibraryKernel] = []
+
+    def small(self, name: str, count: int = 1) -> None:
+        self.kernels.extend(LibraryKernel(name, 0, 0, note="torch op on a few elements") for _ in range(count))
+
+    def big(self, name: str, read: float, written: float, read_size: Optional[int] = None,
+            write_size: Optional[int] = None) -> None:
+        self.kernels.append(LibraryKernel(name, int(read * (read_size or self.compute)),
+                                          int(written * (write_size or self.compute)), note="torch elementwise/reduction"))
+
+    def bmm(self, name: str, batch: int, m: int, n: int, k: int) -> None:
+        from rlx_triton.perf.library.attention import batched_matmul
+
+        unit = "fp32_fma"   # fp32 scores (float64 inputs stay float64, priced at the fp32 rate)
+        self.kernels.append(batched_matmul(name, batch, m, n, k, self.compute, unit, self.profile))
+
+
+def _sizes(request) -> Tuple[int, int]:
+    """(bytes per input element, bytes per element of the fp32 (fp64) compute)."""
     size = {"float16": 2, "bfloat16": 2, "float64": 8}.get(request.dtype, 4)
-    unit = {"float16": "fp16_mma", "bfloat16": "bf16_mma"}.get(request.dtype, "fp32_fma")
-    read = (batch * heads * seq_q * dim + batch * kv_heads * seq_kv * (dim + dim_v)) * size
-    written = batch * heads * seq_q * dim_v * size
-    return [LibraryKernel("fused attention (torch SDPA)", read, written,
-                          2 * batch * heads * seq_q * seq_kv * (dim + dim_v), unit)]
+    return size, 8 if request.dtype == "float64" else 4
+
+
+def _softmax_and_pv(run: _TorchLaunches, f: dict, scores: int, einsum: bool) -> None:
+    """The tail both fallbacks share (`sdpa_decode` and flash_attn.attend): the NaN-propagating max, exp, sum, P.V,
+    the division by the sum and the LSE."""
+    b, hq, hkv, lq, s, dv = f["batch"], f["num_heads"], f["num_kv_heads"], f["seq_q"], f["seq_kv"], f["head_dim_v"]
+    rows = b * hq * lq
+    run.big("amax over the keys", scores, rows)
+    run.small("row_max == -inf, where", 2)
+    run.big("scores - row_max", scores, scores)
+    run.big("exp", scores, scores)
+    run.big("sum over the keys", scores, rows)
+    run.small("total == 0")
+    if einsum:   # einsum permutes V (B, S, Hkv, Dv) to a GEMM operand: a copy
+        run.big("einsum: V to (B Hkv, S, Dv)", b * s * hkv * dv, b * s * hkv * dv)
+    run.bmm("P.V", b * hkv, (hq // hkv) * lq, dv, s)
+    if einsum:
+        run.big("einsum: out to (B, Sq, H, Dv)", rows * dv, rows * dv)
+    run.small("where(no_keys, 1, total)")
+    run.big("out / total", rows * dv, rows * dv)
+    run.small("lse: log, +, where", 3)
+    if run.size != run.compute:
+        run.big("out.to(dtype)", rows * dv, rows * dv, write_size=run.size)
+
+
+def _modelled(request, profile):
+    """(fields, features, storage size, compute size, launches to fill) of a request's torch-path model."""
+    size, compute = _sizes(request)
+    return request.field_map, request.feature_map, size, compute, _TorchLaunches(profile, size, compute)
+
+
+def _dims(fields) -> tuple:
+    """(batch, query heads, KV heads, query tokens, KV length, head dim, value head dim)."""
+    return tuple(fields[k] for k in ("batch", "num_heads", "num_kv_heads", "seq_q", "seq_kv", "head_dim", "head_dim_v"))
+
+
+def decomposed_decode_kernels(request, profile) -> list:
+    """What the torch fallback `sdpa_decode` above launches on a GPU (rt.sdpa_decode's torch route): a paged cache
+    gathered (index, then the transposed reshape's copy), the bottom-right mask built, K and V converted to fp32,
+    Q.K^T and P.V as fp32 batched GEMMs (cuBLAS; matmul's allow_tf32 is off by default) with every softmax step
+    its own pass over the (B, Hq, Lq, S) scores. cache_seqlens is not in the request: modelled without it (its
+    value masking adds two passes)."""
+    f, feats, size, compute, run = _modelled(request, profile)
+    b, hq, hkv, lq, s, d, dv = _dims(f)
+    if feats.get("paged"):
+        for cache, width in (("K", d), ("V", dv)):
+            run.small(f"block_table.to(int64).clamp for {cache}", 2)
+            run.big(f"gather {cache} pages", b * hkv * s * width, b * hkv * s * width, size, size)
+            run.big(f"{cache} pages transpose(1, 2).reshape copy", b * hkv * s * width, b * hkv * s * width, size, size)
+    if feats.get("softcap") or feats.get("window") or feats.get("alibi", "none") != "none":
+        run.small("full(lengths)")
+        return run.kernels + attend_kernels(request, profile, keys_layout="bhsd")
+    scores = b * hq * lq * s
+    run.small("arange(S), arange(Lq), full(lengths), tok + lengths - Lq", 5)
+    run.big("visible = key_pos <= diagonal", 0, b * lq * s, write_size=1)
+    if size != compute:
+        run.big("K.to(fp32)", b * hkv * s * d, b * hkv * s * d, read_size=size)
+        run.big("V.to(fp32)", b * hkv * s * dv, b * hkv * s * dv, read_size=size)
+        run.small("q.to(fp32)")
+    run.bmm("Q.K^T", b * hkv, (hq // hkv) * lq, s, d)
+    run.big("scores * scale", scores, scores)
+    run.big("scores - inf", scores, scores)
+    run.big("where(visible, scores, scores - inf)", 2 * scores, scores)
+    _softmax_and_pv(run, f, scores, einsum=False)
+    return run.kernels
+
+
+def attend_kernels(request, profile, *, keys_layout: str = "bshd") -> list:
+    """What backends/torch_ref/flash_attn.attend launches (rt.flash_attn_with_kvcache's torch path, and
+    sdpa_decode's with a softcap, window or ALiBi): the position masks, V converted and zeroed past each sequence,
+    K converted, einsum's Q.K^T (K permuted to a GEMM operand: a copy), the softcap's tanh, ALiBi's bias and the
+    mask, then the shared softmax and P.V."""
+    f, feats, size, compute, run = _modelled(request, profile)
+    b, hq, hkv, lq, s, d, dv = _dims(f)
+    scores = b * hq * lq * s
+    run.small("start, lengths, arange - start, in_sequence (>=, <, &), diagonal (arange + lengths - Lq)", 9)
+    window = 2 if feats.get("window") else 0
+    causal = 2 if feats.get("causal") == "bottom_right" else 0
+    for _ in range(window + causal):
+        run.big("visible &= position bound", b * lq * s, b * lq * s, 1, 1)
+    run.big("V.to(compute)", b * s * hkv * dv, b * s * hkv * dv, read_size=size)
+    run.big("V.masked_fill(outside the sequence)", b * s * hkv * dv, b * s * hkv * dv)
+    if size != compute:
+        run.big("K.to(compute)", b * s * hkv * d, b * s * hkv * d, read_size=size)
+        run.small("q.to(compute)")
+    run.big("einsum: K to (B Hkv, D, S)", b * s * hkv * d, b * s * hkv * d)
+    run.bmm("Q.K^T (einsum)", b * hkv, (hq // hkv) * lq, s, d)
+    run.big("scores * scale", scores, scores)
+    if feats.get("softcap"):
+        for step in ("/ softcap", "tanh", "* softcap"):
+            run.big(f"softcap {step}", scores, scores)
+    if feats.get("alibi", "none") != "none":
+        run.small("slopes to, expand", 2)
+        run.big("ALiBi distance", b * lq * s, b * lq * s)
+        run.big("slopes * distance", b * lq * s, scores)
+        run.big("scores + bias", 2 * scores, scores)
+    run.big("~visible", b * lq * s, b * lq * s, 1, 1)
+    run.big("masked_fill(~visible, -inf)", scores, scores)
+    _softmax_and_pv(run, f, scores, einsum=True)
+    run.small("lse == inf -> -inf", 2)
+    return run.kernels
+
+
+def kvcache_kernels(request, profile) -> list:
+    """rt.flash_attn_with_kvcache's torch path (backends/torch_ref/flash_attn.flash_attn_with_kvcache): the lengths,
+    a paged cache's pages (or cache_batch_idx's rows) gathered, then `attend`. The request does not say whether new
+    k/v are appended or rotary is given: modelled without them (each would add an index_put per cache and the rotary
+    passes over q and the new keys, all small at decode)."""
+    f = request.field_map
+    feats = request.feature_map
+    size, compute = _sizes(request)
+    run = _TorchLaunches(profile, size, compute)
+    b, hkv, s, d, dv = f["batch"], f["num_kv_heads"], f["seq_kv"], f["head_dim"], f["head_dim_v"]
+    run.small("full(cache_seqlens), lengths")
+    if feats.get("paged"):
+        run.small("pages needed, used, where(used, table, 0)", 4)
+    if feats.get("paged") or feats.get("cache_batch_idx"):
+        for cache, width in (("K", d), ("V", dv)):
+            run.big(f"gather {cache} pages/rows", b * s * hkv * width, b * s * hkv * width, size, size)
+    return run.kernels + attend_kernels(request, profile)
+
+
+def sdpa_shape(request):
+    """The Attention shape (rlx_triton.perf.library.attention) of a scaled_dot_product_attention request and the
+    dtype in the published format's names: the causal feature, the mask kind, torch's top-left is_causal."""
+    from rlx_triton.perf.library.attention import FROM_TORCH_DTYPE, Attention
+
+    f = request.field_map
+    feats = request.feature_map
+    causal = feats.get("causal", "none")
+    mask = feats.get("mask", "none")
+    if causal == "bottom_right":   # _torch_sdpa materialises the lower-right causal mask as a bool mask
+        mask = "bool"
+    shape = Attention(batch=f["batch"], heads=f["num_heads"], kv_heads=f["num_kv_heads"], seq_q=f["seq_q"],
+                      seq_kv=f["seq_kv"], head_dim=f["head_dim"], head_dim_v=f["head_dim_v"],
+                      causal=causal in ("top_left", "top_left_with_mask"), top_left=True, mask=mask)
+    return shape, FROM_TORCH_DTYPE.get(request.dtype, request.dtype)
+
+
+def library_kernels(request, profile) -> list:
+    """The kernels the torch path of a routed sdpa_decode-family request launches on a GPU, as LibraryKernel records
+    (the library side of a speed decision and of `rlx-triton perf`), per op:
+    - scaled_dot_product_attention: torch's own SDPA (torch._C), the backend its select_sdp_backend picks on this
+      GPU and dtype (rlx_triton.perf.library.attention.torch_sdpa: cuDNN first on sm90, then FA2, the cutlass
+      memory-efficient kernel, math), after the lower-right causal mask's construction where the call asks for it;
+    - sdpa_decode: the decomposed fallback above (it does not call torch's SDPA), a paged cache gathered first;
+    - flash_attn_with_kvcache: backends/torch_ref/flash_attn's decomposed attention, pages gathered first.
+    Pure and cheap: it reads the request's fields and features only."""
+    if request.op == "sdpa_decode":
+        return decomposed_decode_kernels(request, profile)
+    if request.op == "flash_attn_with_kvcache":
+        return kvcache_kernels(request, profile)
+    from rlx_triton.perf.library.attention import elementwise, torch_sdpa
+
+    shape, dtype = sdpa_shape(request)
+    feats = request.feature_map
+    kernels = []
+    if feats.get("causal") == "bottom_right":   # lower_right_mask: ones(L, S), then tril
+        kernels += [elementwise("lower_right_mask ones", 0, shape.seq_q * shape.seq_kv, 1),
+                    elementwise("lower_right_mask tril", shape.seq_q * shape.seq_kv, shape.seq_q * shape.seq_kv, 1)]
+    if dtype not in ("fp16", "bf16", "fp32"):   # float64: math on the fp32 units (no profile states an fp64 rate)
+        from rlx_triton.perf.library.attention import math_sdpa
+
+        return kernels + math_sdpa(shape, dtype, profile)
+    return kernels + torch_sdpa(shape, dtype, profile, dropout=bool(feats.get("dropout")),
+                                layout=feats.get("layout", "batched"))

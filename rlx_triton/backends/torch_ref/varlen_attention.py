@@ -13,11 +13,13 @@ Rows that see no key give 0 and LSE +inf (with sinks, the sink's logit).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import List, Optional, Tuple
 
 import torch
 
 from rlx_triton.backends.torch_ref.flash_attn import Masking, masking
+from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
 from rlx_triton.router.coverage import Coverage
 
 COVERAGE = Coverage.everything()
@@ -115,3 +117,74 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     outs.append(q.new_zeros((spare, q.shape[1], v.shape[-1])))
     lses.append(torch.full((q.shape[1], spare), math.inf, device=q.device))
     return torch.cat(outs), torch.cat(lses, dim=1), s_dmask
+
+
+def library_kernels(request, profile) -> list:
+    """The kernels `flash_attn_varlen_func` above launches on a GPU, as LibraryKernel records (the library side of a
+    speed decision and of `rlx-triton perf`): it does not call torch's flash varlen kernel; it reads the offsets on
+    the host (two device-to-host copies, each a host sync) and runs `attend_one` once per sequence, each step its own
+    launch: a paged sequence's pages gathered, K and V converted and repeated over the group (repeat_interleave),
+    einsum's operand copies and batched GEMMs (fp32, cuBLAS), every masking and softmax step a pass over the
+    (H, Lq, Lk) scores; then the outputs concatenated. The request holds the totals only: every sequence is
+    modelled with tokens / batch query rows and the longest key length (seq_kv), the launches repeated per
+    sequence."""
+    from rlx_triton.backends.torch_ref.sdpa_decode import _sizes, _TorchLaunches
+
+    f = request.field_map
+    feats = request.feature_map
+    size, compute = _sizes(request)
+    sequences = max(1, f["batch"])
+    hq, hkv, d, dv, s = f["num_heads"], f["num_kv_heads"], f["head_dim"], f["head_dim_v"], f["seq_kv"]
+    lq = max(1, -(-f["tokens"] // sequences))
+    scores = hq * lq * s
+    host = [LibraryKernel("cu_seqlens_q.tolist() / cu_seqlens_k.tolist() (device-to-host copy, host sync)", 0, 0,
+                          chain={"hbm": 1}, note="a synchronising copy: the GPU drains before the host goes on")
+            for _ in range(2)]
+    run = _TorchLaunches(profile, size, compute)
+    if feats.get("paged"):
+        run.small("block_table row .to(int64)", 2)
+        for cache, width in (("K", d), ("V", dv)):
+            run.big(f"gather {cache} pages", s * hkv * width, s * hkv * width, size, size)
+    for cache, width in (("K", d), ("V", dv)):
+        if size != compute:
+            run.big(f"{cache}.to(compute)", s * hkv * width, s * hkv * width, read_size=size)
+        run.big(f"{cache}.repeat_interleave(group)", s * hkv * width, s * hq * width)
+    run.small("q.to(compute), einsum's q permute copy", 2)
+    run.big("einsum: K to (H, D, Lk)", s * hq * d, s * hq * d)
+    run.bmm("Q.K^T (einsum)", hq, lq, s, d)
+    run.big("scores * scale", scores, scores)
+    if feats.get("softcap"):
+        for step in ("/ softcap", "tanh", "* softcap"):
+            run.big(f"softcap {step}", scores, scores)
+    run.small("key_pos, diagonal (arange, arange + Lk - Lq)", 3)
+    if feats.get("alibi", "none") != "none":
+        run.big("ALiBi distance and bias", lq * s, scores)
+        run.big("scores + bias", 2 * scores, scores)
+    run.big("visible = ones(Lq, Lk)", 0, lq * s, write_size=1)
+    bounds = (3 if feats.get("causal") == "bottom_right" else 0) + (3 if feats.get("window") else 0)
+    for _ in range(bounds):
+        run.big("visible bound (+, <=, &)", lq * s, lq * s, 1, 1)
+    run.big("masked_fill(~visible, -inf)", scores, scores)
+    if feats.get("sinks"):
+        run.big("cat(scores, sinks)", scores, scores)
+    run.big("amax over the keys", scores, hq * lq)
+    run.small("row_max == -inf, where", 2)
+    run.big("scores - row_max", scores, scores)
+    run.big("exp", scores, scores)
+    run.big("sum over the keys", scores, hq * lq)
+    run.small("total == 0, where(no_keys, 1, total)", 2)
+    run.big("exps / total", scores, scores)
+    run.small("lse: log, +, where", 3)
+    if feats.get("dropout"):
+        for step in ("rand", ">= p", "* kept / (1 - p)", "where(kept, p, -p)"):
+            run.big(f"dropout {step}", scores, scores)
+    run.big("einsum: V to (H, Lk, Dv)", s * hq * dv, s * hq * dv)
+    run.bmm("P.V (einsum)", hq, lq, dv, s)
+    run.small("einsum: out to (Lq, H, Dv), out.to(dtype)", 2)
+    per_sequence = [replace(kernel, repeat=sequences) for kernel in run.kernels]
+    total_q = f["tokens"]
+    tail = [LibraryKernel("new_zeros, full (rows past the last sequence)", 0, 0, repeat=2,
+                          note="torch op on a few elements"),
+            LibraryKernel("cat(outs)", total_q * hq * dv * size, total_q * hq * dv * size, note="torch cat"),
+            LibraryKernel("cat(lses)", hq * total_q * 4, hq * total_q * 4, note="torch cat")]
+    return host + per_sequence + tail
