@@ -4,10 +4,10 @@ Two cases, both on tiny CPU tensors, alternated in rounds with the direct torch 
 same calls); the overhead is the difference of the medians, and the ratio is rlx over torch (its rows have the metric "dispatch_overhead": a
 wrapper is never faster than what it wraps, so they claim no speedup):
 - repeated: the same call signature again (the exact-signature route cache: no re-validation); target
-  <= 1.4x the direct call;
+  <= 1.25x the direct call;
 - new KV length every call: a decode step, each call one key longer than the last, so no call's exact
   signature was seen before and each reuses its KV-length bucket's decision after checking only what the
-  length touches; target <= 2x the direct call.
+  length touches; target <= 1.5x the direct call.
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ _EXPORTS = {
     "flash_attn_func": ("rlx_triton.ops.varlen_attention", "flash_attn_func"),
     "fbank": ("rlx_triton.ops.fbank", "fbank"),
     "explain": ("rlx_triton.explaining", "explain"),
+    "explain_as": ("rlx_triton.explaining", "explain_as"),
     "use_backend": ("rlx_triton.router.settings", "use_backend"),
     "MissingKernel": ("rlx_triton.router.route", "MissingKernel"),
     "Route": ("rlx_triton.router.route", "Route"),

@@ -17,6 +17,7 @@ from rlx_triton.ops.sdpa_decode import sdpa_decode as sdpa_decode
 from rlx_triton.router.route import MissingKernel as MissingKernel
 from rlx_triton.router.route import Route as Route
 from rlx_triton.explaining import explain as explain
+from rlx_triton.explaining import explain_as as explain_as
 from rlx_triton.router.settings import use_backend as use_backend
 
 __version__: str

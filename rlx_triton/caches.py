@@ -32,6 +32,7 @@ LIMITS: Dict[str, int] = {
     "sinc_filters": 64,         # ops.conv: SincNet filters per parameter version
     "sinc_banks": 256,          # ops.conv: the filter banks sinc_filters built (the symmetric kernel's test)
     "fbank_options": 256,       # ops.fbank: validated option sets (a functools.lru_cache of this size)
+    "speed_estimates": 4096,    # perf.route_estimate: estimated time of a request on a candidate or the library op
 }
 
 K = TypeVar("K", bound=Hashable)
@@ -54,15 +55,13 @@ class BoundedCache(Generic[K, V]):
             _registry[name] = self
 
     def get(self, key: K, default: Optional[V] = None) -> Optional[V]:
+        # the hit of an unpinned entry hashes the key twice (look up, mark as used): the hot path of every op call
         with self._lock:
-            value = self._pinned.get(key, _MISSING)
-            if value is not _MISSING:
-                return value
             value = self._entries.get(key, _MISSING)
-            if value is _MISSING:
-                return default
-            self._entries.move_to_end(key)
-            return value
+            if value is not _MISSING:
+                self._entries.move_to_end(key)
+                return value
+            return self._pinned.get(key, default)
 
     def put(self, key: K, value: V, *, pin: bool = False,
             replace_stale: Optional[Callable[[V], bool]] = None) -> V:

@@ -87,6 +87,69 @@ def explain(target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, A
                     "or a torch.nn.Module")
 
 
+def explain_as(device: str, target: Any, *args: Any, **kwargs: Any) -> "Union[Route, Dict[str, Any]]":
+    """What `explain(target, *args, **kwargs)` would answer on a named GPU, from this machine (no GPU needed).
+
+    The call is routed as on the device profile (rlx_triton.devices: "h200", "h100-sxm", "a100-80gb", "l40s",
+    "rtx-4090", Apple "m1" ... "m2-ultra"; a unique prefix will do), on meta copies of the arguments (a module
+    target is copied to the meta device; the original is not touched) with the kernels' launches planned, never
+    run. On a CUDA profile each Route says what decided it among the eligible kernels and the library op
+    (`decided_by`) and the estimated time of each (`timings`, the perf model's uncalibrated estimates: the
+    kernels compiled ahead of time with the triton wheel's ptxas, the first time a configuration is seen).
+
+    Args:
+        device: the device profile's key.
+        target, *args, **kwargs: as explain takes them.
+
+    Returns:
+        what explain returns for the target (a Route, or {module path: Route} for a model).
+
+    Raises:
+        ValueError: an unknown device. TypeError: as explain.
+
+    Example:
+        >>> import torch, rlx_triton as rt
+        >>> q, k = torch.randn(1, 32, 1, 128, dtype=torch.float16), torch.randn(1, 8, 4096, 128, dtype=torch.float16)
+        >>> route = rt.explain_as("h200", rt.sdpa_decode, q, k, k)
+        >>> route.decided_by in ("estimated", "default")
+        True
+    """
+    import contextlib
+    import copy
+
+    import torch
+
+    from rlx_triton import devices
+
+    profile = devices.profile(device)
+    with contextlib.ExitStack() as stack:
+        from rlx_triton.perf.trace import as_compiled, meta_copy
+        from rlx_triton.router.device import routing_as
+
+        from rlx_triton.backends.triton import triton_installed
+
+        if triton_installed():   # plans as the compiled kernels launch, collected and never run
+            from rlx_triton.backends.triton import launches
+
+            stack.enter_context(as_compiled())
+            stack.enter_context(routing_as(profile))
+            stack.enter_context(launches.planning())
+        else:
+            stack.enter_context(routing_as(profile))
+        module_type: Any = _module_type()
+        if isinstance(target, module_type):
+            target = copy.deepcopy(target).to("meta")
+        meta_args, meta_kwargs = meta_copy(tuple(args)), meta_copy(dict(kwargs))
+        stack.enter_context(torch.inference_mode())
+        return explain(target, *meta_args, **meta_kwargs)
+
+
+def _module_type() -> type:
+    from torch import nn
+
+    return nn.Module
+
+
 # An object installed as a module's `forward` (a CUDA-graph replay, say) runs the module's own forward while
 # a model is explained, so that every rlx module in it is seen running; it may also describe itself through
 # `explain_forward` (see explain_model).

@@ -1,9 +1,10 @@
 """Pre-tuning for named model shape sets (`rlx-triton tune MODEL`): time every approved candidate, keep the fastest.
 
-For each case of a shape set the op is routed as usual; every candidate of the chosen backend's plan
-that has an accuracy approval is pinned in turn (`use_candidate`) and timed, and the fastest is
-recorded in the winner table under the route's tune key, so later calls in the same bucket route to
-it with evidence "TuneFile". Only approved candidates are timed: speed picks among correct kernels.
+For each case of a shape set the op's kernel route is found (strict mode: the kernel, whatever speed would pick);
+every candidate of that backend's plan that has an accuracy approval is pinned in turn (`use_candidate`) and
+timed, and so is the torch library op (`use_backend("torch")`); the fastest is recorded in the winner table
+under the route's tune key with its time, `library` where the library op won, so later calls in the same bucket
+route to it (decided_by "measured"). Only approved candidates are timed: speed picks among correct kernels.
 """
 from __future__ import annotations
 
@@ -135,12 +136,17 @@ def _time_ms(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def _tune_case(label: str, call: Callable[[], object], device: torch.device, table, shown: Progress) -> dict:
-    """Times every approved candidate of the case's route and records the fastest in the winner table."""
-    from rlx_triton.router import plans, recording_routes, use_candidate
+    """Times every approved candidate of the case's kernel route and the library op, and records the fastest in
+    the winner table (LIBRARY_WINNER where the library op is fastest), with its time."""
+    from rlx_triton.planner.tune_cache import LIBRARY_WINNER
+    from rlx_triton.router import MissingKernel, plans, recording_routes, use_backend, use_candidate
     from rlx_triton.router.approvals import approval_for
 
-    with recording_routes() as recorded:
-        call()
+    try:   # strict: the kernel route, whose bucket the winner table keys, whatever speed would pick today
+        with use_backend("auto", strict=True), recording_routes() as recorded:
+            call()
+    except MissingKernel as refused:
+        return {"case": label, "backend": None, "winner": None, "why": str(refused).splitlines()[0]}
     decided = recorded[0] if recorded else None
     if decided is None or decided.module is None or decided.candidate is None:
         return {"case": label, "backend": decided.backend if decided else None, "winner": None}
@@ -153,8 +159,11 @@ def _tune_case(label: str, call: Callable[[], object], device: torch.device, tab
         shown.set_label(f"{label}: {candidate.tag()}")
         with use_candidate(candidate.tag()):
             timings[candidate.tag()] = _time_ms(call, device)
+    shown.set_label(f"{label}: the library op")
+    with use_backend("torch"):
+        timings[LIBRARY_WINNER] = _time_ms(call, device)
     winner = min(timings, key=timings.__getitem__)
-    table.record(decided.tune_key, winner)
+    table.record(decided.tune_key, winner, time_us=timings[winner] * 1e3)
     return {"case": label, "backend": decided.backend, "winner": winner,
             "ms": {tag: round(ms, 4) for tag, ms in timings.items()}}
 

@@ -78,3 +78,59 @@ def test_the_pyannote_explain_of_a_model_is_the_generic_one_and_warns_alike():
         assert pyannote.explain(model, x) == rt.explain(model, x)
     with pytest.warns(UserWarning, match="nothing was routed"):
         assert pyannote.explain(torch.nn.Linear(3, 4), torch.randn(2, 3)) == {}
+
+
+# ---- rt.explain_as: the routes on a named GPU, from a machine without one --------------------------------------
+
+def _decode_call():
+    q = torch.randn(1, 32, 1, 128, dtype=torch.float16)
+    k = torch.randn(1, 8, 512, 128, dtype=torch.float16)
+    return q, k
+
+
+def test_explain_as_routes_a_call_as_on_the_named_gpu_without_touching_the_arguments():
+    q, k = _decode_call()
+    route = rt.explain_as("h200", rt.sdpa_decode, q, k, k)
+    assert route.family == "sdpa_decode" and route.request.device.type == "meta"
+    assert route.decided_by in ("estimated", "default") and q.device.type == "cpu"
+    assert route.skipped_reasons.get("triton") is None or route.skipped_reasons["triton"].kind == "slower"
+
+
+def test_explain_as_an_unknown_device_names_the_choices():
+    with pytest.raises(ValueError, match="unknown device 'h300'"):
+        rt.explain_as("h300", rt.fbank, torch.randn(1600))
+
+
+def test_explain_as_a_model_copies_it_to_meta_and_leaves_the_model_as_it_was():
+    model = torch.nn.Sequential(rt.nn.LSTM(3, 5, batch_first=True))
+    routes = rt.explain_as("a100", model, torch.randn(2, 4, 3))
+    assert list(routes) == ["0"] and routes["0"].op == "lstm" and routes["0"].request.device.type == "meta"
+    assert next(model.parameters()).device.type == "cpu"
+
+
+# a process without TRITON_INTERPRET compiles the kernels' launches for the GPU and prices both sides
+ESTIMATED_DECODE = """
+import torch, rlx_triton as rt
+q, k = torch.randn(1, 32, 1, 128, dtype=torch.float16), torch.randn(1, 8, 512, 128, dtype=torch.float16)
+route = rt.explain_as("h200", rt.sdpa_decode, q, k, k)
+times = {t.backend: t.time_us for t in route.timings}
+assert route.decided_by == "estimated", str(route)
+assert set(times) == {"triton", "torch"} and all(t > 0 for t in times.values()), times
+assert [t.backend for t in route.timings if t.chosen] == [route.backend]
+assert ("decided by estimated" in str(route)) and ("us estimated" in str(route))
+print("ok", route.backend, times)
+"""
+
+
+def test_explain_as_estimates_the_kernel_and_the_library_where_the_kernels_compile(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    result = subprocess.run([sys.executable, "-c", ESTIMATED_DECODE], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("ok")

@@ -329,7 +329,10 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
                                (stride, pool, eps, negative_slope, sample_rate))
     r = routed_call(signature, lambda: _sincnet_request(
         waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
-        norm_biases, stride=stride, pool=pool, eps=eps, negative_slope=negative_slope, sample_rate=sample_rate))
+        norm_biases, stride=stride, pool=pool, eps=eps, negative_slope=negative_slope, sample_rate=sample_rate),
+        lambda: (sincnet, (waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
+                           norm_weights, norm_biases),
+                 dict(stride=stride, pool=pool, eps=eps, negative_slope=negative_slope, sample_rate=sample_rate)))
     return backend_module(r).sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
                             list(conv_biases), list(norm_weights), list(norm_biases), sinc_stride=stride,
                             pool=pool, eps=eps, negative_slope=negative_slope, candidate=r.candidate, route=r)
@@ -399,7 +402,8 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
     again."""
     signature = call_signature("conv1d", (input, weight, bias), (stride, padding, dilation, epilogue))
     r = routed_call(signature, lambda: _conv1d_request(input, weight, bias, stride, padding, dilation,
-                                                       epilogue=epilogue))
+                                                       epilogue=epilogue),
+                    lambda: (conv1d, (input, weight, bias, stride, padding, dilation), {"epilogue": epilogue}))
     stride, dilation = _check_int("stride", stride, 1), _check_int("dilation", dilation, 1)
     pad, mode = _padding(padding, weight.shape[2], stride, dilation)
     unbatched = input.dim() == 2

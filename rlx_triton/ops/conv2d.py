@@ -135,7 +135,9 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     """
     signature = call_signature("conv2d", (x, weight, bias, residual), (stride, padding, relu))
     r = routed_call(signature, lambda: _conv2d_request(x, weight, bias, stride=stride, padding=padding,
-                                                       residual=residual, relu=relu))
+                                                       residual=residual, relu=relu),
+                    lambda: (conv2d, (x, weight, bias),
+                             {"stride": stride, "padding": padding, "residual": residual, "relu": relu}))
     unbatched = x.dim() == 3
     if unbatched:
         x, residual = x.unsqueeze(0), None if residual is None else residual.unsqueeze(0)
@@ -170,7 +172,8 @@ def _linear_request(x, weight, bias=None) -> Request:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """torch.nn.functional.linear for 2-D x: the embedding projection, run as a 1x1 conv2d (a repeated call
     signature is not validated or routed again)."""
-    r = routed_call(call_signature("linear", (x, weight, bias)), lambda: _linear_request(x, weight, bias))
+    r = routed_call(call_signature("linear", (x, weight, bias)), lambda: _linear_request(x, weight, bias),
+                    lambda: (linear, (x, weight, bias), {}))
     return backend_module(r).linear(x, weight, bias, candidate=r.candidate, route=r)
 
 
@@ -215,7 +218,7 @@ def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) 
     signature is not validated or routed again.
     """
     r = routed_call(call_signature("stats_pool", (sequences, weights)),
-                    lambda: _stats_pool_request(sequences, weights))
+                    lambda: _stats_pool_request(sequences, weights), lambda: (stats_pool, (sequences, weights), {}))
     w, has_speakers = _pool_weights(sequences, weights)
     out = backend_module(r).stats_pool(sequences, None if w is None else w.to(sequences.dtype), candidate=r.candidate,
                               route=r)

@@ -386,7 +386,8 @@ def fbank(waveform: torch.Tensor, blackman_coeff: float = 0.42, channel: int = -
     rows, single = _select(waveform, options)
     # the options are validated already (once per option set); the waveform's length against them and the
     # route are what a repeated signature skips
-    chosen = routed_call(call_signature(FAMILY, (waveform,), (options,)), lambda: _request_for(rows, options))
+    chosen = routed_call(call_signature(FAMILY, (waveform,), (options,)), lambda: _request_for(rows, options),
+                         lambda: (fbank, (waveform,), kwargs))
     return run(rows, options, chosen, single=single)
 
 

@@ -27,6 +27,7 @@ from rlx_triton.ops._attention_options import attention_option_features, check_a
 from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
+from rlx_triton.router.route import planning_route
 
 _OP = "flash_attn_with_kvcache"
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -387,9 +388,13 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     decided = None
     if not torch.compiler.is_compiling():
         decided = route(_request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table, causal,
-                                 window_size, softcap, alibi_slopes))
-    if decided is not None and decided.backend == "torch":
-        # the library path outside the custom op: no custom-op dispatch cost
+                                 window_size, softcap, alibi_slopes),
+                        call=lambda: (flash_attn_with_kvcache,
+                                      (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                       cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
+                                       softcap, rotary_interleaved, alibi_slopes), {}))
+    if decided is not None and (decided.backend == "torch" or decided is planning_route()):
+        # the library path outside the custom op: no custom-op dispatch cost (a speed model's plan: its launches)
         out, lse = _run(decided, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                         cache_leftpad, block_table, softmax_scale, causal, (left, right), softcap,
                         rotary_interleaved, alibi_slopes)

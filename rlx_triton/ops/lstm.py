@@ -125,7 +125,10 @@ def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: S
                                (has_biases, num_layers, dropout, training, bidirectional, batch_first, proj_size))
     r = routed_call(signature, lambda: _lstm_request(
         input, hx, flat_weights, has_biases=has_biases, num_layers=num_layers, dropout=dropout, training=training,
-        bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size))
+        bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size),
+        lambda: (lstm, (input, hx, flat_weights),
+                 dict(has_biases=has_biases, num_layers=num_layers, dropout=dropout, training=training,
+                      bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size)))
     return backend_module(r).lstm(input, None if hx is None else tuple(hx), list(flat_weights), has_biases=has_biases,
                          num_layers=num_layers, dropout=float(dropout), training=training,
                          bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size,

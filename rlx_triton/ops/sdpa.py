@@ -33,9 +33,12 @@ from rlx_triton.ops._checks import check_is_tensor, needs_grad
 from rlx_triton.ops._request_spec import Derived, Feature, RequestSpec, flag
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
-from rlx_triton.router.route import Route, exact_route, remember_exact_route
+from rlx_triton.router.route import Route, exact_route, planning_route, remember_exact_route
+from rlx_triton.router.speed import Call
 
 _FAMILY = KernelFamily.SDPA_DECODE.value
+# torch's op, bound once: the library route of a repeated call calls it without looking it up
+_library_sdpa = torch._C._nn.scaled_dot_product_attention
 
 
 def _batched_heads_divide(fields, features) -> Optional[str]:
@@ -88,22 +91,6 @@ def _causal_bias(attn_mask, is_causal: bool, query, key) -> Tuple[Optional[torch
     return None, False, True
 
 
-def _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                    lower_right) -> Optional[tuple]:
-    """Everything validation and routing read from a call (the scale's type, not its value), or None when
-    it is not hashable as such."""
-    try:
-        signature = (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device,
-                     key.device, value.device,
-                     torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
-                     dropout_p, is_causal, type(scale), enable_gqa, lower_right,
-                     None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
-                                                     attn_mask.requires_grad))
-    except (AttributeError, RuntimeError):  # not tensors (validation will say so), or a strided nested tensor
-        return None
-    return signature  # hashed by the route cache's lookup: an unhashable value is caught there
-
-
 def _kv_bucket_signature(signature: tuple) -> Optional[tuple]:
     """The call's signature with the KV length S replaced by its power-of-two bucket: calls that differ only
     in S within one bucket share their route (what a decode step changes). None where S is 0 or the key is
@@ -119,6 +106,12 @@ def _kv_bucket_signature(signature: tuple) -> Optional[tuple]:
         mask = (mask[0][:-1], mask[0][-1] == 1) + mask[1:]
     return ("kv-bucket", q_shape, k_shape[:-2], k_shape[-1], v_shape[:-2], v_shape[-1], (seq_kv - 1).bit_length(),
             signature[3:-1], mask)
+
+
+def _same_dtype_and_device(query, key, value) -> bool:
+    """What validation checks of a call that its remembered signature leaves out."""
+    dtype, device = query.dtype, query.device
+    return key.dtype is dtype and value.dtype is dtype and key.device == device and value.device == device
 
 
 def _kv_length_agrees(key, value, attn_mask) -> bool:
@@ -286,16 +279,20 @@ def _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
 
 
 def _decide_sdpa(signature, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                 lower_right) -> Route:
-    """The route of an eager call whose exact signature is new: its KV-length bucket's, or validated and routed."""
+                 lower_right, call: Call) -> Route:
+    """The route of an eager call whose exact signature is new: its KV-length bucket's, or validated and routed
+    (`call`: the public call, which a new decision's speed estimate plans)."""
     bucketed = _kv_bucket_signature(signature) if signature is not None else None
     decided = exact_route(bucketed) if bucketed is not None else None
-    if decided is None or not _kv_length_agrees(key, value, attn_mask):
-        _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-        decided = route(_build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
-                                            lower_right))
-        if bucketed is not None:
-            remember_exact_route(bucketed, decided)
+    if decided is not None and _kv_length_agrees(key, value, attn_mask):
+        # a decode step: its bucket's route, and its own signature is not remembered (each step has a new one,
+        # which would push the calls that do repeat out of the route cache)
+        return decided
+    _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    decided = route(_build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
+                                        lower_right), call=call)
+    if bucketed is not None:
+        remember_exact_route(bucketed, decided)
     if signature is not None:
         remember_exact_route(signature, decided)
     return decided
@@ -335,6 +332,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         >>> rt.scaled_dot_product_attention(q, k, v, enable_gqa=True).shape
         torch.Size([2, 32, 1, 128])
     """
+    given_mask, given_causal, given_scale = attn_mask, is_causal, scale   # what a new decision plans
     if attn_mask is not None:
         attn_mask, is_causal, lower_right = _causal_bias(attn_mask, is_causal, query, key)
     else:
@@ -344,10 +342,21 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     compiling = torch.compiler.is_compiling()
     signature = decided = None
     if not compiling:
-        # a signature seen before is neither validated nor routed again (nested tensors are never remembered)
-        signature = _call_signature(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right)
+        # a signature seen before is neither validated nor routed again (nested tensors are never remembered).
+        # Built inline, as this is what every repeated call pays, it holds what routing reads (the scale's type,
+        # not its value) and what validation reads except key's and value's dtype and device: those must equal
+        # query's, which torch's own op checks on the library route, and a kernel route checks below
         try:
-            decided = exact_route(signature) if signature is not None else None
+            signature = (query.shape, key.shape, value.shape, query.dtype, query.device,
+                         torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
+                         dropout_p, is_causal, type(scale), enable_gqa, lower_right,
+                         None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
+                                                         attn_mask.requires_grad))
+            decided = exact_route(signature)
+            if decided is not None and decided.backend != "torch" and not _same_dtype_and_device(query, key, value):
+                signature = decided = None   # validated below: the error names the argument
+        except (AttributeError, RuntimeError):  # not tensors (validation will say so), or a strided nested tensor
+            signature = None
         except TypeError:  # an unhashable value: validation will say what is wrong
             signature = None
     if decided is None and _is_nested(query, key, value, attn_mask):
@@ -356,7 +365,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False)
     if decided is None and not compiling:  # first call with this signature
         decided = _decide_sdpa(signature, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                               lower_right)
+                               lower_right, lambda: (scaled_dot_product_attention, (query, key, value, given_mask,
+                                                     dropout_p, given_causal, given_scale, enable_gqa), {}))
     elif compiling:
         _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         # under torch.compile the custom op routes when it runs; calls it cannot express (dropout, autograd)
@@ -364,16 +374,20 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         if needs_grad(query, key, value, attn_mask) or dropout_p > 0.0:
             decided = route(_build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
                                                 lower_right))
-    scale = None if scale is None else float(scale)
-    if decided is not None and decided.backend == "torch":
+    if decided is not None and decided.backend == "torch":   # torch's op takes the scale as a number of any type
         if not lower_right:  # the common case without the extra frame: this is the repeated call's cost
-            # positional where torch allows: its argument parser is slower on keywords
+            # no argument torch would take as its default (its parser pays for each one given), and positional
+            # where torch allows (it is slower on keywords)
+            sdpa = _library_sdpa
             if enable_gqa:
-                return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
-                                                                 scale=scale, enable_gqa=True)
-            return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
-                                                             scale=scale)
+                return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True)
+            if attn_mask is None and not is_causal and not dropout_p:
+                return sdpa(query, key, value) if scale is None else sdpa(query, key, value, scale=scale)
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right)
+    scale = None if scale is None else float(scale)
+    if decided is not None and decided is planning_route():   # a speed model's plan: the launches, not the op
+        return _run_sdpa(decided, query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa), lower_right)
     return _sdpa_op(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa), lower_right,
                     None if decided is None else _decisions.hand_off(decided))
 

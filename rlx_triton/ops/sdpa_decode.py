@@ -27,7 +27,7 @@ from rlx_triton.ops._request_spec import Derived, Feature, RequestSpec, flag
 from rlx_triton.ops.sdpa import patch_sdpa, scaled_dot_product_attention
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
-from rlx_triton.router.route import exact_route, remember_exact_route
+from rlx_triton.router.route import Route, exact_route, planning_route, remember_exact_route
 
 __all__ = ["sdpa_decode", "scaled_dot_product_attention", "patch_sdpa", "AttentionInputError"]
 
@@ -194,15 +194,22 @@ def _sdpa_decode_op(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         chosen = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                                        window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                        _validate=False))
+    out, lse = _run_decode(chosen, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
+                           alibi_slopes)
+    return out.contiguous(), lse.contiguous()
+
+
+def _run_decode(chosen: Route, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
+                alibi_slopes) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a decode call on its route's backend (what the custom op runs)."""
     options: Dict[str, Any] = {"route": chosen} if chosen.backend == "triton" else {}
     if block_table is not None:  # only backends whose coverage names paged=True are routed one
         options["block_table"] = block_table
     options.update(_decode_options(window, softcap, alibi_slopes))
     backend = chosen.module
     assert backend is not None, "route() names the module that runs the call"
-    out, lse = backend.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
-                                   cache_seqlens=cache_seqlens, candidate=chosen.candidate, **options)
-    return out.contiguous(), lse.contiguous()
+    return backend.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
+                               cache_seqlens=cache_seqlens, candidate=chosen.candidate, **options)
 
 
 @_sdpa_decode_op.register_fake
@@ -346,7 +353,10 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # eager calls (and, under torch.compile, calls autograd records) are routed here, once
         decided = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                                         window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                                        _validate=False))
+                                        _validate=False),
+                        call=lambda: (sdpa_decode, (query, k_cache, v_cache, cache_seqlens),
+                                      dict(scale=scale, block_table=block_table, window_size=window_size,
+                                           softcap=softcap, alibi_slopes=alibi_slopes)))
         if signature is not None:
             remember_exact_route(signature, decided)
     if decided is not None and decided.backend == "torch":
@@ -356,6 +366,9 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out, lse = library.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
                                        cache_seqlens=cache_seqlens, block_table=block_table, candidate=None,
                                        **_decode_options(window, softcap, alibi_slopes))
+    elif decided is not None and decided is planning_route():   # a speed model's plan: the launches, not the op
+        out, lse = _run_decode(decided, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
+                               alibi_slopes)
     else:
         out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale, block_table, window[0], window[1],
                                    softcap, alibi_slopes, None if decided is None else _decisions.hand_off(decided))

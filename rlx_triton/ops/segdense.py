@@ -91,6 +91,8 @@ def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[
     validated or routed again."""
     signature = call_signature(OP, (x, weights, biases, classifier_weight, classifier_bias), (activation,))
     r = routed_call(signature, lambda: _segdense_request(x, weights, biases, classifier_weight, classifier_bias,
-                                                         activation=activation))
+                                                         activation=activation),
+                    lambda: (segdense, (x, weights, biases, classifier_weight, classifier_bias),
+                             {"activation": activation}))
     return backend_module(r).segdense(x, list(weights), list(biases), classifier_weight, classifier_bias,
                              activation=activation, candidate=r.candidate)

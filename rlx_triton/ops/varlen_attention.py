@@ -26,6 +26,7 @@ from rlx_triton.ops._attention_options import attention_option_features, check_a
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
+from rlx_triton.router.route import planning_route
 
 _OP = "flash_attn_varlen_func"
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -241,9 +242,13 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     decided = None
     if not torch.compiler.is_compiling():
         decided = route(_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size,
-                                 softcap, alibi_slopes, block_table, s_aux, layout))
-    if decided is not None and decided.backend == "torch":
-        # the library path outside the custom op: no dispatch cost, and autograd through its torch ops
+                                 softcap, alibi_slopes, block_table, s_aux, layout),
+                        call=lambda: (_attention, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                   dropout_p, softmax_scale, causal, window_size, softcap,
+                                                   alibi_slopes, block_table, s_aux, return_attn_probs, layout), {}))
+    if decided is not None and (decided.backend == "torch" or decided is planning_route()):
+        # the library path outside the custom op: no dispatch cost, and autograd through its torch ops (a speed
+        # model's plan: its launches)
         return _run(decided, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                     softmax_scale, causal, (left, right), softcap, alibi_slopes, block_table, s_aux,
                     return_probs=return_attn_probs)

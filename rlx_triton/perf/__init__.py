@@ -16,16 +16,16 @@ and written to the JSON, the profile's constants under "profile"). Per model (Py
 segmentation, WeSpeaker ResNet34): Triton launches and host synchronisations of one forward at the
 bench shape. A case whose family's launcher still launches outside the executor is reported as
 "no launch plan yet" (its launches are counted, its time is not estimated). Where the families of a
-case's ops state their torch path's kernels (`library_kernels(request)` in backends/torch_ref/<family>.py),
-the case also gets a "library path estimate": the same roofline applied to those kernels (JSON key
-"library_estimate", only on such cases): each stated kernel takes max(its minimum bytes / achievable
-bandwidth, its FLOPs / the peak rate of its unit) with every SM busy, plus its latency chain and one launch
-latency, at the same constants as the Triton launches, and the case's estimate is their sum, so it bounds
-the library path from below (fbank states framing, cuFFT's rfft at 2.5 N log2 N FLOPs per frame, the power
-spectrum, the cuBLAS mel SGEMM with TF32 off, the log and the CMN steps; backends/torch_ref/fbank.py
-`library_kernels`). Estimates are uncalibrated unless --profile names a calibrated profile; where
-bench/results/*.json holds a run on the same GPU, measured / estimated is shown. `--calibrate RESULTS`
-fits the profile's constants to that measured run (rlx_triton.perf.calibrate: least squares over the
+case's ops state their torch path's kernels (`library_kernels(request, profile)` in backends/torch_ref/<family>.py),
+the case also gets a "library path estimate" (JSON key "library_estimate"): the kernels torch runs for each
+op call, eager op by eager op, with the library calls modelled by their launch rules in rlx_triton.perf.library
+(cuBLAS tiles, waves and split-K; cuDNN's implicit GEMM and Winograd convolutions and its LSTM algorithms;
+cuFFT's passes), read by the same roofline and constants as the Triton launches (waves of SMs x resident CTAs,
+the main loop at its efficiency of the unit's sustained rate, the latency chain, one launch latency each); the
+case's estimate is their sum (on the routed row of a case; a row pinned to a candidate has none). A case with an
+op the models do not cover (rlx_triton.perf.library.Unmodelled) has none. Estimates are uncalibrated unless
+--profile names a calibrated profile; where bench/results/*.json holds a run on the same GPU, measured /
+estimated is shown. `--calibrate RESULTS` fits the profile's constants to that measured run (rlx_triton.perf.calibrate: least squares over the
 cases it can match), prints each case's error before and after, and writes the calibrated profile
 (default bench/results/profiles/<results stem>.json), which --profile reads.
 
@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--write-profile", metavar="PATH", default=None,
                         help="where --calibrate writes the calibrated profile "
                              "(default bench/results/profiles/<results stem>.json)")
+    parser.add_argument("--published", metavar="FILE", default=None,
+                        help="price the published measurements in FILE (CSV: source,gpu,impl,op,shape,dtype,metric,"
+                             "value; see bench/published.csv) and print estimate and error per row")
     parser.add_argument("benches", nargs="*", metavar="BENCH", help=f"subset of {', '.join(BENCHES)}")
     return parser
 
@@ -97,11 +100,16 @@ class CaseReport:
     library: Optional[dict] = None   # the library path estimate (rlx_triton.perf.roofline.library_estimate)
     est_low_us: Optional[float] = None
     est_high_us: Optional[float] = None
+    decided_by: str = ""             # what chose each op call's route (router/speed.py), joined by "+"
+    routed: bool = True              # the route the router takes (False: a row pinned to a candidate)
+    on_library_us: Optional[float] = None   # of est_us: the calls the router sent to the library op
 
     def as_json(self) -> dict:
         data = {"bench": self.bench, "case": self.case, "shape": self.shape, "backend": self.backend,
-                "candidate": self.candidate, "launches": self.launches, "floor_us": self.floor_us,
+                "candidate": self.candidate, "routed": self.routed, "decided_by": self.decided_by,
+                "launches": self.launches, "floor_us": self.floor_us,
                 "est_us": self.est_us, "est_low_us": self.est_low_us, "est_high_us": self.est_high_us,
+                "on_library_us": self.on_library_us,
                 "bw_fraction": self.bw_fraction, "kernels": [kernel.as_json() for kernel in self.kernels]}
         if self.library is not None:
             data["library_estimate"] = self.library
@@ -140,11 +148,25 @@ def _op_calls(routes) -> list:
     return calls
 
 
+def _decided_by(case, routes) -> str:
+    """What chose the case's routes: "forced" for a pinned row, else each op call's decided_by, joined by "+"."""
+    if case.pinned is not None:
+        return "forced"
+    seen: List[str] = []
+    for route in _op_calls(routes):
+        if route.decided_by not in seen:
+            seen.append(route.decided_by)
+    return "+".join(seen) or "default"
+
+
 def library_path(routes, profile) -> Optional[dict]:
     """The library path estimate of a traced case: the torch path's kernels of every op call it routed, read by
-    the roofline (None unless every call's family states `library_kernels(request)` in its torch module)."""
+    the roofline (None unless every call's family states `library_kernels(request, profile)` in its torch module
+    and the library models cover every call: rlx_triton.perf.library.Unmodelled)."""
     from rlx_triton.perf.roofline import library_estimate
     from rlx_triton.router import registry
+
+    from rlx_triton.perf.library import Unmodelled
 
     calls = [route for route in _op_calls(routes) if route.request is not None]
     kernels = []
@@ -153,7 +175,10 @@ def library_path(routes, profile) -> Optional[dict]:
         stated = getattr(module, "library_kernels", None)
         if stated is None:
             return None
-        kernels.extend(stated(route.request))
+        try:
+            kernels.extend(stated(route.request, profile))
+        except Unmodelled:   # a dtype or shape the library models do not cover: no estimate rather than a guess
+            return None
     return library_estimate(kernels, profile) if calls else None
 
 
@@ -217,6 +242,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     progress: a callable taking a message; with it, the cases are counted off on stderr one by one
     (rlx_triton.progress.Progress) and each phase after them says what it did. quick: the case lists a quick
     bench run measures (what --calibrate reads from a quick run)."""
+    from rlx_triton.perf import route_estimate
     from rlx_triton.perf.benches import perf_cases
     from rlx_triton.perf.compiled import CompileJob, compile_all
     from rlx_triton.perf.stock_models import StockModelUnavailable
@@ -239,26 +265,32 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
             cases_of[name] = perf_cases(name, facts, quick)
         except StockModelUnavailable as error:
             errors.append(f"{name}: {error}")
-    with Progress(sum(map(len, cases_of.values())), "perf", unit="case", enabled=progress is not None) as shown:
+    # routing a case as on the profile weighs its kernel against the library op, which compiles the kernel's
+    # launches (rlx_triton.perf.route_estimate): into this command's cache, the progress label saying so
+    with Progress(sum(map(len, cases_of.values())), "perf", unit="case", enabled=progress is not None) as shown, \
+            route_estimate.compiling(cache_dir) as weighed:
         for name, cases in cases_of.items():
             for case in cases:
-                shown.set_label(f"{name} {case.case}")
+                label = f"{name} {case.case}"
+                shown.set_label(label)
+                weighed.announce = lambda kernel, label=label: shown.set_label(f"compiling {kernel} ({label})")
                 result = trace(case.call, facts, host_syncs=case.model is not None)
                 traced.append((case, result))
                 if case.model is not None:
                     model_traces[case.model] = result
                 shown.update()
-    for name in ("pyannote_segmentation", "embedding"):   # the models are reported whatever benches ran
-        if name in wanted:
-            continue
-        try:
-            model_cases = perf_cases(name, facts, quick)
-        except StockModelUnavailable as error:
-            say(f"perf: no {name} model report ({error})")
-            continue
-        for case in model_cases:
-            if case.model is not None:
-                model_traces[case.model] = trace(case.call, facts, host_syncs=True)
+        weighed.announce = None
+        for name in ("pyannote_segmentation", "embedding"):   # the models are reported whatever benches ran
+            if name in wanted:
+                continue
+            try:
+                model_cases = perf_cases(name, facts, quick)
+            except StockModelUnavailable as error:
+                say(f"perf: no {name} model report ({error})")
+                continue
+            for case in model_cases:
+                if case.model is not None:
+                    model_traces[case.model] = trace(case.call, facts, host_syncs=True)
 
     jobs: Dict[int, Any] = {}
     for _case, result in traced:
@@ -267,7 +299,8 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     distinct = set(jobs.values())
     say(f"compiling {len(distinct)} distinct launch configurations for {profile.arch}")
     started = time.perf_counter()
-    compiled = compile_all(distinct, cache_dir=cache_dir, workers=workers)
+    compiled = {job: facts for job, facts in weighed.compiled.items() if job in distinct}
+    compiled.update(compile_all(distinct - set(compiled), cache_dir=cache_dir, workers=workers))
     fresh = sum(1 for c in compiled.values() if not c.cached)
     say(f"compiled {fresh} (cached {len(compiled) - fresh}) in {time.perf_counter() - started:.1f} s")
     for job, facts_of in compiled.items():
@@ -295,6 +328,17 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
         kernels = [estimate(record, compiled.get(jobs[id(record)]), profile) for record in result.records]
         floor_us, est_us, bw_fraction = case_totals(kernels, profile)
         est_low_us, est_high_us = case_range(kernels)
+        # the calls the router sent to the library op run the library's kernels: their estimate is the case's too
+        on_library = None
+        if case.pinned is None:
+            to_library = [route for route in _op_calls(result.routes) if route.backend != "triton"]
+            on_library = library_path(to_library, profile) if to_library else None
+        if on_library is not None:
+            floor_us, est_us, est_low_us, est_high_us = (
+                None if part is None else round(part + on_library[key], 3)
+                for part, key in ((floor_us if kernels else 0.0, "floor_us"), (est_us if kernels else 0.0, "est_us"),
+                                  (est_low_us if kernels else 0.0, "est_low_us"),
+                                  (est_high_us if kernels else 0.0, "est_high_us")))
         notes = []
         if result.error:
             notes.append(f"trace failed: {result.error}")
@@ -311,11 +355,18 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
             errors.append(f"{case.bench} {label}: {problem}")
         report = CaseReport(case.bench, label, shape, backend, candidate, result.launches, floor_us, est_us,
                             bw_fraction, kernels, case.dtype, "; ".join(notes), est_low_us=est_low_us,
-                            est_high_us=est_high_us)
+                            est_high_us=est_high_us, decided_by=_decided_by(case, result.routes),
+                            routed=case.pinned is None,
+                            on_library_us=None if on_library is None else on_library["est_us"])
         report.measured_us = measured.get((case.bench, label, case.dtype, candidate))
-        if case.pinned is None:
-            report.library = library_path(result.routes, profile)
+        report.library = library_path(result.routes, profile)
         reports.append(report)
+    # a row pinned to a candidate runs the op calls of its case: where its trace routed none (the row launches
+    # the candidate directly), the library path of the routed row with its label
+    routed_library = {(r.bench, r.case): r.library for r in reports if r.routed and r.library is not None}
+    for report in reports:
+        if report.library is None and not report.routed:
+            report.library = routed_library.get((report.bench, report.case))
 
     models = []
     for model in ("PyanNet segmentation", "WeSpeaker ResNet34"):
@@ -360,6 +411,8 @@ def format_report(profile, analysis: dict) -> str:
     for case in analysis["cases"]:
         ratio = f"{case.measured_us / case.est_us:.2f}" if case.measured_us and case.est_us else "-"
         detail = case.candidate or ""
+        if case.decided_by:
+            detail = f"{detail} (decided by {case.decided_by})" if detail else f"(decided by {case.decided_by})"
         if case.note:
             detail = f"{detail}  [{case.note}]" if detail else f"[{case.note}]"
         lines.append(f"{case.bench[:22]:22} {case.case[:44]:44} {case.dtype[:8]:8} {case.backend[:7]:7} "
@@ -439,6 +492,8 @@ def run(args: argparse.Namespace) -> int:
     """The perf command on parsed arguments (see add_arguments); returns the exit code."""
     from rlx_triton import devices
 
+    if args.published:
+        return _published(args)
     if args.calibrate:
         try:
             import triton  # noqa: F401
@@ -484,6 +539,31 @@ def run(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(markdown_table(profile, analysis))
     return EXIT_FAILED if analysis["errors"] else EXIT_OK
+
+
+def _published(args: argparse.Namespace) -> int:
+    """The --published command: every row of the file priced, the comparison printed (and written with --json)."""
+    from rlx_triton.json_output import write_json
+    from rlx_triton.perf.published import PublishedFormatError, compare, format_comparison, read_published
+
+    try:
+        rows = read_published(args.published)
+    except (OSError, PublishedFormatError) as error:
+        print(f"rlx-triton perf: --published: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    from rlx_triton.perf.published import TritonPricer
+
+    pricer: Optional[TritonPricer] = None
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        from rlx_triton.perf.published_triton import triton_us as pricer
+    report = compare(rows, pricer)
+    print(format_comparison(report, args.published), file=sys.stderr if args.json == "-" else sys.stdout)
+    write_json(args.json, report)
+    return EXIT_OK
 
 
 def _calibrate(args: argparse.Namespace) -> int:

@@ -28,6 +28,20 @@ _COPIES = (_aten._to_copy.default, _aten.copy_.default)
 _FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor}
 
 
+def meta_copy(value: Any) -> Any:
+    """A meta copy of a call argument: tensors keep shape, strides and dtype (no data); lists, tuples and dicts are
+    copied through; anything else is returned as is."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta")
+    if isinstance(value, list):
+        return [meta_copy(item) for item in value]
+    if type(value) is tuple:
+        return tuple(meta_copy(item) for item in value)
+    if isinstance(value, dict):
+        return {key: meta_copy(item) for key, item in value.items()}
+    return value
+
+
 def _on_device(device) -> bool:
     return device is not None and torch.device(device).type != "cpu"
 

@@ -37,8 +37,12 @@ log = logging.getLogger(__name__)
 TABLE_VERSION = 1
 HEADER_PREFIX = "# rlx_triton tune cache v"
 COLUMNS = (
-    "schema", "family", "profile", "token_bucket", "shape_bucket", "device", "env_mask", "candidate", "last_used_tick"
+    "schema", "family", "profile", "token_bucket", "shape_bucket", "device", "env_mask", "candidate", "last_used_tick",
+    "time_us",
 )
+# the winner's name where the torch library op beat every kernel candidate at the bucket (`rlx-triton tune` times
+# it beside them); the router then sends the bucket's calls to the library op
+LIBRARY_WINNER = "library"
 HEADER = f"{HEADER_PREFIX}{TABLE_VERSION}\t" + "\t".join(COLUMNS)
 _HEADER_VERSION = re.compile(re.escape(HEADER_PREFIX) + r"(\d+)\b")
 _BUCKET_ITEM = re.compile(r"([a-z_][a-z0-9_]*)=(\d+)\Z")
@@ -49,6 +53,11 @@ class TuneCacheEntry:
     key: TuneCacheKey
     tag: str
     tick: int
+    time_us: Optional[float] = None   # the winner's measured time, where the tuning run recorded it
+
+
+def _valid_winner(family: KernelFamily, tag: object) -> bool:
+    return isinstance(tag, str) and (tag == LIBRARY_WINNER or FAMILIES[family].candidate_type.from_tag(tag) is not None)
 
 
 # ---------------------------------------------------------------- row text
@@ -69,6 +78,7 @@ def render_row(entry: TuneCacheEntry) -> str:
     columns = (
         str(key.schema_version), key.family.value, key.precision_profile.value, str(key.token_bucket), shape,
         _escape(key.device_fingerprint), hex(key.env_mask), entry.tag, str(entry.tick),
+        "-" if entry.time_us is None else repr(float(entry.time_us)),
     )
     return "\t".join(columns)
 
@@ -90,14 +100,24 @@ def _hex(text: str) -> int:
     return int(text, 16)
 
 
+def _time(text: str) -> Optional[float]:
+    if text == "-":
+        return None
+    value = float(text)
+    if not (value >= 0 and value != float("inf")):   # rejects NaN, negatives and infinity
+        raise ValueError(text)
+    return value
+
+
 def parse_row(line: str) -> Optional[TuneCacheEntry]:
-    """One row, or None when it is not a row of this table (a legacy row has no tick column)."""
+    """One row, or None when it is not a row of this table (older rows have no tick or time column)."""
     columns = line.split("\t")
-    if len(columns) not in (len(COLUMNS), len(COLUMNS) - 1):
+    if len(columns) not in (len(COLUMNS), len(COLUMNS) - 1, len(COLUMNS) - 2):
         return None
     try:
         schema, family, profile, token_bucket, shape, device, env_mask, tag = columns[:8]
-        tick = _nonnegative(columns[8]) if len(columns) == len(COLUMNS) else 0
+        tick = _nonnegative(columns[8]) if len(columns) > 8 else 0
+        time_us = _time(columns[9]) if len(columns) > 9 else None
         family_value = KernelFamily(family)
         buckets: List[Tuple[str, int]] = []
         if shape != "-":
@@ -117,9 +137,9 @@ def parse_row(line: str) -> Optional[TuneCacheEntry]:
         )
     except ValueError:
         return None
-    if FAMILIES[family_value].candidate_type.from_tag(tag) is None:
+    if not _valid_winner(family_value, tag):
         return None
-    return TuneCacheEntry(key, tag, tick)
+    return TuneCacheEntry(key, tag, tick, time_us)
 
 
 @dataclass(frozen=True)
@@ -235,28 +255,39 @@ class TuneCache:
         return self._path
 
     def lookup(self, key: TuneCacheKey) -> Optional[str]:
-        """The winning candidate tag for `key`, or None; a hit counts as a use for LRU (in memory,
-        written with the next record)."""
+        """The winning candidate tag for `key` (LIBRARY_WINNER where the library op won), or None; a hit
+        counts as a use for LRU (in memory, written with the next record)."""
+        entry = self.lookup_entry(key)
+        return None if entry is None else entry.tag
+
+    def lookup_entry(self, key: TuneCacheKey) -> Optional[TuneCacheEntry]:
+        """The winner's entry for `key` (its tag and, where recorded, its measured time), or None; a use for LRU."""
         with self._lock:
             self._ensure_loaded()
             entry = self._entries.get(key)
             if entry is None:
                 return None
             self._tick += 1
-            self._entries[key] = TuneCacheEntry(key, entry.tag, self._tick)
-            return entry.tag
+            self._entries[key] = TuneCacheEntry(key, entry.tag, self._tick, entry.time_us)
+            return self._entries[key]
 
-    def record(self, key: TuneCacheKey, tag: str) -> None:
-        """Stores `tag` as the winner of `key`, trims, and persists when enabled and the winner changed."""
+    def record(self, key: TuneCacheKey, tag: str, time_us: Optional[float] = None) -> None:
+        """Stores `tag` (a candidate tag of the key's family, or LIBRARY_WINNER) as the winner of `key` with its
+        measured time if given, trims, and persists when enabled and the winner changed."""
         if not isinstance(key, TuneCacheKey):
             raise TypeError(f"key must be a TuneCacheKey, got {type(key).__name__}")
-        if not isinstance(tag, str) or FAMILIES[key.family].candidate_type.from_tag(tag) is None:
-            raise ValueError(f"tag {tag!r} is not a {key.family.value} candidate tag")
+        if not _valid_winner(key.family, tag):
+            raise ValueError(f"tag {tag!r} is not a {key.family.value} candidate tag nor {LIBRARY_WINNER!r}")
+        if time_us is not None:
+            time_us = float(time_us)
+            if not (time_us >= 0 and time_us != float("inf")):
+                raise ValueError(f"time_us must be a finite time >= 0, got {time_us}")
         with self._lock:
             self._ensure_loaded()
-            unchanged = key in self._entries and self._entries[key].tag == tag
+            previous = self._entries.get(key)
+            unchanged = previous is not None and previous.tag == tag and previous.time_us == time_us
             self._tick += 1
-            self._entries[key] = TuneCacheEntry(key, tag, self._tick)
+            self._entries[key] = TuneCacheEntry(key, tag, self._tick, time_us)
             # re-recording the same winner only counts as a use: no file write
             if self.persist and not unchanged:
                 self._persist(key)
@@ -329,7 +360,8 @@ class TuneCache:
                 newest_on_disk = max((e.tick for e in merged.values()), default=0)
                 if newest_on_disk >= self._tick:
                     self._tick = newest_on_disk + 1
-                    self._entries[recorded] = TuneCacheEntry(recorded, self._entries[recorded].tag, self._tick)
+                    mine = self._entries[recorded]
+                    self._entries[recorded] = TuneCacheEntry(recorded, mine.tag, self._tick, mine.time_us)
                 for key, entry in self._entries.items():
                     on_disk = merged.get(key)
                     if on_disk is None or entry.tick >= on_disk.tick:

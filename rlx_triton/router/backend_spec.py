@@ -22,6 +22,9 @@ class BackendSpec:
     op_modules: Tuple[Tuple[str, str], ...] = ()
     # attributes every family module of this backend defines beyond the protocol (e.g. AUDIT_KERNELS)
     module_attributes: Tuple[str, ...] = ()
+    # the module that estimates this backend's time for a routed call (router/speed.py): a kernel backend's
+    # `kernel_us(request, route, call, profile)`, the library's `library_us(request, profile)`; None: no estimate
+    speed_model: Optional[str] = None
 
     def module_name(self, family: str, op: Optional[str] = None) -> str:
         return dict(self.op_modules).get(op, family) if op is not None else family

@@ -17,6 +17,7 @@ SHAPE_UNIMPLEMENTED = "shape-unimplemented"  # op, dtype, range or feature outsi
 WEIGHTS_OUT_OF_CONTRACT = "weights-out-of-contract"  # weights outside the kernel's numeric contract
 NOT_APPROVED = "not-approved"  # no candidate with accuracy evidence for this profile
 NOT_SELECTED = "not-selected"  # another backend was forced
+SLOWER = "slower"  # eligible, but the library op is faster for this call (measured or estimated)
 
 
 @dataclass(frozen=True)

@@ -130,21 +130,24 @@ _routing_as: contextvars.ContextVar[Optional[Tuple[DeviceFacts, frozenset]]] = c
 
 @contextlib.contextmanager
 def routing_as(profile_or_facts: Union[DeviceProfile, DeviceFacts],
-               devices: Tuple[str, ...] = ("meta",)) -> Iterator[DeviceFacts]:
+               devices: Tuple[str, ...] = ("meta",), announce: bool = True) -> Iterator[DeviceFacts]:
     """Inside the block, devices of the profile's kind and of the `devices` types (meta tensors by default;
     "cpu" too to run real CPU tensors as if on the device) report the profile's facts.
 
     Entry and exit announce Change.DEVICE_VIEW, which clears the remembered routes, so no decision made
-    for one device serves another.
+    for one device serves another. announce=False leaves them: for a block that routes nothing of its own (a
+    speed model planning meta copies of a call under a route it was given).
     """
     facts = profile_or_facts if isinstance(profile_or_facts, DeviceFacts) else profile_facts(profile_or_facts)
     token = _routing_as.set((facts, frozenset((facts.kind, *devices))))
-    changed(Change.DEVICE_VIEW)
+    if announce:
+        changed(Change.DEVICE_VIEW)
     try:
         yield facts
     finally:
         _routing_as.reset(token)
-        changed(Change.DEVICE_VIEW)
+        if announce:
+            changed(Change.DEVICE_VIEW)
 
 
 def device_facts(device: Union[torch.device, str, torch.Tensor]) -> DeviceFacts:

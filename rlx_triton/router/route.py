@@ -7,7 +7,9 @@ The rules:
   class, or one per request geometry the family module names: recipe_key), else the plan's default;
   accuracy approval is a separate catalogue, and an unapproved candidate is replaced
   by the family's fp32 candidate if that one is approved, else the backend is skipped;
-- speed evidence only labels a route, it never decides one;
+- coverage and approval make a kernel eligible; among the eligible kernels and the torch library op, speed
+  decides (router/speed.py: measured winner > the perf model's estimate > default), so a routed call is not
+  slower than the op it replaces; a forced backend, strict mode or a pinned candidate takes the kernel;
 - every refusal is typed and falls back to the torch library op, or raises MissingKernel in strict mode.
 
 Decisions are cached per bucketed request signature; a cached decision is re-checked against the
@@ -17,19 +19,23 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple, TypeVar, Union
 
 from rlx_triton.caches import BoundedCache
+from rlx_triton.planner.tune_cache import LIBRARY_WINNER
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
-from rlx_triton.router.coverage import (BACKEND_UNAVAILABLE, NOT_APPROVED, NOT_SELECTED, SHAPE_UNIMPLEMENTED,
+from rlx_triton.router import speed as speed_rules
+from rlx_triton.router.coverage import (BACKEND_UNAVAILABLE, NOT_APPROVED, NOT_SELECTED, SHAPE_UNIMPLEMENTED, SLOWER,
                                         Coverage, Refusal)
 from rlx_triton.router.device import DeviceFacts, device_facts
 from rlx_triton.router.invalidation import Change, forget_on
 from rlx_triton.router.protocol import FamilyModule, KernelFamilyModule
 from rlx_triton.router.request import Request
-from rlx_triton.router.settings import BackendChoice, current_choice
+from rlx_triton.router.settings import BackendChoice, choice_in_block, current_choice
+from rlx_triton.router.speed import Call, Timing
 
 # Evidence labels, strongest first. "Library" marks the torch fallback, "Pinned" a use_candidate pin.
 TUNE_FILE = "TuneFile"
@@ -89,8 +95,16 @@ class Route:
         evidence_detail: the same in words (e.g. "built-in recipe for sm90").
         approval: the Approval (accuracy measured against float64, where it was measured) that lets the
             candidate run; None on torch.
-        speed: a speed measurement for the candidate if one was recorded; a label only, it never decides.
-        skipped: ((backend, Refusal), ...) for every backend tried before this one, with the typed reason.
+        speed: a speed measurement the family module states for the candidate, if any (a label).
+        decided_by: what chose between the eligible kernels and the library op: "measured" (the winner
+            table), "estimated" (the perf model on the device's profile), "default" (no time to compare: the
+            first eligible kernel, or the library where no kernel is eligible) or "forced" (use_backend,
+            strict mode, a pinned candidate).
+        timings: (Timing, ...): each option weighed, the eligible kernels' candidates and the library op, with
+            its measured or estimated time for this call and which one was chosen (empty where nothing was
+            timed or estimated).
+        skipped: ((backend, Refusal), ...) for every backend tried before this one, with the typed reason
+            (kind "slower" where the kernel was eligible and the library op is faster).
         request: the Request routed: family, op, shape fields, dtype, device, features.
         tune_key: the winner-table key of the request's bucket (None on torch).
         module: the backend module whose launcher runs the call (not compared, not printed).
@@ -115,6 +129,8 @@ class Route:
     tune_key: Any = None
     module: Optional[FamilyModule] = field(default=None, compare=False, repr=False)
     execution: Optional[str] = None
+    decided_by: str = speed_rules.DEFAULT
+    timings: Tuple[Timing, ...] = ()
 
     @property
     def skipped_reasons(self) -> Dict[str, Refusal]:
@@ -134,6 +150,9 @@ class Route:
             rows.append(f"  accuracy   {self.approval.label()}")
         if self.speed:
             rows.append(f"  speed      {self.speed} (label only)")
+        rows.append(f"  decided by {self.decided_by}")
+        for timing in self.timings:
+            rows.append(f"  time       {timing}")
         if self.execution:
             rows.append(f"  runs       {self.execution}")
         for name, refusal in self.skipped:
@@ -150,7 +169,16 @@ _cache: BoundedCache[tuple, Tuple[Route, Tuple[Tuple[Coverage, str, bool], ...]]
 _exact: BoundedCache[tuple, Route] = BoundedCache("route_signatures")
 
 
+# Each thread's last exact hit: (generation, signature, choice key, route). A loop calling one op with one
+# signature (a decode step per layer) finds it with one comparison, not the LRU's lock and two hashes; clearing
+# the caches starts a new generation, which no held hit matches.
+_last_hit = threading.local()
+_generation = 0
+
+
 def clear_route_cache() -> None:
+    global _generation
+    _generation += 1
     _cache.clear()
     _exact.clear()
 
@@ -163,22 +191,37 @@ forget_on(Change.DEVICE_VIEW, clear_route_cache)
 def exact_route(signature: tuple) -> Optional[Route]:
     """The route remembered for an op call with exactly this signature under the current choice, if any.
     A route found here is the call's route (the op does not route again), so `recording_routes` records it."""
-    choice = current_choice()
-    # the choice's fields, not the dataclass: its generated __eq__ would run on every hit
-    decided = _exact.get((signature, choice.name, choice.strict, choice.candidate))
-    if decided is not None:
-        sink = _recording.get()
-        if sink is not None:
-            sink.append(decided)
+    forced = _forced.get()
+    if forced is not None:
+        return forced
+    # the thread's last hit holds if its signature is equal, within the same generation (settings changes start a
+    # new one, so outside use_backend blocks the choice is the same) and under the same use_backend block
+    block = choice_in_block()
+    try:
+        last = _last_hit.entry
+    except AttributeError:
+        last = None
+    if last is not None and last[1] == signature and last[2] is block and last[0] == _generation:
+        decided = last[3]
+    else:
+        generation = _generation   # read before the lookup: a clear while it runs leaves a stale hit unmatched
+        # the choice's fields, not the dataclass: its generated __eq__ would run on every hit
+        decided = _exact.get((signature, current_choice().key))
+        if decided is None:
+            return None
+        _last_hit.entry = (generation, signature, block, decided)
+    sink = _recording.get()
+    if sink is not None:
+        sink.append(decided)
     return decided
 
 
 def remember_exact_route(signature: tuple, decided: Route) -> None:
     choice = current_choice()
-    _exact.put((signature, choice.name, choice.strict, choice.candidate), decided)
+    _exact.put((signature, choice.key), decided)
 
 
-def routed_call(signature: Optional[tuple], build_request: Callable[[], Request]) -> Route:
+def routed_call(signature: Optional[tuple], build_request: Callable[[], Request], call: Optional[Call] = None) -> Route:
     """The route of one op call: the one remembered for its exact signature (a repeated call is neither
     validated nor routed again), else `build_request()` (the op's validation and request) routed and
     remembered under the signature. A signature of None (the op could not take one: compiling, unusual
@@ -186,7 +229,11 @@ def routed_call(signature: Optional[tuple], build_request: Callable[[], Request]
 
     The signature must hold everything validation and routing read (rlx_triton.ops._checks.call_signature
     builds it); the backend choice (use_backend, strict mode, a pinned candidate) is added here, and
-    settings or device changes clear the remembered routes with the bucketed ones."""
+    settings or device changes clear the remembered routes with the bucketed ones. `call` (the public op and its
+    arguments) lets a new decision estimate the kernel's time (router/speed.py)."""
+    forced = _forced.get()
+    if forced is not None:
+        return forced
     if signature is not None:
         try:
             decided = exact_route(signature)
@@ -194,7 +241,7 @@ def routed_call(signature: Optional[tuple], build_request: Callable[[], Request]
             signature, decided = None, None
         if decided is not None:
             return decided
-    decided = route(build_request())
+    decided = route(build_request(), call=call)
     if signature is not None:
         remember_exact_route(signature, decided)
     return decided
@@ -227,9 +274,36 @@ def recording_routes() -> Iterator[List[Route]]:
         _recording.reset(token)
 
 
-def route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
-    """The route for a request under the current backend choice (recorded by `recording_routes`)."""
-    decided = _route(request, choice)
+# the route a speed model plans a call under (planning_with): every route lookup of that op returns it
+_forced: contextvars.ContextVar[Optional[Route]] = contextvars.ContextVar("rlx_triton_forced_route", default=None)
+
+
+@contextlib.contextmanager
+def planning_with(decided: Route) -> Iterator[None]:
+    """Inside the block, the op calls of `decided`'s family and op take `decided` without routing, and no route is
+    recorded: how a speed model plans a call's launches on a candidate the router is weighing."""
+    forced_token = _forced.set(decided)
+    recording_token = _recording.set(None)
+    try:
+        yield
+    finally:
+        _recording.reset(recording_token)
+        _forced.reset(forced_token)
+
+
+def planning_route() -> Optional[Route]:
+    """The route `planning_with` holds, or None: an op whose launcher sits behind a custom op calls the launcher
+    directly while it is set (a custom op on meta tensors would only reach its fake, which launches nothing)."""
+    return _forced.get()
+
+
+def route(request: Request, choice: Optional[BackendChoice] = None, call: Optional[Call] = None) -> Route:
+    """The route for a request under the current backend choice (recorded by `recording_routes`). `call`: the
+    public op and its arguments, from which a speed model plans the kernel's launches (router/speed.py)."""
+    forced = _forced.get()
+    if forced is not None and forced.family == request.family and forced.op == request.op:
+        return forced
+    decided = _route(request, choice, call)
     _record(decided)
     return decided
 
@@ -240,7 +314,7 @@ def _record(decided: Route) -> None:
         sink.append(decided)
 
 
-def _route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
+def _route(request: Request, choice: Optional[BackendChoice] = None, call: Optional[Call] = None) -> Route:
     """The route for a request under the current backend choice.
 
     Decisions are cached per bucketed signature; `Route.request` is the request that made the
@@ -257,15 +331,16 @@ def _route(request: Request, choice: Optional[BackendChoice] = None) -> Route:
         fields = request.field_map
         if all(coverage.range_holds(name, fields.get(name, 0)) == verdict for coverage, name, verdict in checks):
             return decided
-        return _decide(request, choice)  # the bucket straddles a range bound: decide this one exactly
-    decided = _decide(request, choice)
+        return _decide(request, choice, call)  # the bucket straddles a range bound: decide this one exactly
+    decided = _decide(request, choice, call)
     return _cache.put(key, (decided, _range_checks(decided)))[0]
 
 
-def _decide(request: Request, choice: BackendChoice) -> Route:
+def _decide(request: Request, choice: BackendChoice, call: Optional[Call] = None) -> Route:
     facts = device_facts(request.device)
     library = registry.library_backend()
     skipped: Dict[str, Refusal] = {}
+    eligible: List[Route] = []
     for spec in registry.backends():
         if spec.is_library:
             continue
@@ -289,20 +364,106 @@ def _decide(request: Request, choice: BackendChoice) -> Route:
         if isinstance(chosen, Refusal):
             skipped[spec.name] = chosen
             continue
-        return Route(backend=spec.name, skipped=tuple(skipped.items()), request=request, module=module,
-                     family=request.family, op=request.op, **chosen)
+        eligible.append(Route(backend=spec.name, skipped=tuple(skipped.items()), request=request, module=module,
+                              family=request.family, op=request.op, **chosen))
 
+    if eligible:
+        if choice.name != "auto" or choice.strict or choice.candidate is not None:
+            return replace(eligible[0], decided_by=speed_rules.FORCED)
+        return _fastest(request, eligible, facts, call)
     if choice.strict and choice.name != library.name:
         raise MissingKernel(request, skipped)
-    fallback = registry.family_module(library.name, request.family, request.op)
     if choice.name == library.name:
         detail = f"backend {library.name!r} was requested"
     elif skipped:
         detail = "no kernel took the request; see skipped"
     else:
         detail = "no kernel backend is registered"
+    return _library_route(request, detail, skipped,
+                          speed_rules.FORCED if choice.name == library.name else speed_rules.DEFAULT, ())
+
+
+def _library_route(request: Request, detail: str, skipped: Mapping[str, Refusal], decided_by: str,
+                   timings: Tuple[Timing, ...]) -> Route:
+    library = registry.library_backend()
+    fallback = registry.family_module(library.name, request.family, request.op)
     return Route(family=request.family, op=request.op, backend=library.name, evidence=LIBRARY,
-                 evidence_detail=detail, skipped=tuple(skipped.items()), request=request, module=fallback)
+                 evidence_detail=detail, skipped=tuple(skipped.items()), request=request, module=fallback,
+                 decided_by=decided_by, timings=timings)
+
+
+def _fastest(request: Request, eligible: List[Route], facts: DeviceFacts, call: Optional[Call]) -> Route:
+    """Among the eligible kernel routes and the library op, the fastest by the strongest evidence there is
+    (router/speed.py): a winner-table winner, else the speed models' estimates, else the first kernel."""
+    library = registry.library_backend()
+    winners = [(decided, _winner_entry(decided)) for decided in eligible]
+    measured = [(decided, entry) for decided, entry in winners if entry is not None]
+    if measured:
+        decided, entry = measured[0]
+        timings: Tuple[Timing, ...]
+        if entry.tag == LIBRARY_WINNER:
+            timings = (Timing(library.name, None, entry.time_us, speed_rules.MEASURED, True, "winner table"),)
+        else:
+            timings = (Timing(decided.backend, entry.tag, entry.time_us, speed_rules.MEASURED, True, "winner table"),)
+        if entry.tag == LIBRARY_WINNER:
+            return _library_route(request, f"faster than every {decided.backend} candidate in the winner table "
+                                           f"(rlx-triton tune)", _slower(decided, "the winner table names the "
+                                           "library op for this bucket"), speed_rules.MEASURED, timings)
+        return replace(decided, decided_by=speed_rules.MEASURED, timings=timings)
+    profile = _profile_of(facts)
+    library_model = speed_rules.speed_model(library.speed_model) if profile is not None else None
+    library_us = library_model.library_us(request, profile) if library_model is not None else None
+    if library_us is None:
+        return eligible[0]
+    options = []
+    for decided in eligible:
+        model = speed_rules.speed_model(registry.backend(decided.backend).speed_model)
+        kernel_us = model.kernel_us(request, decided, call, profile) if model is not None else None
+        options.append((decided, kernel_us))
+    timed = [(decided, us) for decided, us in options if us is not None]
+    if not timed:
+        return eligible[0]
+    label = f"{'calibrated' if profile.calibrated else 'uncalibrated'} estimate, {profile.key} profile"
+    best, best_us = min(timed, key=lambda option: option[1])
+    take_library = library_us < best_us
+    timings = tuple(Timing(decided.backend, decided.candidate_tag, us,
+                           speed_rules.ESTIMATED if us is not None else None, not take_library and decided is best,
+                           label if us is not None else "no launch plan")
+                    for decided, us in options)
+    timings += (Timing(library.name, None, library_us, speed_rules.ESTIMATED, take_library, label),)
+    if take_library:
+        why = f"estimated {best_us:.1f} us, the library op {library_us:.1f} us"
+        return _library_route(request, f"faster than {best.backend} {best.candidate_tag} ({why})",
+                              _slower(best, why), speed_rules.ESTIMATED, timings)
+    return replace(best, decided_by=speed_rules.ESTIMATED, timings=timings)
+
+
+def _slower(decided: Route, why: str) -> Dict[str, Refusal]:
+    """The refusals of a kernel route the library op beat: what it skipped, and its own "slower" refusal."""
+    skipped = dict(decided.skipped)
+    skipped[decided.backend] = Refusal(SLOWER, f"{decided.candidate_tag}: {why}")
+    return skipped
+
+
+def _winner_entry(decided: Route) -> Any:
+    """The winner-table entry of a kernel route's bucket, where the table is read and holds one."""
+    from rlx_triton.router import plans
+
+    if decided.tune_key is None or not plans.plan_for(decided.family, plans.current_profile()).tune_policy.cache_load:
+        return None
+    entry = plans.winner_table().lookup_entry(decided.tune_key)
+    if entry is None or (entry.tag != LIBRARY_WINNER and entry.tag != decided.candidate_tag):
+        return None   # a candidate the approvals replaced is no measurement of the route's candidate
+    return entry
+
+
+def _profile_of(facts: DeviceFacts) -> Any:
+    """The device profile that prices calls on this device (a CUDA GPU with a profile), or None."""
+    if facts.kind != "cuda":
+        return None
+    from rlx_triton.devices import profile_for_name
+
+    return profile_for_name(facts.name)
 
 
 def _choose_candidate(backend_name: str, module: KernelFamilyModule, request: Request, facts: DeviceFacts,
@@ -412,7 +573,7 @@ def explain(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Route:
     if build is None:
         raise TypeError(f"explain: {getattr(op, '__name__', op)!r} is not an rlx_triton op")
     request = build(*args, **kwargs)
-    decided = route(request)
+    decided = route(request, call=lambda: (op, args, kwargs))
     if decided.request != request:
         decided = replace(decided, request=request)
     runs = getattr(decided.module, "explain_execution", None) if decided.candidate is not None else None

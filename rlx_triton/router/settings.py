@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Tuple
 
-from rlx_triton.config import BACKEND_NAMES, settings
+from rlx_triton.config import BACKEND_NAMES, Settings, settings
 
 
 @dataclass(frozen=True)
@@ -14,18 +14,32 @@ class BackendChoice:
     name: str  # auto | triton | metal | torch
     strict: bool
     candidate: Optional[str] = None  # a pinned candidate tag (tuning and sweeps); still needs approval
+    # (name, strict, candidate): what a route cache keys a choice by, made once (every op call reads it)
+    key: Tuple[str, bool, Optional[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.name, self.strict, self.candidate))
 
 
 _choice: contextvars.ContextVar[Optional[BackendChoice]] = contextvars.ContextVar("rlx_triton_backend", default=None)
+# the innermost use_backend's choice, or None outside every block (where the settings choose): the route cache's
+# per-thread hit compares it by identity instead of building the current choice
+choice_in_block = _choice.get
+# the choice the settings make outside any use_backend block, with the settings it was made from
+_default_choice: Optional[Tuple[Settings, BackendChoice]] = None
 
 
 def current_choice() -> BackendChoice:
     """The innermost `use_backend` of this context, else RLX_TRITON_BACKEND / RLX_TRITON_STRICT."""
+    global _default_choice
     choice = _choice.get()
     if choice is not None:
         return choice
     env = settings()
-    return BackendChoice(env.backend, env.strict)
+    made = _default_choice
+    if made is None or made[0] is not env:
+        made = _default_choice = (env, BackendChoice(env.backend, env.strict))
+    return made[1]
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Pre-tuning: approved candidates are timed one by one and the fastest becomes the bucket's winner."""
+"""Pre-tuning: approved candidates and the library op are timed one by one; the fastest becomes the bucket's winner."""
 import pytest
 import torch
 
@@ -28,20 +28,27 @@ def test_tuning_where_no_kernel_backend_runs_is_refused():
         tune.tune_model("wespeaker", device="cpu", progress=False)
 
 
-def test_tuning_records_the_fastest_approved_candidate(tmp_path, monkeypatch):
-    # a tiny segdense case keeps the interpreter run short; every approved candidate is timed
+def test_tuning_times_every_approved_candidate_and_the_library_op_and_records_the_fastest(tmp_path, monkeypatch):
+    # a tiny segdense case keeps the interpreter run short; every approved candidate is timed, and the library op
+    from rlx_triton.planner.tune_cache import LIBRARY_WINNER
+    from rlx_triton.router import recording_routes
+
     monkeypatch.setitem(tune.MODEL_SHAPES, "tiny", [tune._segdense_case(5, 8, 16, 3)])
     with override_settings(interpret=True, tune_cache_path=str(tmp_path / "t.tsv"), tune_cache_load=True,
                            tune_cache_persist=True):
         summary = tune.tune_model("tiny", device="cpu", progress=False)
         result = summary["results"][0]
         assert result["backend"] == "triton"
+        assert LIBRARY_WINNER in result["ms"] and len(result["ms"]) >= 3
         assert result["winner"] == min(result["ms"], key=result["ms"].get)
-        assert len(result["ms"]) >= 2
         clear_route_cache()
-        from rlx_triton.router import recording_routes
-
         with recording_routes() as seen:
             tune.MODEL_SHAPES["tiny"][0][1](torch.device("cpu"))()
+    # the winner routes the bucket: the library op (on a CPU it beats the interpreter), or the winning candidate
+    assert seen[0].decided_by == "measured"
+    if result["winner"] == LIBRARY_WINNER:
+        assert seen[0].backend == "torch"
+    else:
         assert seen[0].evidence == "TuneFile" and seen[0].candidate_tag == result["winner"]
+    assert seen[0].timings[0].time_us == pytest.approx(result["ms"][result["winner"]] * 1e3, abs=0.1)   # ms to 4 places
     assert summary["entries"] >= 1 and (tmp_path / "t.tsv").exists()

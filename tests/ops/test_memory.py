@@ -49,6 +49,8 @@ def test_ten_thousand_calls_with_ever_new_shapes_keep_caches_and_resident_memory
     gc.collect()
     growth = _resident_bytes() - start
     sizes = caches.sizes()
-    assert sizes["route_signatures"][0] == caches.LIMITS["route_signatures"]   # full, and no further
+    # every KV length of a head dim after its bucket's first is a decode step that reuses the bucket's route
+    # without remembering its own signature: 2 signatures per (head dim, bucket) of 8 buckets
+    assert sizes["route_signatures"][0] == min(100 * 8 * 2, caches.LIMITS["route_signatures"])
     assert all(unpinned <= limit for unpinned, _, limit in sizes.values()), sizes
     assert growth <= GROWTH_BOUND_BYTES, f"resident memory grew by {growth / 2**20:.1f} MiB"

@@ -496,6 +496,27 @@ def test_a_new_kv_length_in_the_same_bucket_reuses_the_decision(monkeypatch):
     assert len(first) == 1 and len(other) == 1 and other[0] is not first[0]
 
 
+def test_decode_steps_in_a_known_bucket_are_not_remembered_one_by_one():
+    from rlx_triton import caches
+    from rlx_triton.router import clear_route_cache
+
+    clear_route_cache()
+    q, cache = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 64, 16)
+    for length in range(33, 65):   # one bucket: its first call is remembered, with the bucket, and no step after it
+        rt.scaled_dot_product_attention(q, cache[:, :, :length], cache[:, :, :length])
+    assert caches.sizes()["route_signatures"][0] == 2
+
+
+def test_a_remembered_kernel_route_still_checks_key_and_value_dtype():
+    q, k, v = qkv(1, 2, 1, 16, seq_kv=9)
+    with rt.use_backend("triton", strict=True):
+        rt.scaled_dot_product_attention(q, k, v)
+        with pytest.raises(ValueError, match="same dtype"):
+            rt.scaled_dot_product_attention(q, k.double(), v)
+        with pytest.raises(ValueError, match="same dtype"):
+            rt.scaled_dot_product_attention(q, k, v.half())
+
+
 def test_the_kv_length_is_still_checked_when_its_bucket_is_known():
     q, cache = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 64, 16)
     rt.scaled_dot_product_attention(q, cache[:, :, :40], cache[:, :, :40])

@@ -7,8 +7,8 @@ from rlx_triton import perf
 from rlx_triton.devices import profile
 
 TOP_KEYS = ["device", "calibrated", "profile", "assumptions", "cases", "models"]
-CASE_KEYS = ["bench", "case", "shape", "backend", "candidate", "launches", "floor_us", "est_us", "est_low_us",
-             "est_high_us", "bw_fraction", "kernels"]
+CASE_KEYS = ["bench", "case", "shape", "backend", "candidate", "routed", "decided_by", "launches", "floor_us",
+             "est_us", "est_low_us", "est_high_us", "on_library_us", "bw_fraction", "kernels"]
 MODEL_KEYS = ["model", "launches_per_forward", "host_syncs_per_forward"]
 
 
@@ -34,9 +34,13 @@ def test_the_json_has_exactly_the_agreed_keys(lstm_report):
     assert code == 0
     assert list(report) == TOP_KEYS
     assert report["device"] == "h200" and report["calibrated"] is False and report["assumptions"]
-    assert report["cases"] and all(list(case) == CASE_KEYS for case in report["cases"][1:])
-    # the routed case also carries the library path estimate (cuDNN's LSTM states its kernels)
-    assert list(report["cases"][0]) == CASE_KEYS + ["library_estimate"]
+    # every case carries the library path estimate of its op calls (cuDNN's LSTM states its kernels), the rows
+    # pinned to a candidate too: they run the same call
+    assert report["cases"] and all(list(case) == CASE_KEYS + ["library_estimate"] for case in report["cases"])
+    # the routed case first, then the rows pinned to a candidate (forced, not the router's choice)
+    assert report["cases"][0]["routed"] is True and report["cases"][0]["decided_by"] in ("estimated", "default")
+    assert all(case["routed"] is False and case["decided_by"] == "forced" for case in report["cases"][1:])
+    assert len({json.dumps(case["library_estimate"], sort_keys=True) for case in report["cases"]}) == 1
     assert [list(model) for model in report["models"]] == [MODEL_KEYS, MODEL_KEYS]
 
 

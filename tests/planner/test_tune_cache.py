@@ -87,7 +87,7 @@ def test_row_text_round_trip_keeps_ticks():
     entry = tc.TuneCacheEntry(key(3, 7), PARTIAL, 42)
     row = tc.render_row(entry)
     assert row.split("\t") == ["1", "sdpa_decode", "balanced", "3", "m_bucket=0,seq_kv_bucket=7", "sm90", "0x10",
-                               PARTIAL, "42"]
+                               PARTIAL, "42", "-"]
     assert tc.parse_row(row) == entry
 
 
@@ -107,11 +107,33 @@ def test_unencodable_fingerprint_is_kept_in_memory(path, caplog):
 
 def test_legacy_rows_without_tick_load_with_tick_zero(path):
     os.makedirs(os.path.dirname(path))
-    legacy = "\t".join(tc.render_row(tc.TuneCacheEntry(key(4), PARTIAL, 9)).split("\t")[:-1])
-    with open(path, "w") as handle:  # a file without the header and the tick column
+    legacy = "\t".join(tc.render_row(tc.TuneCacheEntry(key(4), PARTIAL, 9)).split("\t")[:-2])
+    with open(path, "w") as handle:  # a file without the header, the tick and the time columns
         handle.write(legacy + "\n")
     table = TuneCache(path)
     assert [(e.tag, e.tick) for e in table.entries()] == [(PARTIAL, 0)]
+
+
+def test_rows_without_a_time_column_load_with_no_time(path):
+    os.makedirs(os.path.dirname(path))
+    older = "\t".join(tc.render_row(tc.TuneCacheEntry(key(4), PARTIAL, 9, 12.5)).split("\t")[:-1])
+    with open(path, "w") as handle:  # a row written before the table recorded winners' times
+        handle.write(older + "\n")
+    assert [(e.tag, e.tick, e.time_us) for e in TuneCache(path).entries()] == [(PARTIAL, 9, None)]
+
+
+def test_the_library_op_can_be_the_winner_with_its_time(path):
+    table = TuneCache(path)
+    table.record(key(4), tc.LIBRARY_WINNER, time_us=7.25)
+    assert table.lookup(key(4)) == tc.LIBRARY_WINNER
+    reloaded = TuneCache(path).lookup_entry(key(4))
+    assert (reloaded.tag, reloaded.time_us) == (tc.LIBRARY_WINNER, 7.25)
+
+
+@pytest.mark.parametrize("time_us", [-1.0, float("nan"), float("inf")])
+def test_a_winner_time_must_be_a_finite_time(path, time_us):
+    with pytest.raises(ValueError, match="time_us"):
+        TuneCache(path).record(key(4), PARTIAL, time_us=time_us)
 
 
 def test_legacy_sdpa_tags_without_tile_fields_are_accepted(path):

@@ -85,9 +85,9 @@ def routed():
     calls = []
     original = route_module.route
 
-    def counting(request, choice=None):
+    def counting(request, choice=None, call=None):
         calls.append(request)
-        return original(request, choice)
+        return original(request, choice, call)
 
     clear_route_cache()
     route_module.route = counting

@@ -35,4 +35,4 @@ def probe(facts) -> "str | None":
 
 # what the router registers (rlx_triton.backends.SPECS)
 SPEC = BackendSpec(name="triton", precedence=0, package=__name__, families=FAMILIES, op_modules=OP_MODULES,
-                   module_attributes=MODULE_ATTRIBUTES, probe=probe)
+                   module_attributes=MODULE_ATTRIBUTES, probe=probe, speed_model="rlx_triton.perf.route_estimate")

@@ -414,6 +414,19 @@ def planning() -> contextlib.AbstractContextManager:
     return recording(execute=False)
 
 
+@contextlib.contextmanager
+def planning_apart() -> Iterator[LaunchLog]:
+    """A plan built inside an enclosing recording without entering it: the block's records go to its own log
+    only (how the router's speed model plans a call while `rlx-triton perf` traces the call that routes)."""
+    log = LaunchLog(execute=False)
+    token = _logs.set((log,))
+    try:
+        with _observing_kernel_launches():
+            yield log
+    finally:
+        _logs.reset(token)
+
+
 # the Triton interpreter patches triton.language while a kernel runs, so interpreted launches from several
 # threads run one at a time (compiled launches take no lock)
 _interpreted_launch = threading.RLock()
