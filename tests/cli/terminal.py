@@ -25,6 +25,9 @@ def run_in_terminal(argv: Sequence[str], *, columns: int = 80, ctrl_c_after: Opt
     pid, master = pty.fork()
     if pid == 0:  # the child: file descriptors 0, 1 and 2 are the terminal
         try:
+            # a user's shell starts commands with Ctrl-C at its default; the test process may have had SIGINT
+            # ignored by a library it ran earlier, and an ignored signal stays ignored across exec
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
             os.execvpe(argv[0], list(argv), env if env is not None else os.environ)
         finally:
