@@ -33,7 +33,7 @@ from rlx_triton.ops._checks import check_is_tensor, needs_grad
 from rlx_triton.ops._request_spec import Derived, Feature, RequestSpec, flag
 from rlx_triton.planner import KernelFamily
 from rlx_triton.router import Request, route, routed_op
-from rlx_triton.router.route import Route, exact_route, planning_route, remember_exact_route
+from rlx_triton.router.route import Route, exact_route, planning_route, remember_exact_route, unrecord
 from rlx_triton.router.speed import Call
 
 _FAMILY = KernelFamily.SDPA_DECODE.value
@@ -91,6 +91,13 @@ def _causal_bias(attn_mask, is_causal: bool, query, key) -> Tuple[Optional[torch
     return None, False, True
 
 
+# A call's remembered signature: (query, key and value shapes, query's dtype and device, dropout_p, is_causal,
+# the scale's type, enable_gqa, lower_right, the mask's (shape, dtype, device, requires_grad) or None), and
+# NEEDS_GRAD after it where autograd records the call (those calls are remembered apart: see the wrapper)
+_MASK_FIELD = 10
+NEEDS_GRAD = "needs-grad"
+
+
 def _kv_bucket_signature(signature: tuple) -> Optional[tuple]:
     """The call's signature with the KV length S replaced by its power-of-two bucket: calls that differ only
     in S within one bucket share their route (what a decode step changes). None where S is 0 or the key is
@@ -101,11 +108,11 @@ def _kv_bucket_signature(signature: tuple) -> Optional[tuple]:
     seq_kv = k_shape[-2]
     if seq_kv < 1:
         return None
-    mask = signature[-1]
+    mask = signature[_MASK_FIELD]
     if mask is not None:  # its last dim is S or 1
         mask = (mask[0][:-1], mask[0][-1] == 1) + mask[1:]
     return ("kv-bucket", q_shape, k_shape[:-2], k_shape[-1], v_shape[:-2], v_shape[-1], (seq_kv - 1).bit_length(),
-            signature[3:-1], mask)
+            signature[3:_MASK_FIELD], mask, signature[_MASK_FIELD + 1:])
 
 
 def _same_dtype_and_device(query, key, value) -> bool:
@@ -340,21 +347,29 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if scale is not None and not isinstance(scale, float):
         scale = scale_value(scale, "scaled_dot_product_attention")
     compiling = torch.compiler.is_compiling()
-    signature = decided = None
+    signature: Optional[tuple] = None
+    decided = None
     if not compiling:
         # a signature seen before is neither validated nor routed again (nested tensors are never remembered).
         # Built inline, as this is what every repeated call pays, it holds what routing reads (the scale's type,
-        # not its value) and what validation reads except key's and value's dtype and device: those must equal
-        # query's, which torch's own op checks on the library route, and a kernel route checks below
+        # not its value) and what validation reads, except what torch's op checks itself and only a kernel
+        # route needs checked here: key's and value's dtype and device (query's), and whether autograd records
+        # the call (it then goes to torch's op, remembered under the signature with NEEDS_GRAD)
         try:
-            signature = (query.shape, key.shape, value.shape, query.dtype, query.device,
-                         torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad),
-                         dropout_p, is_causal, type(scale), enable_gqa, lower_right,
+            signature = (query.shape, key.shape, value.shape, query.dtype, query.device, dropout_p, is_causal,
+                         type(scale), enable_gqa, lower_right,
                          None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
                                                          attn_mask.requires_grad))
             decided = exact_route(signature)
-            if decided is not None and decided.backend != "torch" and not _same_dtype_and_device(query, key, value):
-                signature = decided = None   # validated below: the error names the argument
+            if decided is None or decided.backend != "torch":
+                if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+                    if decided is not None:
+                        unrecord(decided)   # the kernel route of the same call without autograd
+                    signature = signature + (NEEDS_GRAD,)
+                    decided = exact_route(signature)
+                if decided is not None and decided.backend != "torch" and \
+                        not _same_dtype_and_device(query, key, value):
+                    signature = decided = None   # validated below: the error names the argument
         except (AttributeError, RuntimeError):  # not tensors (validation will say so), or a strided nested tensor
             signature = None
         except TypeError:  # an unhashable value: validation will say what is wrong

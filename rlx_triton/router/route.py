@@ -216,6 +216,14 @@ def exact_route(signature: tuple) -> Optional[Route]:
     return decided
 
 
+def unrecord(decided: Route) -> None:
+    """Takes back the last route `exact_route` recorded, where it is `decided`: an op that looked up a route
+    and then found the call is not the one it was remembered for (it looks again under another signature)."""
+    sink = _recording.get()
+    if sink and sink[-1] is decided:
+        sink.pop()
+
+
 def remember_exact_route(signature: tuple, decided: Route) -> None:
     choice = current_choice()
     _exact.put((signature, choice.key), decided)

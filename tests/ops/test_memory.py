@@ -32,6 +32,9 @@ def one_intra_op_thread():
 
 
 def test_ten_thousand_calls_with_ever_new_shapes_keep_caches_and_resident_memory_bounded(one_intra_op_thread):
+    from rlx_triton.router import clear_route_cache
+
+    clear_route_cache()   # the count below is this test's
     generator = torch.Generator().manual_seed(0)
     # 100 KV lengths x 100 head dims: every call a new exact signature, each tensor at most 1600 values
     query = torch.randn(1, 2, 1, 100, generator=generator)

@@ -517,6 +517,19 @@ def test_a_remembered_kernel_route_still_checks_key_and_value_dtype():
             rt.scaled_dot_product_attention(q, k, v.half())
 
 
+def test_a_call_autograd_records_after_a_kernel_call_of_its_shape_goes_to_torch_and_back():
+    q, k, v = qkv(1, 2, 1, 16, seq_kv=9)
+    with rt.use_backend("triton"):
+        assert rt.explain(rt.scaled_dot_product_attention, q, k, v).backend == "triton"
+        rt.scaled_dot_product_attention(q, k, v)
+        leaf = q.clone().requires_grad_()
+        routes, out = _routes_of(lambda: rt.scaled_dot_product_attention(leaf, k, v))
+        out.sum().backward()
+        again, _ = _routes_of(lambda: rt.scaled_dot_product_attention(q, k, v))
+    assert routes[0].backend == "torch" and leaf.grad is not None
+    assert again[0].backend == "triton"
+
+
 def test_the_kv_length_is_still_checked_when_its_bucket_is_known():
     q, cache = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 64, 16)
     rt.scaled_dot_product_attention(q, cache[:, :, :40], cache[:, :, :40])
