@@ -242,9 +242,8 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
     progress: a callable taking a message; with it, the cases are counted off on stderr one by one
     (rlx_triton.progress.Progress) and each phase after them says what it did. quick: the case lists a quick
     bench run measures (what --calibrate reads from a quick run)."""
-    from rlx_triton.perf import route_estimate
     from rlx_triton.perf.benches import perf_cases
-    from rlx_triton.perf.compiled import CompileJob, compile_all
+    from rlx_triton.perf.compiled import CompileJob, compile_all, compiling
     from rlx_triton.perf.stock_models import StockModelUnavailable
     from rlx_triton.perf.launch_estimate import estimate
     from rlx_triton.perf.roofline import ASSUMPTIONS, case_range, case_totals
@@ -266,9 +265,10 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
         except StockModelUnavailable as error:
             errors.append(f"{name}: {error}")
     # routing a case as on the profile weighs its kernel against the library op, which compiles the kernel's
-    # launches (rlx_triton.perf.route_estimate): into this command's cache, the progress label saying so
+    # launches (rlx_triton.perf.route_estimate), in this process: into this command's cache, the progress label
+    # saying so
     with Progress(sum(map(len, cases_of.values())), "perf", unit="case", enabled=progress is not None) as shown, \
-            route_estimate.compiling(cache_dir) as weighed:
+            compiling(cache_dir) as weighed:
         for name, cases in cases_of.items():
             for case in cases:
                 label = f"{name} {case.case}"

@@ -16,14 +16,17 @@ the triton version.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import contextvars
 import hashlib
 import importlib
 import json
 import os
 import re
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 CACHE_VERSION = 2
 
@@ -259,3 +262,69 @@ def compile_all(jobs: Iterable[CompileJob], cache_dir: Optional[str] = None, wor
     except KeyboardInterrupt as stop:
         raise Interrupted(list(results.values()), len(unique), getattr(stop, "exit_code", 130)) from None
     return results
+
+
+# In-process compiles, for what plans a call while it runs (the router's speed estimate, the LSTM's co-residency
+# check on meta tensors): one at a time, and never in a worker process (a user's script without a __main__ guard
+# would run again in a spawned one).
+_compiling = threading.Lock()
+
+
+@dataclass
+class CompileSetting:
+    """Where the configurations compiled in process inside a `compiling` block keep their results: `cache_dir` (None: no disk
+    cache, only `compiled`, this block's own), and who hears of each compile (`announce`, given the kernel's name)."""
+
+    cache_dir: Optional[str]
+    announce: Optional[Callable[[str], None]] = None
+    compiled: Dict[Any, Any] = field(default_factory=dict)
+
+
+_setting: contextvars.ContextVar[Optional[CompileSetting]] = contextvars.ContextVar("rlx_triton_estimate_compiles",
+                                                                                    default=None)
+
+
+@contextlib.contextmanager
+def compiling(cache_dir: Optional[str], announce: Optional[Callable[[str], None]] = None) -> Iterator[CompileSetting]:
+    """Inside the block, what `compiled_in_process` compiles (a route decision's estimate, the LSTM's co-residency
+    check) uses `cache_dir` (None: none on disk; `rlx-triton
+    perf --no-cache`) and announce each compile; the block's value holds every configuration compiled in it, so the
+    caller can reuse them. Outside any block: the default disk cache (rlx_triton.perf.compiled.default_cache_dir)."""
+    setting = CompileSetting(cache_dir, announce)
+    token = _setting.set(setting)
+    try:
+        yield setting
+    finally:
+        _setting.reset(token)
+
+
+def compiled_in_process(jobs, *, interpreted_in_a_worker: bool = False) -> Dict[Any, Any]:
+    """Each distinct job's compiled facts: held by the enclosing `compiling` block, read from the disk cache, or
+    compiled here, as the JIT compiles a kernel before its first launch. A kernel this process made for triton's
+    interpreter (TRITON_INTERPRET=1 when its module was imported, with the helpers it calls) does not compile
+    here: where `interpreted_in_a_worker` (a test process planning as on a GPU) a configuration that fails here is
+    compiled again in one worker process, else it is reported as not compiled."""
+    setting = _setting.get()
+    cache_dir = default_cache_dir() if setting is None else setting.cache_dir
+    held = {} if setting is None else setting.compiled
+    compiled = {}
+    for job in dict.fromkeys(jobs):
+        facts = held.get(job)
+        try:   # an interpreted kernel has no cache key here: that is a failed compile too
+            if facts is None and cache_dir is not None:
+                facts = read_cached(job, cache_dir)
+        except Exception as error:
+            facts = Compiled(ok=False, error=f"{type(error).__name__}: {error}")
+        if facts is None or not facts.ok:
+            if facts is None:
+                if setting is not None and setting.announce is not None:
+                    setting.announce(job.qualname)
+                with _compiling:
+                    facts = compile_job(job, cache_dir)
+            if not facts.ok:
+                if not interpreted_in_a_worker:
+                    compiled[job] = facts
+                    continue   # not held: a worker may compile it for whoever asks next
+                facts = compile_all([job], cache_dir=cache_dir, workers=1)[job]
+        compiled[job] = held[job] = facts
+    return compiled

@@ -16,10 +16,7 @@ process runs on a GPU), where the router keeps its default.
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -62,68 +59,14 @@ def plan_call(call, decided, facts) -> Optional[List[Any]]:
     return list(log.records)
 
 
-# compiles in this process one at a time: a route decision never starts a process (a user's script without a
-# __main__ guard would run again in a spawned one)
-_compiling = threading.Lock()
-
-
-@dataclass
-class CompileSetting:
-    """Where the estimates compiled inside a `compiling` block keep their results: `cache_dir` (None: no disk
-    cache, only `compiled`, this block's own), and who hears of each compile (`announce`, given the kernel's name)."""
-
-    cache_dir: Optional[str]
-    announce: Optional[Callable[[str], None]] = None
-    compiled: Dict[Any, Any] = field(default_factory=dict)
-
-
-_setting: contextvars.ContextVar[Optional[CompileSetting]] = contextvars.ContextVar("rlx_triton_estimate_compiles",
-                                                                                    default=None)
-
-
-@contextlib.contextmanager
-def compiling(cache_dir: Optional[str], announce: Optional[Callable[[str], None]] = None) -> Iterator[CompileSetting]:
-    """Inside the block, the estimates a route decision compiles use `cache_dir` (None: none on disk; `rlx-triton
-    perf --no-cache`) and announce each compile; the block's value holds every configuration compiled in it, so the
-    caller can reuse them. Outside any block: the default disk cache (rlx_triton.perf.compiled.default_cache_dir)."""
-    setting = CompileSetting(cache_dir, announce)
-    token = _setting.set(setting)
-    try:
-        yield setting
-    finally:
-        _setting.reset(token)
-
-
-def _compiled_facts(jobs) -> Dict[Any, Any]:
-    """Each distinct job's compiled facts: held by the enclosing `compiling` block, read from the disk cache, or
-    compiled here, as the JIT compiles a kernel before its first launch."""
-    from rlx_triton.perf.compiled import compile_job, default_cache_dir, read_cached
-
-    setting = _setting.get()
-    cache_dir = default_cache_dir() if setting is None else setting.cache_dir
-    held = {} if setting is None else setting.compiled
-    compiled = {}
-    for job in dict.fromkeys(jobs):
-        facts = held.get(job)
-        if facts is None and cache_dir is not None:
-            facts = read_cached(job, cache_dir)
-        if facts is None:
-            if setting is not None and setting.announce is not None:
-                setting.announce(job.qualname)
-            with _compiling:
-                facts = compile_job(job, cache_dir)
-        compiled[job] = held[job] = facts
-    return compiled
-
-
 def estimate_records(records, profile) -> Optional[float]:
-    """The records' summed estimate (each configuration compiled once: `_compiled_facts`); None if any
-    configuration fails."""
-    from rlx_triton.perf.compiled import CompileJob
+    """The records' summed estimate (each configuration compiled once, in this process:
+    perf.compiled.compiled_in_process); None if any configuration fails."""
+    from rlx_triton.perf.compiled import CompileJob, compiled_in_process
     from rlx_triton.perf.launch_estimate import estimate
 
     jobs = [CompileJob.of(record, profile.arch_number) for record in records]
-    compiled = _compiled_facts(jobs)
+    compiled = compiled_in_process(jobs)
     total = 0.0
     for record, job in zip(records, jobs):
         estimated = estimate(record, compiled.get(job), profile)

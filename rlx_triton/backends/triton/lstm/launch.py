@@ -122,10 +122,10 @@ def _compiled_resources(record: Launch, facts) -> Tuple[int, int, int]:
                 compiled._init_handles()
         resources = (int(compiled.n_regs), int(compiled.metadata.shared), int(compiled.metadata.num_warps))
     else:
-        from rlx_triton.perf.compiled import CompileJob, compile_all, default_cache_dir
+        from rlx_triton.perf.compiled import CompileJob, compiled_in_process
 
         job = CompileJob.of(record, arch)
-        compiled = compile_all([job], cache_dir=default_cache_dir(), workers=1)[job]
+        compiled = compiled_in_process([job], interpreted_in_a_worker=True)[job]
         if not compiled.ok:
             raise RuntimeError(f"{record.name} does not compile for sm_{arch}: {compiled.error}")
         resources = (compiled.registers, compiled.shared, compiled.num_warps)
