@@ -1,10 +1,11 @@
-"""The `rlx-triton` command (also `python -m rlx_triton`): info, explain, tune, audit, bench, perf.
+"""The `rlx-triton` command (also `python -m rlx_triton`): info, explain, tune, audit, bench, perf, diarize.
 
 Exit codes: 0 success, 1 the command ran and found a failure (audit, a failing benchmark), 2 a usage
 error or nothing the command can do on this machine (e.g. tuning where no kernel backend runs),
 always with one line on stderr that says what is valid. `--json PATH` means the same in every
 command: the machine-readable result goes to PATH, or to stdout alone with `--json -`.
-Progress of tune, audit and bench goes to stderr (rlx_triton/progress.py). The first Ctrl-C (or a
+`diarize` exits 1 when any file failed (rlx_triton/cli_diarize.py).
+Progress of tune, audit, bench and diarize goes to stderr (rlx_triton/progress.py). The first Ctrl-C (or a
 SIGTERM, as `timeout` sends) stops a command: what had finished is summarised, exit code 130 (143).
 
 This module imports neither torch nor triton at import time, so `--version` and `--help` are quick.
@@ -408,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(bench, "the results")
     bench.add_argument("only", nargs="*", metavar="NAME", help="bench names (default: all)")
     bench.set_defaults(run=cmd_bench)
+
+    from rlx_triton import cli_diarize
+
+    cli_diarize.add_parser(sub)
 
     for name, (module_name, help_text) in LAZY_COMMANDS.items():
         if not _module_exists(module_name):

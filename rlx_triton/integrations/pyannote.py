@@ -4,6 +4,7 @@
     pipeline = rlx_triton.integrations.pyannote.optimize(pipeline)  # every model it holds; one trunk per chunk
     model = rlx_triton.integrations.pyannote.optimize(model, cuda_graphs=True)  # + CUDA-graph replay
     routes = rlx_triton.integrations.pyannote.explain(model, waveforms)  # {module path: Route}
+    summary = rlx_triton.integrations.pyannote.diarize_files(pipeline, paths, "out/")  # RTTM files, resumable
 
 With `cuda_graphs=True` every PyanNet's segmentation forward is captured in a CUDA graph per input shape
 and replayed (see `SegmentationGraphs`): pyannote feeds fixed 32 x 10 s batches, so after the first
@@ -28,6 +29,12 @@ and a swap function; other modules add theirs with `register_recogniser`:
 
     register_recogniser("wespeaker_resnet", matches=lambda module: ..., swap=lambda module: module)
 
+`diarize_files(pipeline, files, out_dir, *, resume=False, workers=1, runner="local", batch_size=None,
+progress=False, **pipeline_kwargs)` runs an (optimized) SpeakerDiarization pipeline over many files and writes
+their RTTM files (rlx_triton.integrations._pyannote_files): resumable, in memory that grows with each file's
+audio only (clustering in torch, reconstruction chunk by chunk: _pyannote_streaming, _pyannote_clustering),
+in several processes or as Ray tasks.
+
 `optimize` imports `rlx_triton.integrations._wespeaker` (if that module exists) so that its
 registrations are in the table. Modules and models no recogniser matches are left unchanged.
 """
@@ -36,7 +43,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import types
-from typing import Any, Dict, Iterable, Iterator, List, Tuple, cast
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, cast
 
 import torch
 from torch import nn
@@ -307,6 +314,43 @@ def optimize(model, *, cuda_graphs: bool = False):
 
     optimize_pipeline(model, cuda_graphs=cuda_graphs)
     return model
+
+
+def diarize_files(pipeline, files, out_dir, *, resume: bool = False, workers: int = 1, runner: str = "local",
+                  batch_size: Optional[int] = None, progress: bool = False, **pipeline_kwargs) -> dict:
+    """Diarize audio files with a pyannote.audio SpeakerDiarization pipeline; RTTM files and a summary out.
+
+    Args:
+        pipeline: a SpeakerDiarization pipeline object (built in code or loaded), optimized here with
+            rt.integrations.pyannote.optimize unless it already is (in place). Workers get this object.
+        files: audio paths (a single path is one file). WAV/FLAC/OGG are read with soundfile, other formats
+            with pyannote's own loader; every file is mixed down to mono and resampled to the pipeline's rate.
+            Their stems (the uris) must differ.
+        out_dir: the output folder, created if missing. Per file `<uri>.rttm` (the diarization, pyannote's
+            Annotation.write_rttm) and `<uri>.exclusive.rttm` (pyannote 4's exclusive diarization: no
+            overlapping turns), each written whole or not at all; then `summary.json`.
+        resume: skip the files whose two RTTM files are already in out_dir.
+        workers: processes of the local runner (one torch thread each; 1: this process).
+        runner: "local" or "ray" (Ray tasks on the cluster this process has initialised, or on a local one
+            that ray.init() starts; ImportError without ray: pip install 'rlx-triton[ray]').
+        batch_size: chunks per segmentation batch (None: the pipeline's segmentation_batch_size).
+        progress: a progress bar over the files on stderr, with hours of audio done and the running RTF.
+        **pipeline_kwargs: num_speakers, min_speakers, max_speakers, given to every pipeline call.
+
+    Returns:
+        what summary.json holds: {"files": [{"file", "uri", "status": "done" | "skipped" | "failed",
+        "error": None or a message naming the file, "seconds": {"segmentation", "embeddings", "clustering",
+        "total"}, "audio_seconds", "rtf"}, ...] in the order given, "done": n, "skipped": n, "failed": n}.
+        Seconds and rtf are None for files not diarized in this call. A file that cannot be read or
+        diarized is "failed"; the others go on, and nothing is raised for it.
+
+    Every runner writes the same bytes. The memory a file takes grows with its audio, not faster
+    (rlx_triton.integrations._pyannote_streaming).
+    """
+    from rlx_triton.integrations._pyannote_files import run_files
+
+    return run_files(pipeline, files, out_dir, resume=resume, workers=workers, runner=runner, batch_size=batch_size,
+                     progress=progress, optimizer=optimize, pipeline_kwargs=pipeline_kwargs)
 
 
 def explain(model: nn.Module, *inputs, **kwargs) -> Dict[str, Any]:

@@ -91,25 +91,30 @@ def random_plda(folder: Path, dimension: int = 256, lda_dimension: int = 128, se
 
 def speaker_diarization(duration: float = 10.0, *, small: bool = False, embedding_batch_size: int = 1,
                         segmentation_batch_size: int = 1, exclude_overlap: bool = False, step: float = 0.1,
-                        threshold: float = 0.3, seed: int = 0):
+                        threshold: float = 0.3, seed: int = 0, segmentation=None,
+                        clustering: str = "AgglomerativeClustering", fa: float = 0.07, fb: float = 0.8):
     """SpeakerDiarization with random PyanNet, WeSpeakerResNet34 and PLDA, agglomerative clustering, the
     default hyper-parameters instantiated (clustering `threshold`: random trunks give close embeddings,
     so it is lower than for trained ones). small: narrow models (tests); else
-    pyannote's sizes. step: the segmentation step as a share of the chunk duration (pyannote's default 0.1)."""
+    pyannote's sizes. step: the segmentation step as a share of the chunk duration (pyannote's default 0.1).
+    segmentation: a segmentation model to use instead of the PyanNet. clustering: "VBxClustering" runs
+    pyannote's AHC + VBx with the random PLDA (threshold, fa and fb its hyper-parameters)."""
     from pyannote.audio.pipelines import SpeakerDiarization  # type: ignore
 
-    segmentation = (segmentation_model(duration, seed, lstm_hidden=16, lstm_layers=1) if small
-                    else segmentation_model(duration, seed))
+    if segmentation is None:
+        segmentation = (segmentation_model(duration, seed, lstm_hidden=16, lstm_layers=1) if small
+                        else segmentation_model(duration, seed))
     embedding = embedding_model(seed, m_channels=4, blocks=(1, 1, 1, 1)) if small else embedding_model(seed)
     with tempfile.TemporaryDirectory() as folder:
         plda = random_plda(Path(folder), seed=seed)
     pipeline = SpeakerDiarization(segmentation=segmentation, embedding=embedding, plda=plda,
-                                  clustering="AgglomerativeClustering", segmentation_step=step,
+                                  clustering=clustering, segmentation_step=step,
                                   embedding_batch_size=embedding_batch_size,
                                   segmentation_batch_size=segmentation_batch_size,
                                   embedding_exclude_overlap=exclude_overlap)
-    pipeline.instantiate({"segmentation": {"min_duration_off": 0.0},
-                          "clustering": {"method": "centroid", "min_cluster_size": 2, "threshold": threshold}})
+    parameters = ({"threshold": threshold, "Fa": fa, "Fb": fb} if clustering == "VBxClustering"
+                  else {"method": "centroid", "min_cluster_size": 2, "threshold": threshold})
+    pipeline.instantiate({"segmentation": {"min_duration_off": 0.0}, "clustering": parameters})
     return pipeline
 
 
