@@ -2,8 +2,9 @@
 
 pyannote.audio (4.x) clusters the (chunk, local speaker) embeddings on the host with scipy: `linkage(...,
 method="centroid")` first builds the condensed matrix of all pairwise distances, N * (N - 1) / 2 float64
-values for N embeddings (3 per chunk, one chunk per second at pyannote's default step: about 10,000
-embeddings and 400 MB for an hour of audio, 16 GB for ten hours), then merges with Lance-Williams updates.
+values for N embeddings (up to 3 per chunk, one chunk per second at pyannote's default step: an estimate of
+about 10,000 embeddings and 400 MB for an hour of audio, 40 GB for ten hours), then merges with Lance-Williams
+updates.
 `cluster(...)` computes the same clustering, on the device the pipeline's embedding model is on:
 
 - `centroid_linkage` keeps one centroid per cluster and each cluster's nearest neighbour instead of the

@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,8 +192,14 @@ class _Process:
     def __init__(self, context, pipeline, options: Options):
         self.connection, child = context.Pipe()
         self.process = context.Process(target=_worker, args=(child, pipeline, options), daemon=True)
-        self.process.start()
-        child.close()
+        try:
+            self.process.start()
+        except (TypeError, AttributeError, pickle.PicklingError) as error:   # spawn pickles the pipeline
+            raise TypeError(f"diarize_files: workers > 1 starts processes with the {context.get_start_method()!r} "
+                            f"method here, which pickles the pipeline, and it does not pickle ({error}); "
+                            f"use runner='ray' (cloudpickle) or workers=1") from error
+        finally:
+            child.close()
         self.job: Optional[Job] = None
 
     def give(self, job: Optional[Job]) -> None:

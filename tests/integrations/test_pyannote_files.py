@@ -174,6 +174,28 @@ def test_two_worker_processes_write_the_same_bytes(optimized, audio, baseline, t
     assert not list(tmp_path.glob(".*"))
 
 
+def test_a_killed_worker_fails_its_file_and_resume_redoes_it(optimized, audio, baseline, tmp_path, monkeypatch):
+    from rlx_triton.integrations import _pyannote_files
+    from rlx_triton.integrations.pyannote import diarize_files
+
+    original = _pyannote_files.diarize_one
+
+    def dies_on_talk1(pipeline, job, options):
+        if job.uri == "talk1" and os.getpid() != parent:
+            os._exit(9)                     # as an out-of-memory kill would end the worker
+        return original(pipeline, job, options)
+
+    parent = os.getpid()
+    monkeypatch.setattr(_pyannote_files, "diarize_one", dies_on_talk1)   # the forked workers inherit it
+    summary = diarize_files(optimized, audio, tmp_path, workers=2)
+    assert [record["status"] for record in summary["files"]] == ["done", "failed", "done"]
+    assert "talk1.wav" in summary["files"][1]["error"] and "died" in summary["files"][1]["error"]
+    monkeypatch.setattr(_pyannote_files, "diarize_one", original)
+    again = diarize_files(optimized, audio, tmp_path, resume=True)
+    assert [record["status"] for record in again["files"]] == ["skipped", "done", "skipped"]
+    assert _outputs(tmp_path) == baseline[2]
+
+
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("ray"), reason="ray is not installed "
                     "(pip install 'rlx-triton[ray]')")
 def test_the_ray_runner_writes_the_same_bytes_on_a_local_cluster(optimized, audio, baseline, tmp_path):
