@@ -120,6 +120,25 @@ def test_rttm_files_equal_stock_pyannote(stock, audio, baseline):
         assert all(line.split()[1] == uri for line in outputs[f"{uri}.rttm"].decode().splitlines())
 
 
+@pytest.mark.parametrize("seconds", [1.5, 6.3], ids=["shorter-than-a-chunk", "padded-last-chunk"])
+def test_streamed_segmentations_equal_the_pipelines(stock, seconds):
+    from rlx_triton.integrations._pyannote_streaming import segmentations_of
+    from tests.reference.diarization_pipeline import synthetic_recording
+
+    file = synthetic_recording(seconds, seed=5)
+    want = stock.get_segmentations(dict(file))
+    for batch_size in (1, 3):
+        stock._segmentation.batch_size, saved = batch_size, stock._segmentation.batch_size
+        try:
+            got = segmentations_of(stock, dict(file))
+        finally:
+            stock._segmentation.batch_size = saved
+        assert got.data.dtype == want.data.dtype
+        np.testing.assert_array_equal(got.data, want.data)
+        assert (got.sliding_window.start, got.sliding_window.duration, got.sliding_window.step) == \
+            (want.sliding_window.start, want.sliding_window.duration, want.sliding_window.step)
+
+
 def test_the_summary_is_the_return_value_with_every_key(audio, baseline):
     out, summary, _ = baseline
     assert json.loads((out / "summary.json").read_text()) == summary
