@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple, TypeVar, Union
 
 from rlx_triton.caches import BoundedCache
+from rlx_triton.planner.policy import PrecisionProfile
 from rlx_triton.planner.tune_cache import LIBRARY_WINNER
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
@@ -378,6 +379,12 @@ def _decide(request: Request, choice: BackendChoice, call: Optional[Call] = None
     if eligible:
         if choice.name != "auto" or choice.strict or choice.candidate is not None:
             return replace(eligible[0], decided_by=speed_rules.FORCED)
+        from rlx_triton.router import plans
+
+        if plans.current_profile() is PrecisionProfile.DETERMINISTIC:
+            # one answer for every batch and GPU: a speed estimate may differ with the batch or the device, and the
+            # library op computes other bits than the kernel
+            return eligible[0]
         return _fastest(request, eligible, facts, call)
     if choice.strict and choice.name != library.name:
         raise MissingKernel(request, skipped)
@@ -493,6 +500,9 @@ def _choose_candidate(backend_name: str, module: KernelFamilyModule, request: Re
     by_tag = {c.tag(): c for c in plan.candidates}
     tune_key = tune_cache_key(plan, launch, f"{backend_name}:{facts.fingerprint}", 0)
 
+    # the deterministic profile takes the plan's candidate for the launch fields whatever the device: a winner
+    # or a recipe is a choice per GPU, and a different tile there would give other bits
+    deterministic = profile is PrecisionProfile.DETERMINISTIC
     candidate, evidence, detail = None, None, ""
     if pinned is not None:
         approval = approval_for(module.APPROVALS, pinned, profile_name)
@@ -500,11 +510,11 @@ def _choose_candidate(backend_name: str, module: KernelFamilyModule, request: Re
             why = "is not a candidate of the plan" if pinned not in by_tag else "has no accuracy approval"
             return Refusal(NOT_APPROVED, f"pinned candidate {pinned} {why}")
         candidate, evidence, detail = by_tag[pinned], PINNED, "pinned with use_candidate"
-    if candidate is None and plan.tune_policy.cache_load:
+    if candidate is None and plan.tune_policy.cache_load and not deterministic:
         winner = plans.winner_table().lookup(tune_key)
         if winner in by_tag:
             candidate, evidence, detail = by_tag[winner], TUNE_FILE, "winner table"
-    if candidate is None:
+    if candidate is None and not deterministic:
         recipe, geometry = _recipe(module, request, facts.device_class)
         if recipe in by_tag:
             candidate, evidence, detail = by_tag[recipe], RECIPE, f"built-in recipe for {facts.device_class}{geometry}"

@@ -476,3 +476,39 @@ def test_a_steady_state_decode_step_never_syncs_with_the_host():
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
 
+
+
+# --- the deterministic profile: a sequence's output bits do not depend on its batch or the GPU --------------
+def _decode_alone_and_in_a_batch(backend: str, gpus=("h200", "a100")):
+    """The inputs (q, k, v, lengths) of 7 sequences, the first decoded alone as on the first GPU and inside the
+    batch of 7 as on the second ((out, lse) each), and the KV splits of the launches."""
+    from rlx_triton import devices
+    from rlx_triton.backends.triton import launches
+    from rlx_triton.router.device import routing_as
+
+    generator = torch.Generator().manual_seed(3)
+    k = torch.randn(7, 1, 2200, 16, generator=generator)
+    v = torch.randn(7, 1, 2200, 16, generator=generator)
+    q = torch.randn(7, 2, 1, 16, generator=generator)
+    lengths = torch.tensor([2100, 3, 700, 2200, 1025, 64, 1500], dtype=torch.int32)
+    results, splits = [], []
+    for gpu, rows in zip(gpus, (slice(0, 1), slice(0, 7))):
+        as_gpu = routing_as(devices.profile(gpu), devices=("cpu",)) if backend == "triton" else contextlib.nullcontext()
+        with as_gpu, rt.use_backend(backend, strict=backend != "torch"), launches.recording() as log:
+            results.append(rt.sdpa_decode(q[rows], k[rows], v[rows], lengths[rows], return_lse=True))
+        splits += [record.grid[1] for record in log.records]
+    return (q, k, v, lengths), results, splits
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_under_the_deterministic_profile_a_sequence_decodes_to_the_same_bits_alone_and_in_a_batch(backend):
+    from rlx_triton.config import override_settings
+
+    with override_settings(profile="deterministic"):
+        (q, k, v, lengths), ((alone, alone_lse), (batched, batched_lse)), splits = _decode_alone_and_in_a_batch(backend)
+    assert torch.equal(alone[0], batched[0]) and torch.equal(alone_lse[0], batched_lse[0])
+    ref_out, ref_lse = attention_reference(q[:1], k[:1], v[:1], causal="bottom_right", cache_seqlens=lengths[:1])
+    torch.testing.assert_close(alone.double(), ref_out, rtol=TOL[torch.float32], atol=1e-5)
+    torch.testing.assert_close(alone_lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+    if backend == "triton":   # 2100 keys in fixed splits of 16 tiles: partials merged, under either GPU's SM count
+        assert splits and all(count > 1 for count in splits), splits

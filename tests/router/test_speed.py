@@ -179,3 +179,11 @@ def test_an_unapproved_winner_is_no_measurement_of_the_route(on_an_h200, monkeyp
         decided = route(fbank_request())
     # the winner is replaced by the approved fp32 candidate: the estimates decide, and the library is faster
     assert (decided.backend, decided.decided_by) == ("torch", "estimated")
+
+
+def test_the_deterministic_profile_takes_the_first_kernel_whatever_the_estimates(on_an_h200, monkeypatch):
+    # a speed decision may differ with the batch or the GPU, and the library op computes other bits
+    model = use_speed(monkeypatch, FakeSpeed(kernel={"fast": 12.0}, library=5.0))
+    with override_settings(profile="deterministic"):
+        decided = route(fbank_request())
+    assert decided.backend != "torch" and decided.decided_by == "default" and not model.library_calls

@@ -60,16 +60,23 @@ _MERGE_GROUP, _MAX_MERGE_GROUPS = tl.constexpr(MERGE_GROUP), tl.constexpr(MAX_ME
 
 
 @triton.jit
-def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
+def _live_splits(seqlen, num_splits, split, split_tiles, BLOCK_N: tl.constexpr, FIXED_SPLITS: tl.constexpr):
     """(live splits, first key, end key) of `split` for a sequence of `seqlen` valid keys: the sequence's
     tiles are shared as evenly as whole tiles allow by at most `num_splits` programs of at least one tile
-    (one program, with an empty range, for a sequence of none)."""
+    (one program, with an empty range, for a sequence of none). FIXED_SPLITS: every split takes `split_tiles`
+    tiles (the last what is left), so where a sequence's splits start depends on its own length alone, not on
+    the grid (the batch, the SM count): the deterministic profile's batch invariance."""
     tiles = tl.cdiv(seqlen, BLOCK_N)
     # a sequence without keys still has split 0 run an empty range: it writes its rows as seeing no key
-    live = tl.maximum(tl.minimum(tiles, num_splits), 1)
-    # int64: split x tiles passes 2^31 for the longest sequences
-    first_tile = (split.to(tl.int64) * tiles) // live
-    end_tile = ((split + 1).to(tl.int64) * tiles) // live
+    if FIXED_SPLITS:
+        live = tl.maximum(tl.cdiv(tiles, split_tiles), 1)
+        first_tile = split.to(tl.int64) * split_tiles
+        end_tile = tl.minimum(first_tile + split_tiles, tiles)
+    else:
+        live = tl.maximum(tl.minimum(tiles, num_splits), 1)
+        # int64: split x tiles passes 2^31 for the longest sequences
+        first_tile = (split.to(tl.int64) * tiles) // live
+        end_tile = ((split + 1).to(tl.int64) * tiles) // live
     lo = (first_tile * BLOCK_N).to(tl.int32)
     hi = tl.minimum(end_tile * BLOCK_N, seqlen).to(tl.int32)
     return live, lo, hi
@@ -78,7 +85,7 @@ def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
 # ---------------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["seq_kv", "token_bucket", "batch_bucket", "kv_len_bucket"])
+@triton.jit(do_not_specialize=["seq_kv", "token_bucket", "batch_bucket", "kv_len_bucket", "split_tiles"])
 def _sdpa_decode_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, seqlens_ptr,
     o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, tickets_ptr, block_table_ptr,
@@ -94,11 +101,13 @@ def _sdpa_decode_kernel(
     qk_scale,  # softmax scale * log2(e)
     softcap, window_left, window_right,  # read under SOFTCAP / WINDOW only
     token_bucket, batch_bucket, kv_len_bucket,  # read by the autotuner's key only
+    split_tiles,  # KV tiles per split under FIXED_SPLITS
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     MAX_SPLITS: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr,
     SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False, ALIBI: tl.constexpr = 0,
     BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 4,
+    FIXED_SPLITS: tl.constexpr = False,
 ):
     pid_bhm = tl.program_id(0)
     split = tl.program_id(1)
@@ -127,7 +136,7 @@ def _sdpa_decode_kernel(
         first_key = tl.minimum(tl.maximum(tl.load(leftpad_ptr + batch).to(tl.int32), 0), seqlen)
     else:
         first_key = 0
-    live, lo, hi = _live_splits(seqlen - first_key, num_splits, split, BLOCK_N)
+    live, lo, hi = _live_splits(seqlen - first_key, num_splits, split, split_tiles, BLOCK_N, FIXED_SPLITS)
     lo += first_key
     hi += first_key
     if split >= live:

@@ -100,6 +100,17 @@ def kv_splits(sm_count: int, row_blocks: int, seq_kv: int, block_n: int, max_spl
     return best
 
 
+# The deterministic profile's splits: SPLIT_TILES tiles of BLOCK_N keys each, whatever the batch or the GPU, so
+# a sequence's partials and their merge depend on its own length alone. A cache too long for MAX_LIFTED_SPLITS
+# such splits takes more tiles per split (a property of the cache's capacity, the same in any batch).
+SPLIT_TILES = 16
+
+
+def fixed_split_tiles(seq_kv: int, block_n: int) -> int:
+    """Tiles per split of the deterministic profile for a cache of `seq_kv` keys."""
+    return max(SPLIT_TILES, triton.cdiv(triton.cdiv(seq_kv, block_n), MAX_LIFTED_SPLITS))
+
+
 def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d: int, block_dv: int,
                     element_bytes: int, num_warps: int, lowp: bool) -> int:
     """Programs of one config resident per SM on the device the router reads facts from (1 where it has no
@@ -126,6 +137,14 @@ def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d
 
 
 _resident: Dict[tuple, int] = {}
+
+
+def _deterministic() -> bool:
+    """Whether the current precision profile is DETERMINISTIC (batch-invariant decode)."""
+    from rlx_triton.planner import PrecisionProfile
+    from rlx_triton.router import plans
+
+    return plans.current_profile() is PrecisionProfile.DETERMINISTIC
 
 
 def _interpreting() -> bool:
@@ -341,24 +360,32 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     rows = group * seq_q
     heads_blocks = batch * num_kv_heads
+    # the deterministic profile: the candidate's tiles and fixed split boundaries, nothing from the batch or the
+    # SM count (no short-KV tile, no split rule, no autotuning)
+    deterministic = _deterministic()
     meta = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype)
-    max_block_n = block_n_for_short_kv(sms, heads_blocks * triton.cdiv(rows, meta["BLOCK_M"]), seq_kv,
-                                       meta["BLOCK_N"])
+    max_block_n = meta["BLOCK_N"] if deterministic else \
+        block_n_for_short_kv(sms, heads_blocks * triton.cdiv(rows, meta["BLOCK_M"]), seq_kv, meta["BLOCK_N"])
     if max_block_n < meta["BLOCK_N"]:
         meta = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype,
                      max_block_n=max_block_n)
+    split_tiles = fixed_split_tiles(seq_kv, meta["BLOCK_N"])
 
     def grid_for(config: Mapping[str, Any]) -> Tuple[int, int]:
         row_blocks = heads_blocks * triton.cdiv(rows, config["BLOCK_M"])
+        if deterministic:
+            return row_blocks, triton.cdiv(triton.cdiv(seq_kv, config["BLOCK_N"]), split_tiles)
         resident = programs_per_sm(device, block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
                                    block_d=meta["BLOCK_D"], block_dv=meta["BLOCK_DV"],
                                    element_bytes=query.element_size(), num_warps=meta["num_warps"],
                                    lowp=config["DOT_LOWP"]) if sms > 1 else 1
         return row_blocks, kv_splits(sms, row_blocks, seq_kv, config["BLOCK_N"], config["MAX_SPLITS"], resident)
 
+    if deterministic:   # every split may be live: the kernel's partial and merge path is compiled in
+        meta = dict(meta, MAX_SPLITS=max(meta["MAX_SPLITS"], 2))
     row_blocks, splits = grid_for(meta)
     tuned = None
-    if route is not None and route.candidate is not None:
+    if route is not None and route.candidate is not None and not deterministic:
         tuned = tuned_kernel(rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype,
                              max_block_n=max_block_n)
         if candidate.tag() not in tuned.tags:
@@ -430,8 +457,9 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size, key.shape[0],
             float(scale) * LOG2E,
             float(softcap) if softcap > 0 else 1.0, int(window[0]), int(window[1]),
-            triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv))
+            triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv), split_tiles)
     flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MERGE_CHUNK=meta["MERGE_CHUNK"],
+                 FIXED_SPLITS=deterministic,
                  MASK_KIND=mask_kind, CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
                  PAGED=block_table is not None, SOFTCAP=softcap > 0, WINDOW=tuple(window) != (-1, -1),
                  ALIBI=alibi_mode, BATCH_IDX=cache_batch_idx is not None, LEFTPAD=cache_leftpad is not None)
