@@ -23,6 +23,16 @@ def _on_gpu(gpu: Optional[bool]) -> bool:
     return torch.cuda.is_available() if gpu is None else gpu
 
 
+def draft_tree(tokens: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """A random draft tree of `tokens` tokens as rt.sdpa_decode's tree_mask (tokens, tokens) bool: token 0 is the
+    root, every later token's parent is a random earlier one, and row i is True at i and at its ancestors."""
+    mask = torch.eye(tokens, dtype=torch.bool)
+    for token in range(1, tokens):
+        parent = int(torch.randint(token, (1,), generator=generator))
+        mask[token] |= mask[parent]
+    return mask
+
+
 def sdpa_decode_cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
     """Decode attention cases: batch, heads, kv_heads, head_dim, seq_kv, dtype, label (and page_size if paged)."""
     if not _on_gpu(gpu):
