@@ -2,8 +2,9 @@
 
 After `register("rlx_triton")`, `model.set_attn_implementation("rlx_triton")` (or
 `from_pretrained(..., attn_implementation="rlx_triton")`) routes every attention call of the model
-through `rt.scaled_dot_product_attention`: decode steps and short prompts run the split-K Triton
-kernel, everything else torch's SDPA. The mask function registered with it is transformers' SDPA mask
+through `rt.scaled_dot_product_attention`: decode steps, short prompts and assisted generation's
+verification of its drafts (up to 64 query tokens under transformers' mask) run the split-K Triton kernel,
+everything else torch's SDPA. The mask function registered with it is transformers' SDPA mask
 (boolean, True = attend), which the kernel reads in place; GQA comes from `module.num_key_value_groups`
 and is passed as `enable_gqa`, so key/value are never repeated.
 """

@@ -53,6 +53,39 @@ def test_greedy_generation_with_padding_and_gqa_matches_sdpa(built, run_mode):
     assert torch.equal(got, expected)
 
 
+def test_assisted_generation_verifies_the_drafts_on_the_kernel_and_matches_sdpa():
+    """Speculative decoding: a perturbed copy of the model (on sdpa) drafts up to 20 tokens a step, some accepted,
+    some not, and the model verifies them in one call of up to 21 query tokens against its cache, under the
+    causal mask transformers passes. Strict mode: every attention call of the model runs the kernel; the
+    tokens are those of the model on sdpa."""
+    from rlx_triton.backends.triton import launches
+    from rlx_triton.backends.triton import sdpa_decode as tk
+
+    rt_transformers.register("rlx_triton")
+    model, assistant = tiny_llama(), tiny_llama()
+    with torch.no_grad():
+        for weight in assistant.parameters():
+            weight.add_(0.005 * torch.randn_like(weight))
+    assistant.generation_config.num_assistant_tokens = 20
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.assistant_confidence_threshold = 0.0   # draft all 20, however unsure
+    assistant.set_attn_implementation("sdpa")
+    input_ids = torch.randint(1, 96, (1, 6))
+
+    def assisted(implementation):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            return model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                  assistant_model=assistant, max_new_tokens=40, do_sample=False, pad_token_id=0)
+
+    expected = assisted("sdpa")
+    with rt.use_backend("triton", strict=True), launches.recording() as log:
+        got = assisted("rlx_triton")
+    assert torch.equal(got, expected)
+    verified = [record.args[0].shape[2] for record in log.records if record.meta["MASK_KIND"] == tk.MASK_BOOL]
+    assert max(verified) > 16 and len(set(verified)) > 1   # verifications past 16 tokens, of several lengths
+
+
 def test_attention_output_layout_is_batch_tokens_heads_dim():
     model = tiny_llama()
     module = model.model.layers[0].self_attn

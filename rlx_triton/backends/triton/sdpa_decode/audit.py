@@ -5,8 +5,8 @@ import torch
 
 from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.backends.triton.sdpa_decode.kernels import (ALIBI_DISTANCE, ALIBI_KEY_INDEX, ALIBI_NONE,
-                                                            CAUSAL_BOTTOM_RIGHT, MASK_BOOL, MASK_NONE,
-                                                            _sdpa_decode_kernel)
+                                                            CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, MASK_BOOL, MASK_NONE,
+                                                            MASK_TREE, _sdpa_decode_kernel)
 from rlx_triton.backends.triton.sdpa_decode.launch import _meta
 from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant
 
@@ -67,4 +67,13 @@ AUDIT_KERNELS = [
         ("leftpad_batch_idx", dict(LEFTPAD=True, BATCH_IDX=True, ALIBI=ALIBI_KEY_INDEX)),
         ("fixed_splits", dict(FIXED_SPLITS=True)),   # the deterministic profile's split boundaries
     )
+] + [
+    # speculative decoding's verification: a draft tree of 8 or 16 tokens x 4 query heads per KV head (32 and 64
+    # packed rows) and 64 tokens (four tiles of 64 rows), every candidate
+    AuditSpec(name=f"sdpa_decode_d128_tree{tokens}", family="sdpa_decode", kernel=_sdpa_decode_kernel,
+              signature=_SIGNATURE, meta=_audit_meta(rows=4 * tokens, head_dim=128, MASK_KIND=MASK_TREE,
+                                                     CAUSAL=CAUSAL_NONE),
+              candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp16", "bf16"), divisible=_DIVISIBLE,
+              expects_mma=lambda cand, dt: bool(cand.use_f16_kv))
+    for tokens in (8, 16, 64)
 ]
