@@ -18,6 +18,7 @@ _EXPORTS = {
     "flash_attn_with_kvcache": ("rlx_triton.ops.flash_attn", "flash_attn_with_kvcache"),
     "flash_attn_varlen_func": ("rlx_triton.ops.varlen_attention", "flash_attn_varlen_func"),
     "flash_attn_func": ("rlx_triton.ops.varlen_attention", "flash_attn_func"),
+    "varlen_attn": ("rlx_triton.ops.varlen_attn", "varlen_attn"),
     "fbank": ("rlx_triton.ops.fbank", "fbank"),
     "explain": ("rlx_triton.explaining", "explain"),
     "explain_as": ("rlx_triton.explaining", "explain_as"),
