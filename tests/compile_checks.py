@@ -56,9 +56,11 @@ def assert_one_graph(make: Make) -> None:
     assert explained.graph_count == 1
 
 
-def assert_compiled_equals_eager(name: str, make: Make, backend: str, modes=("torch", "kernels")) -> None:
+def assert_compiled_equals_eager(name: str, make: Make, backend: str, modes=("torch", "kernels"),
+                                 grad_mode=torch.no_grad) -> None:
     """One compiled function (the route is decided when its graph runs, so one compile serves every mode), run
-    under each mode and compared with the eager call under that mode."""
+    under each mode and compared with the eager call under that mode, both under `grad_mode` (torch.no_grad, or
+    torch.inference_mode)."""
     torch._dynamo.reset()
     graphs = []
     compiling_backend = torch._dynamo.lookup_backend(backend)
@@ -70,7 +72,7 @@ def assert_compiled_equals_eager(name: str, make: Make, backend: str, modes=("to
     fn, _ = make()
     compiled = torch.compile(fn, fullgraph=True, backend=counting)
     for mode in modes:
-        with torch.no_grad(), backend_mode(mode):
+        with grad_mode(), backend_mode(mode):
             if (name, mode) not in _eager_results:
                 _eager_results[name, mode] = _run(*make())
             want_out, want_args = _eager_results[name, mode]

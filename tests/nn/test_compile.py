@@ -91,6 +91,12 @@ def test_compiled_lstm_on_inductor_gives_the_eager_outputs():
     assert_compiled_equals_eager("LSTM", CASES["LSTM"], "inductor")
 
 
+def test_compiled_module_under_inference_mode_gives_the_eager_outputs():
+    """torch.inference_mode around the compiled and the eager calls (pyannote's Inference runs models so)."""
+    assert_compiled_equals_eager("SegDense under inference_mode", CASES["SegDense"], "aot_eager",
+                                 grad_mode=torch.inference_mode)
+
+
 def test_a_compiled_module_routes_each_call_under_the_backend_choice_in_force_then():
     """The route is decided when the compiled graph runs, not baked in while tracing: the same compiled LSTM runs
     the kernel in one use_backend block and torch's LSTM in another (recorded per call)."""
