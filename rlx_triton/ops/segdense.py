@@ -106,7 +106,8 @@ def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[
 
 @torch.library.custom_op("rlx_triton::segdense", mutates_args=())
 def _segdense_op(x: torch.Tensor, weights: List[torch.Tensor], biases: List[Optional[torch.Tensor]],
-                 classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor], options: str) -> torch.Tensor:
+                 classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor],
+                 options: str) -> torch.Tensor:
     """segdense under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs."""
     return segdense(x, weights, biases, classifier_weight, classifier_bias, **options_from(options)).contiguous()
 

@@ -29,7 +29,7 @@ from rlx_triton.router import Request, route, routed_op
 from rlx_triton.router.route import planning_route
 
 _OP = "flash_attn_varlen_func"
-_INDEX_DTYPES = (torch.int32, torch.int64)
+INDEX_DTYPES = (torch.int32, torch.int64)
 # (out, softmax_lse, S_dmask): what return_attn_probs=True returns
 _WithAttnProbs = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
@@ -51,7 +51,8 @@ def _length(value):
     return value
 
 
-def _check_int(op: str, name: str, value) -> None:
+def check_length(op: str, name: str, value) -> None:
+    """A maximum sequence length: an int >= 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else VarlenAttentionInputError)(
             f"{op}: {name} must be an int >= 0, got {value!r}")
@@ -80,7 +81,7 @@ def _check_options(op: str, q, dropout_p, softmax_scale, causal, window_size, so
                                             f"{tuple(s_aux.shape)} on {s_aux.device}")
 
 
-def _check_qkv(op: str, q, k, v, q_dims: int, kv_dims: int, names: Tuple[str, str, str] = ("q", "k", "v")) -> None:
+def check_qkv(op: str, q, k, v, q_dims: int, kv_dims: int, names: Tuple[str, str, str] = ("q", "k", "v")) -> None:
     q_name, k_name, v_name = names
     for name, tensor, dims in ((q_name, q, q_dims), (k_name, k, kv_dims), (v_name, v, kv_dims)):
         check_is_tensor(name, tensor, op=op)
@@ -109,9 +110,9 @@ def _check_qkv(op: str, q, k, v, q_dims: int, kv_dims: int, names: Tuple[str, st
                                         f"of heads in query ({num_heads})")
 
 
-def _check_offsets(name: str, value, batch_plus_one: Optional[int], device: torch.device, op: str = _OP) -> None:
+def check_offsets(name: str, value, batch_plus_one: Optional[int], device: torch.device, op: str = _OP) -> None:
     check_is_tensor(name, value, op=op)
-    if value.dtype not in _INDEX_DTYPES:
+    if value.dtype not in INDEX_DTYPES:
         raise TypeError(f"{op}: {name} must have dtype torch.int32 (or torch.int64), got {value.dtype}")
     if value.dim() != 1 or value.shape[0] < 2 or (batch_plus_one is not None and value.shape[0] != batch_plus_one):
         expected = "(batch_size + 1,)" if batch_plus_one is None else f"({batch_plus_one},)"
@@ -126,7 +127,7 @@ def check_block_table(block_table, batch: int, k: torch.Tensor, q: torch.Tensor,
     """A (batch, max_num_blocks >= 1) int32/int64 page table on q's device, over a paged k of >= 1 page of >= 1
     slot."""
     check_is_tensor("block_table", block_table, op=op)
-    if block_table.dtype not in _INDEX_DTYPES:
+    if block_table.dtype not in INDEX_DTYPES:
         raise TypeError(f"{op}: block_table must have dtype torch.int32, got {block_table.dtype}")
     if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
         raise VarlenAttentionInputError(f"{op}: block_table must have shape (batch_size, max_num_blocks) = "
@@ -143,12 +144,12 @@ def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      s_aux) -> None:
     """FlashAttention's argument checks for the varlen call, without reading tensor data."""
     paged = block_table is not None
-    _check_qkv(_OP, q, k, v, 3, 4 if paged else 3)
-    _check_offsets("cu_seqlens_q", cu_seqlens_q, None, q.device)
+    check_qkv(_OP, q, k, v, 3, 4 if paged else 3)
+    check_offsets("cu_seqlens_q", cu_seqlens_q, None, q.device)
     batch = cu_seqlens_q.shape[0] - 1
-    _check_offsets("cu_seqlens_k", cu_seqlens_k, batch + 1, q.device)
-    _check_int(_OP, "max_seqlen_q", max_seqlen_q)
-    _check_int(_OP, "max_seqlen_k", max_seqlen_k)
+    check_offsets("cu_seqlens_k", cu_seqlens_k, batch + 1, q.device)
+    check_length(_OP, "max_seqlen_q", max_seqlen_q)
+    check_length(_OP, "max_seqlen_k", max_seqlen_k)
     if paged:
         check_block_table(block_table, batch, k, q)
     _check_options(_OP, q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -209,7 +210,7 @@ def check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, b
                                         f"[0, {k.shape[0]}) ({names['k']}'s pages)")
 
 
-def _request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
+def varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
              alibi_slopes, block_table, s_aux, layout: str, *, op: str = _OP, seqused: bool = False) -> Request:
     """The routing request: the kernel's fields, and each FA option in use as a feature the coverage must name
     (seqused: the call gives each sequence's used key count, varlen_attn's seqused_k)."""
@@ -248,8 +249,8 @@ def _run(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
 @torch.library.custom_op("rlx_triton::flash_attn_varlen", mutates_args=())
 def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-               cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
-               causal: bool, window_left: int, window_right: int, softcap: float,
+               cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                alibi_slopes: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                s_aux: Optional[torch.Tensor], layout: str, decision: Optional[str] = None,
                seqused_k: Optional[torch.Tensor] = None, num_splits: Optional[int] = None,
@@ -259,7 +260,7 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
     window_size = (window_left, window_right)
     chosen = _decisions.received(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
-        chosen = route(_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, 0.0, causal, window_size,
+        chosen = route(varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, 0.0, causal, window_size,
                                 softcap, alibi_slopes, block_table, s_aux, layout, op=op,
                                 seqused=seqused_k is not None))
     varlen_attn = dict(seqused_k=seqused_k, num_splits=num_splits) if op != _OP else None
@@ -288,7 +289,7 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, d
                 q.new_empty((q.shape[1], 0), dtype=torch.float32), None)
     decided = None
     if not torch.compiler.is_compiling():
-        decided = route(_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size,
+        decided = route(varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size,
                                  softcap, alibi_slopes, block_table, s_aux, layout, op=op,
                                  seqused=seqused_k is not None),
                         call=lambda: (attention, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -313,7 +314,7 @@ def _explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     deterministic=False, return_attn_probs=False, block_table=None, s_aux=None) -> Request:
     _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux)
-    return _request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
+    return varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
                     alibi_slopes, block_table, s_aux, "packed")
 
 
@@ -396,7 +397,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 def _validate_batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, s_aux) -> None:
     op = "flash_attn_func"
-    _check_qkv(op, q, k, v, 4, 4)
+    check_qkv(op, q, k, v, 4, 4)
     if k.shape[0] != q.shape[0]:
         raise VarlenAttentionInputError(f"{op}: k must have q's batch size {q.shape[0]}, got shape {tuple(k.shape)}")
     _check_options(op, q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -417,7 +418,7 @@ def _explain_batched(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, w
     _validate_batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, s_aux)
     packed_q, packed_k, packed_v, cu_q, _ = _as_varlen(q, k, v)
-    return _request(packed_q, packed_k, packed_v, cu_q, q.shape[1], k.shape[1], dropout_p, causal, window_size,
+    return varlen_request(packed_q, packed_k, packed_v, cu_q, q.shape[1], k.shape[1], dropout_p, causal, window_size,
                     softcap, alibi_slopes, None, s_aux, "batched")
 
 

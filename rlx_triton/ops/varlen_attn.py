@@ -25,8 +25,8 @@ import torch
 
 from rlx_triton.ops._attention_options import check_attention_options
 from rlx_triton.ops._checks import check_is_tensor
-from rlx_triton.ops.varlen_attention import (_INDEX_DTYPES, VarlenAttentionInputError, _check_int, _check_offsets,
-                                             _check_qkv, _request, attention, check_block_table, check_values)
+from rlx_triton.ops.varlen_attention import (INDEX_DTYPES, VarlenAttentionInputError, attention, check_block_table,
+                                             check_length, check_offsets, check_qkv, check_values, varlen_request)
 from rlx_triton.router import Request, routed_op
 
 try:
@@ -62,17 +62,17 @@ def _validate(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, s
     paged = block_table is not None
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"{OP}: enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-    _check_qkv(OP, query, key, value, 3, 4 if paged else 3, names=("query", "key", "value"))
+    check_qkv(OP, query, key, value, 3, 4 if paged else 3, names=("query", "key", "value"))
     _check_heads(query, key, enable_gqa, paged)
-    _check_offsets("cu_seq_q", cu_seq_q, None, query.device, op=OP)
+    check_offsets("cu_seq_q", cu_seq_q, None, query.device, op=OP)
     batch = cu_seq_q.shape[0] - 1
     if cu_seq_k is not None:
-        _check_offsets("cu_seq_k", cu_seq_k, batch + 1, query.device, op=OP)
+        check_offsets("cu_seq_k", cu_seq_k, batch + 1, query.device, op=OP)
     elif not (paged and seqused_k is not None):
         raise VarlenAttentionInputError(f"{OP}: cu_seq_k may be None only for a paged call (block_table) with "
                                         f"seqused_k, which then gives every sequence's key count")
-    _check_int(OP, "max_q", max_q)
-    _check_int(OP, "max_k", max_k)
+    check_length(OP, "max_q", max_q)
+    check_length(OP, "max_k", max_k)
     if return_aux is not None and not isinstance(getattr(return_aux, "lse", None), bool):
         raise TypeError(f"{OP}: return_aux must be an AuxRequest (torch.nn.attention.varlen) or None, got "
                         f"{type(return_aux).__name__}")
@@ -82,7 +82,7 @@ def _validate(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, s
                             batch=batch, num_heads=query.shape[1], device=query.device)
     if seqused_k is not None:
         check_is_tensor("seqused_k", seqused_k, op=OP)
-        if seqused_k.dtype not in _INDEX_DTYPES:
+        if seqused_k.dtype not in INDEX_DTYPES:
             raise TypeError(f"{OP}: seqused_k must have dtype torch.int32, got {seqused_k.dtype}")
         if tuple(seqused_k.shape) != (batch,) or seqused_k.device != query.device:
             raise VarlenAttentionInputError(f"{OP}: seqused_k must have shape (N,) = ({batch},) on {query.device}, "
@@ -107,7 +107,7 @@ def _explain_request(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, ret
                      num_splits=None) -> Request:
     _validate(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, return_aux, scale, window_size, enable_gqa,
               seqused_k, block_table, num_splits)
-    return _request(query, key, value, cu_seq_q, max_q, max_k, 0.0, _is_causal(window_size), window_size, 0.0,
+    return varlen_request(query, key, value, cu_seq_q, max_q, max_k, 0.0, _is_causal(window_size), window_size, 0.0,
                     None, block_table, None, "packed", op=OP, seqused=seqused_k is not None)
 
 

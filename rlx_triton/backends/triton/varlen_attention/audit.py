@@ -19,8 +19,8 @@ _SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "o_ptr"
                    "softcap": "fp32"})
 # what the JIT sees as multiples of 16 at Llama-3-8B's shapes: pointers, row and head strides, head dims
 _DIVISIBLE = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "cu_seqlens_q_ptr", "cu_seqlens_k_ptr",
-              "block_table_ptr", "seqused_k_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kp", "stride_kt",
-              "stride_kh", "stride_vp", "stride_vt", "stride_vh", "head_dim", "head_dim_v")
+              "block_table_ptr", "seqused_k_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kp",
+              "stride_kt", "stride_kh", "stride_vp", "stride_vt", "stride_vh", "head_dim", "head_dim_v")
 
 
 def _meta(group: int, head_dim: int, **options):

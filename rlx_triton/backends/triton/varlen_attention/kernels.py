@@ -12,11 +12,12 @@ sequence's tokens exit at once.
 Keys come from a contiguous (total_k, Hkv, D) buffer at rows cu_seqlens_k[s] + n, or from a paged cache
 (num_pages, page_size, Hkv, D), key n of sequence s at slot n % page_size of page block_table[s, n //
 page_size], any page size >= 1. Sequence s has cu_seqlens_k[s + 1] - cu_seqlens_k[s] keys, or with SEQUSED
-seqused_k[s] (FlashAttention's seqused_k: the used part of a larger slot; a paged call then reads no key offset). Masking is FlashAttention 2's, aligned bottom-right within each
-sequence: key n is in query row i's window when diagonal - left <= n <= diagonal + right, diagonal = i +
-seqlen_k - seqlen_q (-1: that side unbounded; causal is the window (-1, 0)), and the loop visits only the
-key tiles some row of the block can see. Scores: scale, then softcap * tanh(s / softcap), then ALiBi
-(slope x key index under the causal window, -slope x |distance to the diagonal| otherwise), in base 2.
+seqused_k[s] (FlashAttention's seqused_k: the used part of a larger slot; a paged call then reads no key
+offset). Masking is FlashAttention 2's, aligned bottom-right within each sequence: key n is in query row
+i's window when diagonal - left <= n <= diagonal + right, diagonal = i + seqlen_k - seqlen_q (-1: that side
+unbounded; causal is the window (-1, 0)), and the loop visits only the key tiles some row of the block can
+see. Scores: scale, then softcap * tanh(s / softcap), then ALiBi (slope x key index under the causal window,
+-slope x |distance to the diagonal| otherwise), in base 2.
 Attention sinks (per-head logits, transformers' s_aux) start each row's running max at the sink and its
 sum at 1, so they join the softmax's denominator and no value.
 
