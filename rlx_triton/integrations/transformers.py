@@ -70,13 +70,12 @@ def register(name: str = "rlx_triton") -> str:
 
 
 def _has_flash_path() -> bool:
-    """Whether this transformers has the flash-attention path register_flash plugs into (transformers >= 5)."""
-    import importlib.util
+    """Whether this transformers has the flash-attention path register_flash plugs into: transformers >= 5 (its
+    flash loader's signature and continuous batching's name rules)."""
+    import transformers
 
-    from transformers import modeling_flash_attention_utils as fa_utils
-
-    return importlib.util.find_spec("transformers.integrations.flash_attention") is not None \
-        and hasattr(fa_utils, "_lazy_imports")
+    major = transformers.__version__.split(".", 1)[0]
+    return major.isdigit() and int(major) >= 5
 
 
 # ---------------------------------------------------------------------------------------------------
