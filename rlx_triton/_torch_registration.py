@@ -10,7 +10,6 @@ while it initializes), then removes itself. What is registered is `_activate`, w
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import sys
 from typing import Any, Optional, Sequence
 
@@ -39,7 +38,12 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        spec = None
+        for finder in sys.meta_path:   # the other finders: whichever would have found it
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
