@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import rlx_triton as rt
 from rlx_triton.integrations import transformers as rt_transformers
+from tests.conftest import REPO
 
 transformers = pytest.importorskip("transformers")
 
@@ -188,3 +192,44 @@ def test_explain_of_a_model_whose_attention_rt_does_not_run_warns_and_returns_no
     model.set_attn_implementation("eager")
     with pytest.warns(UserWarning, match="runs no rlx_triton module"):
         assert rt.explain(model, input_ids=torch.randint(1, 96, (1, 5))) == {}
+
+
+# run in a fresh interpreter, where nothing but register() has registered a name with transformers
+_REGISTER_ALONE = """
+import json, torch, transformers
+import rlx_triton as rt
+from rlx_triton.integrations import transformers as rt_transformers
+from tests.integrations.test_transformers import generate, generate_batch, tiny_model
+
+assert rt_transformers.register() == "rlx_triton"
+reference = tiny_model("llama")
+input_ids = torch.randint(1, 96, (2, 6), generator=torch.Generator().manual_seed(2))
+attention_mask = torch.ones(2, 6, dtype=torch.long)
+attention_mask[1, :2] = 0
+input_ids[1, :2] = 0
+expected = generate(reference, "sdpa", input_ids, attention_mask).tolist()
+expected_batch = generate_batch(reference, "sdpa")
+equal = {}
+with rt.use_backend("torch"):
+    for name in rt_transformers.ATTENTION_NAMES:
+        built = transformers.AutoModelForCausalLM.from_config(reference.config, attn_implementation=name).eval()
+        built.load_state_dict(reference.state_dict())
+        equal[name + " from_config"] = built.config._attn_implementation == name and generate(
+            built, name, input_ids, attention_mask).tolist() == expected
+        switched = generate(reference, name, input_ids, attention_mask).tolist()
+        equal[name + " set_attn_implementation"] = switched == expected
+    name = rt_transformers.CONTINUOUS_BATCHING_ATTENTION
+    equal[name + " generate_batch"] = generate_batch(reference, name) == expected_batch
+print(json.dumps(equal))
+"""
+
+
+def test_register_alone_makes_every_documented_name_usable():
+    """register() and nothing else: each name of ATTENTION_NAMES builds a model (from_config) and switches one
+    (set_attn_implementation), and greedy generation gives sdpa's tokens; continuous batching runs on the flash
+    name and gives sdpa's tokens."""
+    done = subprocess.run([sys.executable, "-c", _REGISTER_ALONE], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    equal = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(equal) == 5 and all(equal.values()), equal
