@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import rlx_triton as rt
+from rlx_triton.backends.triton.sdpa_decode.routing import MAX_SEQ_Q
 from rlx_triton.integrations import torch_attention
 from rlx_triton.router import recording_routes
 
@@ -137,7 +138,8 @@ def torch_flash_on_cpu():
 
 @pytest.mark.parametrize("why", ["torch backend", "dropout", "debug mask", "autograd", "uncovered shape"])
 def test_every_other_call_runs_torchs_own_flash_forward(rlx_active, torch_flash_on_cpu, why):
-    seq_q = 40 if why == "uncovered shape" else 1    # the decode kernel covers up to 16 query tokens
+    # one query token past what the decode kernel covers
+    seq_q = MAX_SEQ_Q + 1 if why == "uncovered shape" else 1
     q, k, v = torch.randn(1, 4, seq_q, 16), torch.randn(1, 4, 40, 16), torch.randn(1, 4, 40, 16)
     if why == "autograd":
         q.requires_grad_(True)
