@@ -17,10 +17,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-CHECKS=(env wheels gpu-tests graphs no-sync two-streams sanitizer multi-gpu bench diarization)
+CHECKS=(env wheels gpu-tests graphs no-sync two-streams sanitizer multi-gpu rlx-flash bench diarization)
 declare -A BUDGET=(
-  [env]=10 [wheels]=25 [gpu-tests]=165 [graphs]=40 [no-sync]=30 [two-streams]=60 [sanitizer]=50 [multi-gpu]=10
-  [bench]=55 [diarization]=35
+  [env]=10 [wheels]=25 [gpu-tests]=150 [graphs]=40 [no-sync]=30 [two-streams]=60 [sanitizer]=50 [multi-gpu]=10
+  [rlx-flash]=15 [bench]=55 [diarization]=35
 )
 declare -A WHAT=(
   [env]="torch, triton, driver and GPU"
@@ -31,6 +31,7 @@ declare -A WHAT=(
   [two-streams]="two streams x LSTM at B=128 and B=512 (finish or refuse, never hang); diarization segmentation || embedding"
   [sanitizer]="compute-sanitizer memcheck and racecheck on small decode and LSTM launches (if the binary exists)"
   [multi-gpu]="device guard: kernels on cuda:1 while cuda:0 is current (skipped on one GPU)"
+  [rlx-flash]="torch.nn.attention.activate_flash_attention_impl(\"RLX\"): a decode-shaped F.sdpa vs torch's own flash"
   [bench]="the benchmarks in quick mode, but diarization"
   [diarization]="the SpeakerDiarization pipeline, stock vs optimized, seconds per stage (quick: 20 s of audio)"
 )
@@ -51,6 +52,9 @@ TWO_STREAMS_TESTS=(
 )
 MULTI_GPU_TESTS=(
   "tests/triton/test_launches.py::test_kernels_on_the_second_gpu_run_there_whichever_device_is_current"
+)
+RLX_FLASH_TESTS=(
+  "tests/integrations/test_torch_attention.py::test_on_cuda_rlx_runs_a_decode_sdpa_call_and_gives_torchs_flash_result"
 )
 
 list_checks() {
@@ -100,7 +104,8 @@ check_env() {
 }
 check_gpu-tests() {
   local deselect=() test
-  for test in "${GRAPH_TESTS[@]}" "${NO_SYNC_TESTS[@]}" "${TWO_STREAMS_TESTS[@]}" "${MULTI_GPU_TESTS[@]}"; do
+  for test in "${GRAPH_TESTS[@]}" "${NO_SYNC_TESTS[@]}" "${TWO_STREAMS_TESTS[@]}" "${MULTI_GPU_TESTS[@]}" \
+    "${RLX_FLASH_TESTS[@]}"; do
     deselect+=(--deselect "$test")
   done
   timeout "$1" "${PYTEST[@]}" "${deselect[@]}" tests
@@ -109,6 +114,7 @@ check_graphs() { timeout "$1" "${PYTEST[@]}" "${GRAPH_TESTS[@]}"; }
 check_no-sync() { timeout "$1" "${PYTEST[@]}" "${NO_SYNC_TESTS[@]}"; }
 check_two-streams() { timeout "$1" "${PYTEST[@]}" "${TWO_STREAMS_TESTS[@]}"; }
 check_multi-gpu() { timeout "$1" "${PYTEST[@]}" "${MULTI_GPU_TESTS[@]}"; }
+check_rlx-flash() { timeout "$1" "${PYTEST[@]}" "${RLX_FLASH_TESTS[@]}"; }
 check_sanitizer() {
   local sanitizer
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)

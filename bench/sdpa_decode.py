@@ -14,6 +14,9 @@ split rule). Paged cases (`page_size` 16 and 256) run rt.sdpa_decode(block_table
 pool beside the contiguous case of the same shape; their baselines are torch's SDPA variants on the cache
 gathered back into (B, Hkv, S, D) (the gather not timed) and flash_attn's flash_attn_with_kvcache on the
 same pages where flash_attn is installed (it takes page sizes that are multiples of 256 only).
+Tree cases (`tree` Q = 1, 4, 8, 16, 64 at 4k and 32k) verify a random draft tree of Q tokens per sequence:
+rt.sdpa_decode(tree_mask=...) against torch's SDPA variants with the same visibility as a bool mask over the
+cache (the mask built beforehand, not timed).
 On the CPU (--quick) tiny shapes report the route taken and the timing of the path that runs there.
 """
 from __future__ import annotations
@@ -27,8 +30,9 @@ import torch
 from rlx_triton.perf.cases import sdpa_decode_cases as cases
 
 
-def _torch_variants(q, k, v) -> Dict[str, Callable[[], torch.Tensor]]:
-    """Every torch way to compute the case: each SDPA backend, with enable_gqa and on repeated KV heads."""
+def _torch_variants(q, k, v, mask=None) -> Dict[str, Callable[[], torch.Tensor]]:
+    """Every torch way to compute the case: each SDPA backend, with enable_gqa and on repeated KV heads (with
+    `mask`, a bool attn_mask, where given)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sdpa = torch._C._nn.scaled_dot_product_attention
@@ -41,11 +45,11 @@ def _torch_variants(q, k, v) -> Dict[str, Callable[[], torch.Tensor]]:
     for name, backend in backends.items():
         def gqa(backend=backend):
             with sdpa_kernel([backend]):
-                return sdpa(q, k, v, enable_gqa=group > 1)
+                return sdpa(q, k, v, attn_mask=mask, enable_gqa=group > 1)
 
         def repeated(backend=backend):
             with sdpa_kernel([backend]):
-                return sdpa(q, k_rep, v_rep)
+                return sdpa(q, k_rep, v_rep, attn_mask=mask)
 
         variants[f"sdpa[{name}]+enable_gqa" if group > 1 else f"sdpa[{name}]"] = gqa
         if group > 1:
@@ -81,15 +85,15 @@ def _flash_attn_variant(q, k_pages, v_pages, table) -> Dict[str, Callable[[], to
     return {"flash_attn paged": lambda: flash_attn_with_kvcache(q_fa, k_fa, v_fa, block_table=table)}
 
 
-def split_count(route, q, k, v, block_table=None) -> Optional[int]:
+def split_count(route, q, k, v, block_table=None, tree_mask=None) -> Optional[int]:
     """KV splits of the Triton launch a route makes for these inputs (its plan, built on meta tensors), or None."""
     if route.backend != "triton":
         return None
     from rlx_triton.router.device import device_facts
 
     meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (q, k, v)]
-    options = {} if block_table is None else {"block_table": torch.empty(block_table.shape, dtype=block_table.dtype,
-                                                                         device="meta")}
+    options = {name: torch.empty(t.shape, dtype=t.dtype, device="meta")
+               for name, t in (("block_table", block_table), ("tree_mask", tree_mask)) if t is not None}
     plan, _ = route.module.sdpa_decode_plan(*meta, candidate=route.candidate, **options,
                                            sm_count=device_facts(q.device).sm_count or 1)
     return plan[0].grid[1]
@@ -115,20 +119,30 @@ def run(quick: bool = False, progress=None) -> List[dict]:
     """One row per case; progress (optional) counts each case (bench.common.each_case)."""
     import rlx_triton as rt
     from bench.common import bench_device, case, each_case
+    from rlx_triton.backends.torch_ref.sdpa_decode import tree_visibility
+    from rlx_triton.perf.cases import draft_tree
 
     device = bench_device()
     results: List[dict] = []
     for spec in each_case("sdpa_decode", cases(quick), progress):
         batch, heads, kv_heads, dim, seq_kv, dtype = (spec[key] for key in
                                                       ("batch", "heads", "kv_heads", "head_dim", "seq_kv", "dtype"))
-        q = torch.randn(batch, heads, 1, dim, device=device, dtype=dtype)
+        tokens = spec.get("tree")
+        q = torch.randn(batch, heads, tokens or 1, dim, device=device, dtype=dtype)
         k = torch.randn(batch, kv_heads, seq_kv, dim, device=device, dtype=dtype)
         v = torch.randn(batch, kv_heads, seq_kv, dim, device=device, dtype=dtype)
         gqa = kv_heads != heads
         page_size = spec.get("page_size")
-        variants = _torch_variants(q, k, v)
+        tree = None if tokens is None else draft_tree(tokens, torch.Generator().manual_seed(0)).to(device)
+        mask = None if tree is None else tree_visibility(tree, torch.full((batch,), seq_kv, device=device), tokens,
+                                                         seq_kv)[:, None]
+        variants = _torch_variants(q, k, v, mask)
         with rt.use_backend("auto"):
-            if page_size is None:
+            if tree is not None:
+                chosen = rt.explain(rt.sdpa_decode, q, k, v, tree_mask=tree)
+                splits = split_count(chosen, q, k, v, tree_mask=tree)
+                rlx_us = _time(lambda: rt.sdpa_decode(q, k, v, tree_mask=tree), device, quick)
+            elif page_size is None:
                 chosen = rt.explain(rt.scaled_dot_product_attention, q, k, v, enable_gqa=gqa)
                 splits = split_count(chosen, q, k, v)
                 rlx_us = _time(lambda: rt.scaled_dot_product_attention(q, k, v, enable_gqa=gqa), device, quick)
@@ -143,6 +157,7 @@ def run(quick: bool = False, progress=None) -> List[dict]:
         best = min(measured, key=measured.get)
         moved = (k.numel() + v.numel() + 2 * q.numel()) * q.element_size()
         shape = f"{spec['label']} b{batch} h{heads}/{kv_heads} d{dim} kv{seq_kv}"
+        del mask
         if page_size is not None:
             del k_pages, v_pages
         results.append(case("sdpa_decode", shape, dtype, rlx_us or float("nan"), best, measured[best],

@@ -11,6 +11,7 @@ from rlx_triton.ops.fbank import fbank as fbank
 from rlx_triton.ops.flash_attn import flash_attn_with_kvcache as flash_attn_with_kvcache
 from rlx_triton.ops.varlen_attention import flash_attn_func as flash_attn_func
 from rlx_triton.ops.varlen_attention import flash_attn_varlen_func as flash_attn_varlen_func
+from rlx_triton.ops.varlen_attn import varlen_attn as varlen_attn
 from rlx_triton.ops.sdpa import patch_sdpa as patch_sdpa
 from rlx_triton.ops.sdpa import scaled_dot_product_attention as scaled_dot_product_attention
 from rlx_triton.ops.sdpa_decode import sdpa_decode as sdpa_decode

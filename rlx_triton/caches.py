@@ -32,6 +32,7 @@ LIMITS: Dict[str, int] = {
     "sinc_filters": 64,         # ops.conv: SincNet filters per parameter version
     "sinc_banks": 256,          # ops.conv: the filter banks sinc_filters built (the symmetric kernel's test)
     "fbank_options": 256,       # ops.fbank: validated option sets (a functools.lru_cache of this size)
+    "compiled_options": 256,    # ops._compiled: option strings of compiled calls, parsed (a functools.lru_cache)
     "speed_estimates": 4096,    # perf.route_estimate: estimated time of a request on a candidate or the library op
 }
 

@@ -14,14 +14,14 @@ def test_list_prints_every_check_with_a_budget_summing_to_at_most_480_seconds():
                             timeout=30).stdout
     rows = dict(re.findall(r"^(\S+)\s+(\d+) s", listed, flags=re.M))
     total = int(rows.pop("total"))
-    assert {"graphs", "no-sync", "two-streams", "sanitizer", "multi-gpu", "gpu-tests", "bench", "diarization",
-            "wheels"} <= set(rows)
+    assert {"graphs", "no-sync", "two-streams", "sanitizer", "multi-gpu", "rlx-flash", "gpu-tests", "bench",
+            "diarization", "wheels"} <= set(rows)
     assert sum(int(budget) for budget in rows.values()) == total <= 480
 
 
 def test_every_test_a_dedicated_check_names_exists_and_is_gpu_marked():
     named = re.findall(r'"(tests/[\w/]+\.py)::(\w+)"', SCRIPT.read_text())
-    assert len(named) >= 7
+    assert len(named) >= 8
     for path, name in named:
         source = (REPO / path).read_text()
         assert re.search(rf"@pytest\.mark\.gpu\n(?:@.*\n)*def {name}\(", source), f"{path}::{name}"

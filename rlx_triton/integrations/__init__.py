@@ -1,4 +1,5 @@
-"""Integrations with model libraries: `transformers` (attention backend) and `pyannote` (model optimizer).
+"""Integrations with model libraries: `transformers` (attention backend), `pyannote` (model optimizer) and
+`torch_attention` (rt's kernels as torch's flash attention implementation "RLX").
 
 Submodules load on first access (`rt.integrations.pyannote`), so importing rlx_triton does not
 import transformers.
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("pyannote", "transformers")
+_SUBMODULES = ("pyannote", "torch_attention", "transformers")
 __all__ = list(_SUBMODULES)
 
 

@@ -63,10 +63,17 @@ def _class_name(obj) -> str:
     return type(obj).__name__
 
 
+def _is_lstm(module) -> bool:
+    """torch's nn.LSTM, or the rt.nn.LSTM an optimize swapped in for one."""
+    from rlx_triton.nn.lstm import LSTM
+
+    return isinstance(module, (nn.LSTM, LSTM))
+
+
 def _is_lstm_stack(lstm) -> bool:
-    if isinstance(lstm, nn.LSTM):
+    if _is_lstm(lstm):
         return True
-    return isinstance(lstm, nn.ModuleList) and len(lstm) > 0 and all(isinstance(m, nn.LSTM) for m in lstm)
+    return isinstance(lstm, nn.ModuleList) and len(lstm) > 0 and all(_is_lstm(m) for m in lstm)
 
 
 def is_pyannet(module: nn.Module) -> bool:
@@ -128,9 +135,8 @@ def _swap_lstm(model: nn.Module) -> None:
 
     lstm = cast(nn.Module, model.lstm)
     if isinstance(lstm, nn.LSTM):
-        if not isinstance(lstm, LSTM):
-            model.lstm = LSTM.from_torch(lstm)
-    else:
+        model.lstm = LSTM.from_torch(lstm)
+    elif not isinstance(lstm, LSTM):
         layers = cast(nn.ModuleList, lstm)
         for i, layer in enumerate(layers):
             if not isinstance(layer, LSTM):

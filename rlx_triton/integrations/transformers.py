@@ -1,11 +1,16 @@
-"""transformers attention backend: `register(name)` makes `attn_implementation=name` run rt's attention.
+"""transformers attention backend: `register()` makes every attention name rt documents usable.
 
-After `register("rlx_triton")`, `model.set_attn_implementation("rlx_triton")` (or
-`from_pretrained(..., attn_implementation="rlx_triton")`) routes every attention call of the model
-through `rt.scaled_dot_product_attention`: decode steps and short prompts run the split-K Triton
-kernel, everything else torch's SDPA. The mask function registered with it is transformers' SDPA mask
-(boolean, True = attend), which the kernel reads in place; GQA comes from `module.num_key_value_groups`
-and is passed as `enable_gqa`, so key/value are never repeated.
+After `register()` (one call, nothing else):
+- "rlx_triton" (`register(name)` picks another): `model.set_attn_implementation("rlx_triton")`,
+  `from_pretrained(..., attn_implementation="rlx_triton")` or `from_config(..., attn_implementation=...)` routes
+  every attention call of the model through `rt.scaled_dot_product_attention`: decode steps, short prompts and
+  assisted generation's verification of its drafts (up to 64 query tokens under transformers' mask) run the
+  split-K Triton kernel, everything else torch's SDPA. The mask function registered with it is
+  transformers' SDPA mask (boolean, True = attend), which the kernel reads in place; GQA comes from
+  `module.num_key_value_groups` and is passed as `enable_gqa`, so key/value are never repeated.
+- CONTINUOUS_BATCHING_ATTENTION ("rlx_triton_flash_attention_2"), the name continuous batching
+  (`model.generate_batch`) takes: transformers' own flash-attention path on rt's FlashAttention 2 API
+  (`register_flash`, which register() calls for this name; transformers >= 5).
 """
 from __future__ import annotations
 
@@ -38,14 +43,15 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 def register(name: str = "rlx_triton") -> str:
-    """Register rlx_triton's attention with transformers under `name` (default "rlx_triton"); returns the name.
+    """Register rlx_triton's attention with transformers: every attention name rt documents becomes usable through
+    set_attn_implementation, from_pretrained and from_config; returns `name`.
 
-    After it, `model.set_attn_implementation(name)` (or `from_pretrained(..., attn_implementation=name)`)
-    runs every attention call through rt.scaled_dot_product_attention: KV-cache decode steps and short
-    prompts on the kernel, the rest on torch's SDPA; padding masks and grouped-query heads are supported,
-    softcap and position_bias are not (ValueError at the call). The mask function registered beside it is
-    transformers' sdpa_mask. A name that is not a non-empty str raises ValueError. Needs
-    transformers >= 4.56 (the `[transformers]` extra).
+    `name` (default "rlx_triton") runs every attention call through rt.scaled_dot_product_attention: KV-cache
+    decode steps and short prompts on the kernel, the rest on torch's SDPA; padding masks and grouped-query heads
+    are supported, softcap and position_bias are not (ValueError at the call). The mask function registered
+    beside it is transformers' sdpa_mask. With transformers >= 5 it also registers CONTINUOUS_BATCHING_ATTENTION
+    (`register_flash`), the name continuous batching (`model.generate_batch`) takes. A name that is not a
+    non-empty str raises ValueError. Needs transformers >= 4.56 (the `[transformers]` extra).
 
     Example:
         >>> import rlx_triton as rt
@@ -59,7 +65,18 @@ def register(name: str = "rlx_triton") -> str:
 
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
+    if _has_flash_path():
+        register_flash(CONTINUOUS_BATCHING_ATTENTION)
     return name
+
+
+def _has_flash_path() -> bool:
+    """Whether this transformers has the flash-attention path register_flash plugs into: transformers >= 5 (its
+    flash loader's signature and continuous batching's name rules)."""
+    import transformers
+
+    major = transformers.__version__.split(".", 1)[0]
+    return major.isdigit() and int(major) >= 5
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -68,6 +85,8 @@ def register(name: str = "rlx_triton") -> str:
 # The attention implementation name continuous batching takes (transformers accepts "paged|eager", "sdpa" or
 # names containing "flash" there); "flash...2" also opens its decode fast path on CUDA (flash_attn_with_kvcache).
 CONTINUOUS_BATCHING_ATTENTION = "rlx_triton_flash_attention_2"
+# the attention names register() makes usable (transformers >= 5 for the second)
+ATTENTION_NAMES = ("rlx_triton", CONTINUOUS_BATCHING_ATTENTION)
 
 
 def _flash_functions():
@@ -105,7 +124,8 @@ def _install_flash_resolver(name: str) -> None:
 
 def register_flash(name: str = CONTINUOUS_BATCHING_ATTENTION) -> str:
     """Register rt's FlashAttention 2 API with transformers' own flash-attention path under `name` (it must
-    contain "flash"); returns the name.
+    contain "flash"); returns the name. register() calls it for CONTINUOUS_BATCHING_ATTENTION; call it yourself
+    for another flash name (transformers' continuous batching and decode fast path test for "flash" in it).
 
     After it, `attn_implementation=name` runs transformers' flash integration with rt.flash_attn_func,
     rt.flash_attn_varlen_func and rt.flash_attn_with_kvcache in place of the flash_attn package: padded

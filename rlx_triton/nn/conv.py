@@ -109,20 +109,32 @@ class SincNet(nn.Module):
                                      sample_rate=fb.sample_rate, min_low_hz=fb.min_low_hz,
                                      min_band_hz=fb.min_band_hz)
 
-    def _op_call(self, waveforms: torch.Tensor) -> Tuple[tuple, dict]:
-        """The arguments of the `ops.conv.sincnet` call that forward makes."""
+    def _weights(self) -> tuple:
+        """(conv weights, conv biases, norm weights, norm biases) of the blocks after the sinc conv."""
         convs = list(self.conv1d)[1:]
         norms = list(self.norm1d)
-        args = (waveforms, self.filters(), self.wav_norm1d.weight, self.wav_norm1d.bias,
-                [c.weight for c in convs], [c.bias for c in convs], [n.weight for n in norms], [n.bias for n in norms])
-        kwargs = dict(stride=self.conv1d[0].stride, pool=self.pool1d[0].kernel_size, eps=self.wav_norm1d.eps,
-                      negative_slope=self.negative_slope, sample_rate=int(self.sample_rate))
-        return args, kwargs
+        return ([c.weight for c in convs], [c.bias for c in convs], [n.weight for n in norms],
+                [n.bias for n in norms])
+
+    def _options(self) -> dict:
+        return dict(stride=self.conv1d[0].stride, pool=self.pool1d[0].kernel_size, eps=self.wav_norm1d.eps,
+                    negative_slope=self.negative_slope, sample_rate=int(self.sample_rate))
+
+    def _op_call(self, waveforms: torch.Tensor) -> Tuple[tuple, dict]:
+        """The arguments of the `ops.conv.sincnet` call that forward makes."""
+        args = (waveforms, self.filters(), self.wav_norm1d.weight, self.wav_norm1d.bias, *self._weights())
+        return args, self._options()
 
     def forward(self, waveforms: torch.Tensor) -> torch.Tensor:
-        """(batch, 1, samples) -> (batch, channels, frames)."""
-        args, kwargs = self._op_call(waveforms)
-        return conv_ops.sincnet(*args, **kwargs)
+        """(batch, 1, samples) -> (batch, channels, frames): the filters of the current (low_hz_, band_hz_), then
+        the sincnet op (`ops.conv.sincnet_from_bands`, which under torch.compile builds the filters where the op
+        runs)."""
+        fb: Any = self.conv1d[0].filterbank  # asteroid's ParamSincFB (untyped here)
+        return conv_ops.sincnet_from_bands(
+            waveforms, fb.low_hz_, fb.band_hz_, self.wav_norm1d.weight, self.wav_norm1d.bias, *self._weights(),
+            window_=getattr(fb, "window_", None), n_=getattr(fb, "n_", None), kernel_size=fb.kernel_size,
+            filter_sample_rate=fb.sample_rate, min_low_hz=fb.min_low_hz, min_band_hz=fb.min_band_hz,
+            **self._options())
 
     def explain(self, waveforms: torch.Tensor):
         """The Route forward(waveforms) takes, without running it."""

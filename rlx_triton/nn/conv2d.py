@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from rlx_triton.ops import conv2d as ops
+from rlx_triton.ops._compiled import compiling
 
 
 def _single(value, name: str) -> int:
@@ -173,23 +174,30 @@ class Conv2d(nn.Module):
                tuple(_tensor_key(t) for t in self._sources()))
         if key != self._folded_key:
             # built as normal tensors even inside inference mode: the cache outlives the call
-            with torch.inference_mode(False), torch.no_grad():
-                dtype = _kernel_dtype(self.weight)
-                if self.bn is not None:
-                    weight, bias = ops.fold_batchnorm(self.weight, self.bias, self.bn)
-                else:
-                    weight = self.weight.detach().to(dtype)
-                    bias = None if self.bias is None else self.bias.detach().to(dtype)
-                weight = weight.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
-                bias = None if bias is None else bias.contiguous()
-            folded = (weight, bias)
+            with torch.inference_mode(False):
+                folded = self._fold()
             self._folded, self._folded_key = folded, key
             return folded
         assert self._folded is not None  # set with _folded_key
         return self._folded
 
+    def _fold(self) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(weight, bias) with the BatchNorm folded in, tap-major, computed now (no cache)."""
+        with torch.no_grad():
+            dtype = _kernel_dtype(self.weight)
+            if self.bn is not None:
+                weight, bias = ops.fold_batchnorm(self.weight, self.bias, self.bn)
+            else:
+                weight = self.weight.detach().to(dtype)
+                bias = None if self.bias is None else self.bias.detach().to(dtype)
+            weight = weight.permute(2, 3, 0, 1).contiguous().permute(2, 3, 0, 1)
+            bias = None if bias is None else bias.contiguous()
+        return weight, bias
+
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        weight, bias = self.folded()
+        # torch.compile traces the fold into the graph (the cache's key reads storage pointers and versions,
+        # which a traced tensor has not): the compiled forward folds on every call, with the same arithmetic
+        weight, bias = self._fold() if compiling() else self.folded()
         return ops.conv2d(x, weight, bias, stride=self.stride, padding=self.padding, residual=residual,
                           relu=self.relu)
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from rlx_triton.backends.triton.device_cache import capturing
 from rlx_triton.caches import BoundedCache
+from rlx_triton.ops._compiled import compiling, options_from, options_text, run_eagerly
 from rlx_triton.ops._checks import (FLOAT_DTYPES, backend_module, call_signature, check_device, check_dtype,
                                     check_input_channels, check_int, check_is_tensor, check_shape, check_tensor,
                                     needs_grad)
@@ -324,6 +325,14 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
     InstanceNorm1d(norm_weights[i+1], norm_biases[i+1]) -> leaky ReLU. A call whose signature (shapes,
     dtypes, devices, autograd, options) repeats an earlier one is not validated or routed again.
     """
+    if compiling():
+        tensors = (waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
+                   norm_biases)
+        options = dict(stride=stride, pool=pool, eps=eps, negative_slope=negative_slope, sample_rate=sample_rate)
+        if needs_grad(*tensors, *conv_weights, *conv_biases, *norm_weights, *norm_biases):
+            return run_eagerly(sincnet, *tensors, **options)
+        return _sincnet_op(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
+                           list(conv_biases), list(norm_weights), list(norm_biases), options_text(**options))
     signature = call_signature("sincnet", (waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights,
                                            conv_biases, norm_weights, norm_biases),
                                (stride, pool, eps, negative_slope, sample_rate))
@@ -336,6 +345,81 @@ def sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weight
     return backend_module(r).sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, list(conv_weights),
                             list(conv_biases), list(norm_weights), list(norm_biases), sinc_stride=stride,
                             pool=pool, eps=eps, negative_slope=negative_slope, candidate=r.candidate, route=r)
+
+
+@torch.library.custom_op("rlx_triton::sincnet", mutates_args=())
+def _sincnet_op(waveforms: torch.Tensor, sinc_filters: torch.Tensor, wav_norm_weight: torch.Tensor,
+                wav_norm_bias: torch.Tensor, conv_weights: List[torch.Tensor], conv_biases: List[torch.Tensor],
+                norm_weights: List[torch.Tensor], norm_biases: List[torch.Tensor], options: str) -> torch.Tensor:
+    """sincnet under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs."""
+    return sincnet(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
+                   norm_biases, **options_from(options)).contiguous()
+
+
+@_sincnet_op.register_fake
+def _sincnet_fake(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
+                  norm_biases, options):
+    request = _sincnet_request(waveforms, sinc_filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
+                               norm_weights, norm_biases, **options_from(options))
+    channels = conv_weights[-1].shape[0] if conv_weights else sinc_filters.shape[0]
+    return waveforms.new_empty((waveforms.shape[0], channels, request.field_map["tokens"]))
+
+
+def sincnet_from_bands(waveforms, low_hz_, band_hz_, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases,
+                       norm_weights, norm_biases, *, window_: Optional[torch.Tensor] = None,
+                       n_: Optional[torch.Tensor] = None, kernel_size: int = 251, filter_sample_rate: float = 16000,
+                       min_low_hz: float = 50, min_band_hz: float = 50, stride: int = 10, pool: int = 3,
+                       eps: float = 1e-5, negative_slope: float = 0.01, sample_rate: int = 16000) -> torch.Tensor:
+    """sincnet on the filters sinc_filters builds from (low_hz_, band_hz_): rt.nn.SincNet's forward. Under
+    torch.compile the filters are built where the op runs, when the graph runs (cached per parameter version, the
+    symmetric kernel's banks, as in eager mode), so the compiled forward takes the eager one's route."""
+    options: Dict[str, Any] = dict(stride=stride, pool=pool, eps=eps, negative_slope=negative_slope,
+                                   sample_rate=sample_rate)
+    if compiling():
+        if needs_grad(waveforms, low_hz_, band_hz_, wav_norm_weight, wav_norm_bias, *conv_weights, *conv_biases,
+                      *norm_weights, *norm_biases):
+            return run_eagerly(sincnet_from_bands, waveforms, low_hz_, band_hz_, wav_norm_weight, wav_norm_bias,
+                               conv_weights, conv_biases, norm_weights, norm_biases, window_=window_, n_=n_,
+                               kernel_size=kernel_size, filter_sample_rate=filter_sample_rate, min_low_hz=min_low_hz,
+                               min_band_hz=min_band_hz, **options)
+        return _sincnet_bands_op(waveforms, low_hz_, band_hz_, window_, n_, wav_norm_weight, wav_norm_bias,
+                                 list(conv_weights), list(conv_biases), list(norm_weights), list(norm_biases),
+                                 options_text(kernel_size=kernel_size, filter_sample_rate=filter_sample_rate,
+                                              min_low_hz=min_low_hz, min_band_hz=min_band_hz, **options))
+    filters = sinc_filters(low_hz_, band_hz_, window_=window_, n_=n_, kernel_size=kernel_size,
+                           sample_rate=filter_sample_rate, min_low_hz=min_low_hz, min_band_hz=min_band_hz)
+    return sincnet(waveforms, filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
+                   norm_biases, **options)
+
+
+def _bands_options(options: str) -> tuple:
+    """(filter options, sincnet options) of a `_sincnet_bands_op` option string."""
+    values = options_from(options)
+    filters = dict(kernel_size=values.pop("kernel_size"), sample_rate=values.pop("filter_sample_rate"),
+                   min_low_hz=values.pop("min_low_hz"), min_band_hz=values.pop("min_band_hz"))
+    return filters, values
+
+
+@torch.library.custom_op("rlx_triton::sincnet_bands", mutates_args=())
+def _sincnet_bands_op(waveforms: torch.Tensor, low_hz_: torch.Tensor, band_hz_: torch.Tensor,
+                      window_: Optional[torch.Tensor], n_: Optional[torch.Tensor], wav_norm_weight: torch.Tensor,
+                      wav_norm_bias: torch.Tensor, conv_weights: List[torch.Tensor], conv_biases: List[torch.Tensor],
+                      norm_weights: List[torch.Tensor], norm_biases: List[torch.Tensor],
+                      options: str) -> torch.Tensor:
+    """sincnet_from_bands under torch.compile: filters and sincnet, eagerly, when the compiled graph runs."""
+    filter_options, sincnet_options = _bands_options(options)
+    filters = sinc_filters(low_hz_, band_hz_, window_=window_, n_=n_, **filter_options)
+    return sincnet(waveforms, filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
+                   norm_biases, **sincnet_options).contiguous()
+
+
+@_sincnet_bands_op.register_fake
+def _sincnet_bands_fake(waveforms, low_hz_, band_hz_, window_, n_, wav_norm_weight, wav_norm_bias, conv_weights,
+                        conv_biases, norm_weights, norm_biases, options):
+    filter_options, sincnet_options = _bands_options(options)
+    filters = low_hz_.new_empty((2 * low_hz_.shape[0], 1, filter_options["kernel_size"]))
+    return _sincnet_fake(waveforms, filters, wav_norm_weight, wav_norm_bias, conv_weights, conv_biases, norm_weights,
+                         norm_biases, options_text(**sincnet_options))
 
 
 # ------------------------------------------------------------------------------------ conv1d
@@ -400,6 +484,11 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
     optional epilogue (ConvEpilogue: |x| -> max-pool -> leaky ReLU) fused into the kernel. A call whose
     signature (shapes, dtypes, devices, autograd, options) repeats an earlier one is not validated or routed
     again."""
+    if compiling():
+        if needs_grad(input, weight, bias):
+            return run_eagerly(conv1d, input, weight, bias, stride, padding, dilation, epilogue=epilogue)
+        return _conv1d_op(input, weight, bias, options_text(stride=stride, padding=padding, dilation=dilation,
+                                                            epilogue=_epilogue_values(epilogue)))
     signature = call_signature("conv1d", (input, weight, bias), (stride, padding, dilation, epilogue))
     r = routed_call(signature, lambda: _conv1d_request(input, weight, bias, stride, padding, dilation,
                                                        epilogue=epilogue),
@@ -411,3 +500,33 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, *,
     out = backend_module(r).conv1d(x, weight, bias, stride, padding if mode != "zeros" else pad, dilation,
                           epilogue=epilogue, candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out
+
+
+def _epilogue_values(epilogue):
+    """A ConvEpilogue as the literal a custom op's option string holds (anything else as is: validation judges it)."""
+    if isinstance(epilogue, ConvEpilogue):
+        return ("ConvEpilogue", epilogue.abs, epilogue.pool, epilogue.negative_slope)
+    return epilogue
+
+
+def _conv1d_options(options: str) -> dict:
+    values = options_from(options)
+    epilogue = values["epilogue"]
+    if isinstance(epilogue, tuple) and epilogue[:1] == ("ConvEpilogue",):
+        values["epilogue"] = ConvEpilogue(*epilogue[1:])
+    return values
+
+
+@torch.library.custom_op("rlx_triton::conv1d", mutates_args=())
+def _conv1d_op(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], options: str) -> torch.Tensor:
+    """conv1d under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs."""
+    return conv1d(input, weight, bias, **_conv1d_options(options)).contiguous()
+
+
+@_conv1d_op.register_fake
+def _conv1d_fake(input, weight, bias, options):
+    values = _conv1d_options(options)
+    request = _conv1d_request(input, weight, bias, values["stride"], values["padding"], values["dilation"],
+                              epilogue=values["epilogue"])
+    length = request.field_map["tokens"]
+    return input.new_empty((weight.shape[0], length) if input.dim() == 2 else (input.shape[0], weight.shape[0], length))

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from rlx_triton.ops._compiled import compiling, options_from, options_text, run_eagerly
 from rlx_triton.ops._checks import (FLOAT_DTYPES, InputShapeError, backend_module, call_signature, check_bool,
                                     check_device, check_input_channels, check_int, check_shape, check_tensor,
                                     needs_grad)
@@ -133,6 +134,10 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     candidate says otherwise). A call whose signature (shapes, dtypes, devices, autograd, options) repeats
     an earlier one is not validated or routed again.
     """
+    if compiling():
+        if needs_grad(x, weight, bias, residual):
+            return run_eagerly(conv2d, x, weight, bias, stride=stride, padding=padding, residual=residual, relu=relu)
+        return _conv2d_op(x, weight, bias, residual, options_text(stride=stride, padding=padding, relu=relu))
     signature = call_signature("conv2d", (x, weight, bias, residual), (stride, padding, relu))
     r = routed_call(signature, lambda: _conv2d_request(x, weight, bias, stride=stride, padding=padding,
                                                        residual=residual, relu=relu),
@@ -145,6 +150,23 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
                           padding=_check_int("padding", padding, 0), residual=residual, relu=relu,
                           candidate=r.candidate, route=r)
     return out.squeeze(0) if unbatched else out
+
+
+@torch.library.custom_op("rlx_triton::conv2d", mutates_args=())
+def _conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+               options: str) -> torch.Tensor:
+    """conv2d under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs."""
+    return conv2d(x, weight, bias, residual=residual, **options_from(options)).contiguous()
+
+
+@_conv2d_op.register_fake
+def _conv2d_fake(x, weight, bias, residual, options):
+    values = options_from(options)
+    _conv2d_request(x, weight, bias, residual=residual, **values)
+    stride, padding = _check_int("stride", values["stride"], 1), _check_int("padding", values["padding"], 0)
+    kh, kw = weight.shape[2], weight.shape[3]
+    spatial = (_out_size(x.shape[-2], kh, stride, padding), _out_size(x.shape[-1], kw, stride, padding))
+    return x.new_empty((*x.shape[:-3], weight.shape[0], *spatial))
 
 
 def _linear_request(x, weight, bias=None) -> Request:
@@ -172,9 +194,23 @@ def _linear_request(x, weight, bias=None) -> Request:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """torch.nn.functional.linear for 2-D x: the embedding projection, run as a 1x1 conv2d (a repeated call
     signature is not validated or routed again)."""
+    if compiling():
+        return run_eagerly(linear, x, weight, bias) if needs_grad(x, weight, bias) else _linear_op(x, weight, bias)
     r = routed_call(call_signature("linear", (x, weight, bias)), lambda: _linear_request(x, weight, bias),
                     lambda: (linear, (x, weight, bias), {}))
     return backend_module(r).linear(x, weight, bias, candidate=r.candidate, route=r)
+
+
+@torch.library.custom_op("rlx_triton::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """linear under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs."""
+    return linear(x, weight, bias).contiguous()
+
+
+@_linear_op.register_fake
+def _linear_fake(x, weight, bias):
+    _linear_request(x, weight, bias)
+    return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 def _pool_weights(x: torch.Tensor, weights: Optional[torch.Tensor]):
@@ -217,6 +253,10 @@ def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) 
     same shape, with weights (batch, speakers, frames) -> (batch, speakers, 2 * features). A repeated call
     signature is not validated or routed again.
     """
+    if compiling():
+        if needs_grad(sequences, weights):
+            return run_eagerly(stats_pool, sequences, weights)
+        return _stats_pool_op(sequences, weights)
     r = routed_call(call_signature("stats_pool", (sequences, weights)),
                     lambda: _stats_pool_request(sequences, weights), lambda: (stats_pool, (sequences, weights), {}))
     w, has_speakers = _pool_weights(sequences, weights)
@@ -225,6 +265,20 @@ def stats_pool(sequences: torch.Tensor, weights: Optional[torch.Tensor] = None) 
     if w is not None and not has_speakers:
         out = out[:, 0]
     return out
+
+
+@torch.library.custom_op("rlx_triton::stats_pool", mutates_args=())
+def _stats_pool_op(sequences: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """stats_pool under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs."""
+    return stats_pool(sequences, weights).contiguous()
+
+
+@_stats_pool_op.register_fake
+def _stats_pool_fake(sequences, weights):
+    _stats_pool_request(sequences, weights)
+    batch, features = sequences.shape[0], 2 * sequences.shape[1]
+    return sequences.new_empty((batch, weights.shape[1], features) if weights is not None and weights.dim() == 3
+                               else (batch, features))
 
 
 def fold_batchnorm(weight: torch.Tensor, bias: Optional[torch.Tensor], bn) -> tuple:

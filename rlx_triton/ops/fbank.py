@@ -38,6 +38,7 @@ from typing import Optional, Tuple
 import torch
 
 from rlx_triton.caches import LIMITS
+from rlx_triton.ops._compiled import compiling, options_from, options_text, run_eagerly
 from rlx_triton.ops._checks import backend_module, call_signature, check_dtype, check_is_tensor, needs_grad
 from rlx_triton.ops._request_spec import Derived, Feature, Features, Given, RequestSpec, Values, flag
 from rlx_triton.router import Request, routed_op
@@ -382,6 +383,10 @@ def fbank(waveform: torch.Tensor, blackman_coeff: float = 0.42, channel: int = -
         subtract_mean=subtract_mean, use_energy=use_energy, use_log_fbank=use_log_fbank, use_power=use_power,
         vtln_high=vtln_high, vtln_low=vtln_low, vtln_warp=vtln_warp, window_type=window_type,
         input_scale=input_scale)
+    if compiling():
+        if needs_grad(waveform):
+            return run_eagerly(fbank, waveform, **kwargs)
+        return _fbank_op(waveform, options_text(**kwargs))
     options = make_options(**kwargs)
     rows, single = _select(waveform, options)
     # the options are validated already (once per option set); the waveform's length against them and the
@@ -389,6 +394,25 @@ def fbank(waveform: torch.Tensor, blackman_coeff: float = 0.42, channel: int = -
     chosen = routed_call(call_signature(FAMILY, (waveform,), (options,)), lambda: _request_for(rows, options),
                          lambda: (fbank, (waveform,), kwargs))
     return run(rows, options, chosen, single=single)
+
+
+@torch.library.custom_op("rlx_triton::fbank", mutates_args=())
+def _fbank_op(waveform: torch.Tensor, options: str) -> torch.Tensor:
+    """fbank under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs."""
+    return fbank(waveform, **options_from(options)).contiguous()
+
+
+@_fbank_op.register_fake
+def _fbank_fake(waveform, options):
+    made = make_options(**options_from(options))
+    rows, single = _select(waveform, made)
+    _request_for(rows, made)   # the op's checks, on the traced shapes
+    out_dtype = torch.float64 if rows.dtype == torch.float64 else torch.float32
+    if made.too_short(rows.shape[-1]):
+        return waveform.new_empty((0,) if single else (rows.shape[0], 0, made.num_columns), dtype=out_dtype)
+    frames = max(made.num_frames(rows.shape[-1]), 0)
+    shape = (frames, made.num_columns) if single else (rows.shape[0], frames, made.num_columns)
+    return waveform.new_empty(shape, dtype=out_dtype)
 
 
 def run(rows: torch.Tensor, options: FbankOptions, chosen: Route, *, single: bool = False) -> torch.Tensor:

@@ -10,7 +10,7 @@ Routing: the attention step runs on a decode kernel when its coverage takes the 
 and the rotary embedding run in torch first, `backends/<backend>/sdpa_decode.flash_attn_with_kvcache`);
 the Triton kernel takes every FA2 argument: contiguous and paged caches (any page size), causal or not,
 local windows, softcap, ALiBi (per head or per batch x head), cache_batch_idx, cache_leftpad, new k/v and
-rotary. What a kernel does not cover (float64, more than 16 query tokens or head dims past 256, autograd;
+rotary. What a kernel does not cover (float64, more than 64 query tokens or head dims past 256, autograd;
 on Metal, which has no kv-cache entry point, everything) runs the torch path (backends/torch_ref/flash_attn.py),
 with the reason in explain, and strict mode raises MissingKernel naming it. Every argument is checked
 before anything is written, as FlashAttention checks it, with a ValueError or TypeError naming the argument.

@@ -10,11 +10,12 @@ autograd are typed refusals (Request features) that fall back to torch.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
+from rlx_triton.ops._compiled import compiling, options_from, options_text, run_eagerly
 from rlx_triton.ops._checks import (InputDtypeError, InputShapeError, backend_module, call_signature, check_bool,
                                     check_device, check_dtype, check_int, check_is_tensor, check_same_dtype, needs_grad)
 from rlx_triton.ops._request_spec import Derived, Feature, Given, RequestSpec, flag
@@ -121,6 +122,16 @@ def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: S
 
     A call whose signature (shapes, dtypes, devices, autograd, options) repeats an earlier one is not
     validated or routed again; packed sequences always are."""
+    if compiling():
+        options = dict(has_biases=has_biases, num_layers=num_layers, dropout=dropout, training=training,
+                       bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size)
+        # autograd and packed sequences run eagerly, where torch's LSTM takes them (no kernel covers them)
+        if isinstance(input, PackedSequence) or not isinstance(hx, (tuple, list, type(None))) \
+                or needs_grad(input, *(hx or ()), *flat_weights):
+            return run_eagerly(lstm, input, hx, flat_weights, **options)
+        h0, c0 = (None, None) if hx is None else hx
+        output, h_n, c_n = _lstm_op(input, h0, c0, list(flat_weights), options_text(**options))
+        return output, (h_n, c_n)
     signature = call_signature(OP, (input, hx, flat_weights),
                                (has_biases, num_layers, dropout, training, bidirectional, batch_first, proj_size))
     r = routed_call(signature, lambda: _lstm_request(
@@ -133,3 +144,29 @@ def lstm(input, hx: Optional[Tuple[torch.Tensor, torch.Tensor]], flat_weights: S
                          num_layers=num_layers, dropout=float(dropout), training=training,
                          bidirectional=bidirectional, batch_first=batch_first, proj_size=proj_size,
                          candidate=r.candidate, route=r)
+
+
+@torch.library.custom_op("rlx_triton::lstm", mutates_args=())
+def _lstm_op(input: torch.Tensor, h0: Optional[torch.Tensor], c0: Optional[torch.Tensor],
+             flat_weights: List[torch.Tensor], options: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lstm under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs. The state is
+    given as h0 and c0 (both or neither) and returned as h_n and c_n beside the output."""
+    state = None if h0 is None or c0 is None else (h0, c0)   # the wrapper passes both or neither
+    output, (h_n, c_n) = lstm(input, state, flat_weights, **options_from(options))
+    return output.contiguous(), h_n.contiguous(), c_n.contiguous()
+
+
+@_lstm_op.register_fake
+def _lstm_fake(input, h0, c0, flat_weights, options):
+    values = options_from(options)
+    request = _lstm_request(input, None if h0 is None or c0 is None else (h0, c0), flat_weights, **values)
+    fields = request.field_map
+    batch, seq, hidden = fields["batch"], fields["seq"], fields["hidden"]
+    states = fields["layers"] * fields["directions"]
+    width = values["proj_size"] or hidden
+    if input.dim() == 2:   # unbatched
+        return (input.new_empty((seq, fields["directions"] * width)), input.new_empty((states, width)),
+                input.new_empty((states, hidden)))
+    output = (batch, seq, fields["directions"] * width) if values["batch_first"] else \
+        (seq, batch, fields["directions"] * width)
+    return input.new_empty(output), input.new_empty((states, batch, width)), input.new_empty((states, batch, hidden))

@@ -312,7 +312,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  enable_gqa: bool = False) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention with torch's signature and semantics.
 
-    Decode-shaped calls (up to 16 query tokens, head dims up to 256, fp16/bf16/fp32, bool or float mask,
+    Decode-shaped calls (up to 64 query tokens, head dims up to 256, fp16/bf16/fp32, bool or float mask,
     top-left is_causal or a CausalBias, GQA/MQA, matching leading dims) run the split-K Triton decode
     kernel when the router picks it; everything else (dropout, long queries, broadcast batch dims, nested
     tensors, key and value head counts that differ, ...) runs torch's op. On the kernel, NaN and Inf land

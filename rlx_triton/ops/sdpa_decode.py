@@ -37,7 +37,8 @@ SDPA_DECODE_REQUEST = RequestSpec(
     KernelFamily.SDPA_DECODE.value, "sdpa_decode", ATTENTION_GIVEN,
     (Derived("m", lambda f, o: f["seq_q"] * (f["num_heads"] // f["num_kv_heads"]), "seq_q x num_heads / num_kv_heads",
              ("seq_q", "num_heads", "num_kv_heads"), "query rows per KV head"), TOKENS),
-    {"mask": Feature("none", ("none",)), "causal": Feature("bottom_right", ("bottom_right",)),
+    # mask "tree": a tree_mask decides the Lq newest keys (the prefix before them is seen by every token)
+    {"mask": Feature("none", ("none", "tree")), "causal": Feature("bottom_right", ("bottom_right",)),
      "dropout": Feature(False, (False,)), "layout": Feature("batched", ("batched",)),
      "requires_grad": flag(False),
      # FlashAttention's options, named only when in use (a backend's coverage must name each one it takes)
@@ -48,13 +49,15 @@ SDPA_DECODE_REQUEST = RequestSpec(
 )
 
 
-def _decode_window(window_size, s_max: int) -> Tuple[int, int]:
+def _decode_window(window_size, s_max: int, tree: bool = False) -> Tuple[int, int]:
     """The local window sdpa_decode hands a backend, normalized as FlashAttention normalizes a causal call's
     (backends/torch_ref/flash_attn.window_masking): the causal mask bounds the right side (right = 0), and a
     left side reaching the whole cache is unbounded. (left, 0) where it bounds the keys beyond the causal
-    mask, (-1, -1) where the causal mask alone does. Plain arithmetic: the wrapper runs it under torch.compile."""
+    mask, (-1, -1) where the causal mask alone does. Under a tree mask, which decides the newest keys in place
+    of the causal mask, the right side is unbounded: (left, -1). Plain arithmetic: the wrapper runs it under
+    torch.compile."""
     left = window_size[0]
-    return (left, 0) if 0 <= left < s_max else (-1, -1)
+    return (left, -1 if tree else 0) if 0 <= left < s_max else (-1, -1)
 
 
 def _decode_options(window: Tuple[int, int], softcap: float, alibi_slopes: Optional[torch.Tensor]) -> Dict[str, Any]:
@@ -71,7 +74,7 @@ def _decode_options(window: Tuple[int, int], softcap: float, alibi_slopes: Optio
 
 
 def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=None, window_size=(-1, -1),
-                     softcap=0.0, alibi_slopes=None) -> None:
+                     softcap=0.0, alibi_slopes=None, tree_mask=None) -> None:
     op = "sdpa_decode"
     paged = block_table is not None
     for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -113,6 +116,23 @@ def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=
         _check_pages(block_table, cache_seqlens, k_cache)
     check_attention_options(op, AttentionInputError, window_size=window_size, softcap=softcap,
                             alibi_slopes=alibi_slopes, batch=batch, num_heads=heads, device=query.device)
+    if tree_mask is not None:
+        _check_tree_mask(tree_mask, batch, seq_q, query.device)
+
+
+def _check_tree_mask(tree_mask, batch: int, seq_q: int, device: torch.device) -> None:
+    """A bool (Lq, Lq) or (B, Lq, Lq) tensor on the query's device; any other dtype or shape is a ValueError (an
+    int8 or float mask would read as a different mask), as the issue's contract for tree_mask says."""
+    op = "sdpa_decode"
+    check_is_tensor("tree_mask", tree_mask, op=op)
+    if tree_mask.dtype != torch.bool:
+        raise AttentionInputError(f"{op}: tree_mask must be a bool tensor (True: the token sees that draft "
+                                  f"position), got {tree_mask.dtype}")
+    if tuple(tree_mask.shape) not in ((seq_q, seq_q), (batch, seq_q, seq_q)):
+        raise AttentionInputError(f"{op}: tree_mask must have shape (Lq, Lq) = ({seq_q}, {seq_q}) or (B, Lq, Lq) = "
+                                  f"({batch}, {seq_q}, {seq_q}), got {tuple(tree_mask.shape)}")
+    if tree_mask.device != device:
+        raise AttentionInputError(f"{op}: tree_mask must be on {device}, got {tree_mask.device}")
 
 
 def _check_decode_lengths(cache_seqlens, batch: int, s_max: int, device: torch.device) -> None:
@@ -162,20 +182,21 @@ def _check_cache_lengths(cache_seqlens: torch.Tensor, s_max: int) -> None:
 
 
 def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, return_lse=False,
-                    block_table=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    block_table=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, tree_mask=None,
                     _validate=True) -> Request:
     """Validates an sdpa_decode call and reduces it to a routing Request (what explain() shows); a paged
     cache, a local window, a softcap and ALiBi slopes are the features paged, window, softcap and alibi, which
-    a backend's coverage must name."""
+    a backend's coverage must name; a tree mask is mask "tree"."""
     if _validate:
         _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
-                         alibi_slopes)
+                         alibi_slopes, tree_mask)
     batch, heads, seq_q, head_dim = query.shape
     kv_heads, s_max = k_cache.shape[1], _decode_capacity(k_cache, block_table)
-    features = {"mask": "none", "causal": "bottom_right", "dropout": False, "layout": "batched",
-                "requires_grad": needs_grad(query, k_cache, v_cache)}
+    tree = tree_mask is not None
+    features = {"mask": "tree" if tree else "none", "causal": "bottom_right", "dropout": False,
+                "layout": "batched", "requires_grad": needs_grad(query, k_cache, v_cache)}
     features.update(attention_option_features(paged=block_table is not None,
-                                              local_window=_decode_window(window_size, s_max) != (-1, -1),
+                                              local_window=_decode_window(window_size, s_max, tree) != (-1, -1),
                                               softcap=softcap, alibi_slopes=alibi_slopes))
     return SDPA_DECODE_REQUEST.make(
         {"batch": batch, "num_heads": heads, "head_dim": head_dim, "seq_q": seq_q, "seq_kv": s_max,
@@ -187,41 +208,53 @@ def _sdpa_decode_op(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     cache_seqlens: Optional[torch.Tensor], scale: Optional[float],
                     block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
                     softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+                    tree_mask: Optional[torch.Tensor] = None,
                     decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     window = (window_left, window_right)   # already normalized by the wrapper (`_decode_window`)
     chosen = _decisions.received(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
         chosen = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                                        window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                                       _validate=False))
+                                       tree_mask=tree_mask, _validate=False))
     out, lse = _run_decode(chosen, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
-                           alibi_slopes)
+                           alibi_slopes, tree_mask)
     return out.contiguous(), lse.contiguous()
 
 
 def _run_decode(chosen: Route, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
-                alibi_slopes) -> Tuple[torch.Tensor, torch.Tensor]:
+                alibi_slopes, tree_mask) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a decode call on its route's backend (what the custom op runs)."""
     options: Dict[str, Any] = {"route": chosen} if chosen.backend == "triton" else {}
-    if block_table is not None:  # only backends whose coverage names paged=True are routed one
-        options["block_table"] = block_table
-    options.update(_decode_options(window, softcap, alibi_slopes))
+    options.update(_backend_options(block_table, window, softcap, alibi_slopes, tree_mask))
     backend = chosen.module
     assert backend is not None, "route() names the module that runs the call"
-    return backend.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
-                               cache_seqlens=cache_seqlens, candidate=chosen.candidate, **options)
+    return backend.sdpa_decode(query, k_cache, v_cache, scale=scale, cache_seqlens=cache_seqlens,
+                               candidate=chosen.candidate, **options)
+
+
+def _backend_options(block_table, window, softcap, alibi_slopes, tree_mask) -> Dict[str, Any]:
+    """A backend's keywords for a decode call: its causal alignment (bottom-right, or none under a tree mask,
+    which decides the newest keys instead), the block table and the tree mask where given (only backends whose
+    coverage names paged=True or mask "tree" are routed them) and FlashAttention's options in use."""
+    options: Dict[str, Any] = {"causal": "none" if tree_mask is not None else "bottom_right"}
+    if block_table is not None:
+        options["block_table"] = block_table
+    if tree_mask is not None:
+        options["tree_mask"] = tree_mask
+    options.update(_decode_options(window, softcap, alibi_slopes))
+    return options
 
 
 @_sdpa_decode_op.register_fake
 def _sdpa_decode_fake(query, k_cache, v_cache, cache_seqlens, scale, block_table=None, window_left=-1,
-                      window_right=-1, softcap=0.0, alibi_slopes=None, decision=None):
+                      window_right=-1, softcap=0.0, alibi_slopes=None, tree_mask=None, decision=None):
     batch, heads, seq_q, _ = query.shape
     out = query.new_empty((batch, heads, seq_q, v_cache.shape[-1]))
     return out, query.new_empty((batch, heads, seq_q), dtype=torch.float32)
 
 
 def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
-                      alibi_slopes) -> Optional[tuple]:
+                      alibi_slopes, tree_mask) -> Optional[tuple]:
     """What validation (bar the cache lengths' values) and routing read from an sdpa_decode call."""
     try:
         # values and their types: True == 1 hashes alike, but validation tells them apart
@@ -233,6 +266,7 @@ def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table
                      type(scale), None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype,
                                                                       cache_seqlens.device),
                      None if block_table is None else (block_table.shape, block_table.dtype, block_table.device),
+                     None if tree_mask is None else (tree_mask.shape, tree_mask.dtype, tree_mask.device),
                      options)
         hash(signature)
     except (AttributeError, TypeError):
@@ -246,7 +280,8 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 cache_seqlens: Optional[torch.Tensor] = ..., *, scale: Optional[float] = ...,
                 return_lse: Literal[False] = ..., block_table: Optional[torch.Tensor] = ...,
                 window_size: Tuple[int, int] = ..., softcap: float = ...,
-                alibi_slopes: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
+                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...
+                ) -> torch.Tensor: ...
 
 
 @overload
@@ -254,7 +289,8 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 cache_seqlens: Optional[torch.Tensor] = ..., *, scale: Optional[float] = ...,
                 return_lse: Literal[True], block_table: Optional[torch.Tensor] = ...,
                 window_size: Tuple[int, int] = ..., softcap: float = ...,
-                alibi_slopes: Optional[torch.Tensor] = ...) -> Tuple[torch.Tensor, torch.Tensor]: ...
+                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...
+                ) -> Tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @overload
@@ -262,7 +298,7 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 cache_seqlens: Optional[torch.Tensor] = ..., *, scale: Optional[float] = ...,
                 return_lse: bool = ..., block_table: Optional[torch.Tensor] = ...,
                 window_size: Tuple[int, int] = ..., softcap: float = ...,
-                alibi_slopes: Optional[torch.Tensor] = ...
+                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...
                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
 
 
@@ -271,7 +307,7 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 cache_seqlens: Optional[torch.Tensor] = None, *, scale: Optional[float] = None,
                 return_lse: bool = False, block_table: Optional[torch.Tensor] = None,
                 window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                alibi_slopes: Optional[torch.Tensor] = None
+                alibi_slopes: Optional[torch.Tensor] = None, tree_mask: Optional[torch.Tensor] = None
                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of Lq new tokens against a KV cache, one valid length per sequence.
 
@@ -280,6 +316,10 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     j <= i + L_b - Lq, and a token that sees none gives 0. Keys at or past a sequence's length are never read.
     NaN and Inf follow torch's math SDPA within each valid part: NaN or +inf in a query row or a valid key
     gives that row NaN (lse NaN), NaN or Inf in a valid value gives NaN.
+
+    With tree_mask (speculative decoding's verification of a draft tree) the Lq tokens are still the last Lq
+    positions, but token i sees every key before L_b - Lq (the prefix) and key L_b - Lq + t iff
+    tree_mask[b, i, t], in place of the causal mask: a lower-triangular tree_mask gives the causal result.
 
     Args:
         query: (B, Hq, Lq, D), torch SDPA's layout (heads before tokens; rt.flash_attn_with_kvcache takes
@@ -303,6 +343,13 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         alibi_slopes: (Hq,) or (B, Hq) float32, adds -slope * |i + L_b - Lq - j| to the score of key j, in
             FlashAttention's form. window_size, softcap and alibi_slopes run on the Triton kernel; Metal
             refuses them (the torch path runs).
+        tree_mask: bool (Lq, Lq), shared by the batch, or (B, Lq, Lq): row i says which of the Lq newest
+            positions token i sees (its ancestors in the draft tree and itself). It composes with paged caches,
+            GQA, scale, softcap, alibi_slopes (-slope * |L_b - Lq + i - j|), window_size (counted from each
+            token's position L_b - Lq + i, so a window also hides far ancestors) and return_lse. The Triton
+            kernel takes Lq <= 64; other calls run torch. On the torch path a call without return_lse runs
+            torch's SDPA with the tree's mask over the (gathered) cache, which reads every cache position: a
+            NaN or Inf stored past a sequence's length reaches its rows there, as in torch.
 
     Returns:
         out (B, Hq, Lq, Dv) in query's dtype; with return_lse=True, (out, lse) with lse (B, Hq, Lq) float32
@@ -311,7 +358,8 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     Raises:
         TypeError: a wrong type or dtype (the message names the argument).
         ValueError: a wrong shape, length, value or device, before any launch (a head count that fits
-            flash_attn_with_kvcache's layout says so).
+            flash_attn_with_kvcache's layout says so); a tree_mask that is not bool or not (Lq, Lq) /
+            (B, Lq, Lq).
         rt.MissingKernel: in strict mode, when no kernel covers the call.
 
     Example:
@@ -331,47 +379,53 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         ...                        alibi_slopes=slopes)
         >>> local.shape
         torch.Size([2, 32, 1, 128])
+        >>> draft = torch.randn(2, 32, 4, 128)                 # 4 drafted tokens: root, two children, a grandchild
+        >>> tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+        >>> rt.sdpa_decode(draft, k_cache, v_cache, lengths, tree_mask=tree).shape
+        torch.Size([2, 32, 4, 128])
     """
     if scale is not None and not isinstance(scale, float):
         scale = scale_value(scale, "sdpa_decode")
     compiling = torch.compiler.is_compiling()
     signature = None if compiling else _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table,
-                                                         window_size, softcap, alibi_slopes)
+                                                         window_size, softcap, alibi_slopes, tree_mask)
     decided = exact_route(signature) if signature is not None else None
     if decided is None:
         _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
-                         alibi_slopes)
+                         alibi_slopes, tree_mask)
     else:   # the values change between calls
         if cache_seqlens is not None:
             _check_cache_lengths(cache_seqlens, _decode_capacity(k_cache, block_table))
         if block_table is not None:
             _check_pages(block_table, cache_seqlens, k_cache)
     scale = None if scale is None else float(scale)
-    window = _decode_window(window_size, _decode_capacity(k_cache, block_table))
+    window = _decode_window(window_size, _decode_capacity(k_cache, block_table), tree_mask is not None)
     softcap = float(softcap)
     if decided is None and (not compiling or needs_grad(query, k_cache, v_cache)):
         # eager calls (and, under torch.compile, calls autograd records) are routed here, once
         decided = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                                         window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                                        _validate=False),
+                                        tree_mask=tree_mask, _validate=False),
                         call=lambda: (sdpa_decode, (query, k_cache, v_cache, cache_seqlens),
                                       dict(scale=scale, block_table=block_table, window_size=window_size,
-                                           softcap=softcap, alibi_slopes=alibi_slopes)))
+                                           softcap=softcap, alibi_slopes=alibi_slopes, tree_mask=tree_mask)))
         if signature is not None:
             remember_exact_route(signature, decided)
     if decided is not None and decided.backend == "torch":
         # the library fallback outside the custom op: differentiable, and no custom-op dispatch cost
         from rlx_triton.backends.torch_ref import sdpa_decode as library
 
-        out, lse = library.sdpa_decode(query, k_cache, v_cache, causal="bottom_right", scale=scale,
-                                       cache_seqlens=cache_seqlens, block_table=block_table, candidate=None,
-                                       **_decode_options(window, softcap, alibi_slopes))
+        options = _backend_options(block_table, window, softcap, alibi_slopes, tree_mask)
+        if not return_lse:   # the output alone (a tree mask's: torch's SDPA, `sdpa_decode_output`)
+            return library.sdpa_decode_output(query, k_cache, v_cache, scale=scale, cache_seqlens=cache_seqlens,
+                                              **options)
+        out, lse = library.sdpa_decode(query, k_cache, v_cache, scale=scale, cache_seqlens=cache_seqlens,
+                                       candidate=None, **options)
     elif decided is not None and decided is planning_route():   # a speed model's plan: the launches, not the op
         out, lse = _run_decode(decided, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
-                               alibi_slopes)
+                               alibi_slopes, tree_mask)
     else:
         out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale, block_table, window[0], window[1],
-                                   softcap, alibi_slopes, None if decided is None else _decisions.hand_off(decided))
+                                   softcap, alibi_slopes, tree_mask,
+                                   None if decided is None else _decisions.hand_off(decided))
     return (out, lse) if return_lse else out
-
-

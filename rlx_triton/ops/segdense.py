@@ -9,10 +9,11 @@ module the router picks (`backends/triton/segdense/`, or `backends/torch_ref/seg
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
+from rlx_triton.ops._compiled import compiling, options_from, options_text, run_eagerly
 from rlx_triton.ops._checks import (InputShapeError, backend_module, call_signature, check_device, check_dtype,
                                     check_is_tensor, check_shape, needs_grad)
 from rlx_triton.ops._request_spec import Derived, Feature, Given, RequestSpec, flag
@@ -89,6 +90,11 @@ def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[
 
     A call whose signature (shapes, dtypes, devices, autograd, activation) repeats an earlier one is not
     validated or routed again."""
+    if compiling():
+        if needs_grad(x, *weights, *biases, classifier_weight, classifier_bias):
+            return run_eagerly(segdense, x, weights, biases, classifier_weight, classifier_bias, activation=activation)
+        return _segdense_op(x, list(weights), list(biases), classifier_weight, classifier_bias,
+                            options_text(activation=activation))
     signature = call_signature(OP, (x, weights, biases, classifier_weight, classifier_bias), (activation,))
     r = routed_call(signature, lambda: _segdense_request(x, weights, biases, classifier_weight, classifier_bias,
                                                          activation=activation),
@@ -96,3 +102,17 @@ def segdense(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[
                              {"activation": activation}))
     return backend_module(r).segdense(x, list(weights), list(biases), classifier_weight, classifier_bias,
                              activation=activation, candidate=r.candidate)
+
+
+@torch.library.custom_op("rlx_triton::segdense", mutates_args=())
+def _segdense_op(x: torch.Tensor, weights: List[torch.Tensor], biases: List[Optional[torch.Tensor]],
+                 classifier_weight: torch.Tensor, classifier_bias: Optional[torch.Tensor],
+                 options: str) -> torch.Tensor:
+    """segdense under torch.compile (ops/_compiled.py): the eager op, run when the compiled graph runs."""
+    return segdense(x, weights, biases, classifier_weight, classifier_bias, **options_from(options)).contiguous()
+
+
+@_segdense_op.register_fake
+def _segdense_fake(x, weights, biases, classifier_weight, classifier_bias, options):
+    _segdense_request(x, weights, biases, classifier_weight, classifier_bias, **options_from(options))
+    return x.new_empty((*x.shape[:-1], classifier_weight.shape[0]))

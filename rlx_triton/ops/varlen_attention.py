@@ -15,7 +15,7 @@ ValueError or TypeError naming it.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Tuple, Union, overload
+from typing import Any, Dict, Literal, Optional, Tuple, Union, overload
 
 import torch
 
@@ -29,7 +29,7 @@ from rlx_triton.router import Request, route, routed_op
 from rlx_triton.router.route import planning_route
 
 _OP = "flash_attn_varlen_func"
-_INDEX_DTYPES = (torch.int32, torch.int64)
+INDEX_DTYPES = (torch.int32, torch.int64)
 # (out, softmax_lse, S_dmask): what return_attn_probs=True returns
 _WithAttnProbs = Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
@@ -51,7 +51,8 @@ def _length(value):
     return value
 
 
-def _check_int(op: str, name: str, value) -> None:
+def check_length(op: str, name: str, value) -> None:
+    """A maximum sequence length: an int >= 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise (TypeError if not isinstance(value, int) or isinstance(value, bool) else VarlenAttentionInputError)(
             f"{op}: {name} must be an int >= 0, got {value!r}")
@@ -80,42 +81,62 @@ def _check_options(op: str, q, dropout_p, softmax_scale, causal, window_size, so
                                             f"{tuple(s_aux.shape)} on {s_aux.device}")
 
 
-def _check_qkv(op: str, q, k, v, q_dims: int, kv_dims: int) -> None:
-    for name, tensor, dims in (("q", q, q_dims), ("k", k, kv_dims), ("v", v, kv_dims)):
+def check_qkv(op: str, q, k, v, q_dims: int, kv_dims: int, names: Tuple[str, str, str] = ("q", "k", "v")) -> None:
+    q_name, k_name, v_name = names
+    for name, tensor, dims in ((q_name, q, q_dims), (k_name, k, kv_dims), (v_name, v, kv_dims)):
         check_is_tensor(name, tensor, op=op)
         if tensor.dim() != dims:
             raise VarlenAttentionInputError(f"{op}: {name} must be {dims}-D, got shape {tuple(tensor.shape)}")
         if tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {tensor.dtype}")
         if tensor.dtype != q.dtype:
-            raise TypeError(f"{op}: {name} must have the dtype of q ({q.dtype}), got {tensor.dtype}")
+            raise TypeError(f"{op}: {name} must have the dtype of {q_name} ({q.dtype}), got {tensor.dtype}")
         if tensor.device != q.device:
-            raise VarlenAttentionInputError(f"{op}: {name} must be on q's device {q.device}, got {tensor.device}")
+            raise VarlenAttentionInputError(f"{op}: {name} must be on {q_name}'s device {q.device}, got "
+                                            f"{tensor.device}")
     num_heads, head_dim = q.shape[-2], q.shape[-1]
     num_kv_heads = k.shape[-2]
     if head_dim == 0 or num_heads == 0 or v.shape[-1] == 0:
-        raise VarlenAttentionInputError(f"{op}: q and v must have nonzero heads and head dims, got q "
-                                        f"{tuple(q.shape)} and v {tuple(v.shape)}")
+        raise VarlenAttentionInputError(f"{op}: {q_name} and {v_name} must have nonzero heads and head dims, got "
+                                        f"{q_name} {tuple(q.shape)} and {v_name} {tuple(v.shape)}")
     if k.shape[-1] != head_dim:
-        raise VarlenAttentionInputError(f"{op}: k's head dim must equal q's ({head_dim}), got shape {tuple(k.shape)}")
+        raise VarlenAttentionInputError(f"{op}: {k_name}'s head dim must equal {q_name}'s ({head_dim}), got shape "
+                                        f"{tuple(k.shape)}")
     if tuple(v.shape[:-1]) != tuple(k.shape[:-1]):
-        raise VarlenAttentionInputError(f"{op}: v must have shape {tuple(k.shape[:-1])} + (Dv,), got "
+        raise VarlenAttentionInputError(f"{op}: {v_name} must have shape {tuple(k.shape[:-1])} + (Dv,), got "
                                         f"{tuple(v.shape)}")
     if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
         raise VarlenAttentionInputError(f"{op}: number of heads in key/value ({num_kv_heads}) must divide number "
                                         f"of heads in query ({num_heads})")
 
 
-def _check_offsets(name: str, value, batch_plus_one: Optional[int], device: torch.device) -> None:
-    check_is_tensor(name, value, op=_OP)
-    if value.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{_OP}: {name} must have dtype torch.int32 (or torch.int64), got {value.dtype}")
+def check_offsets(name: str, value, batch_plus_one: Optional[int], device: torch.device, op: str = _OP) -> None:
+    check_is_tensor(name, value, op=op)
+    if value.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{op}: {name} must have dtype torch.int32 (or torch.int64), got {value.dtype}")
     if value.dim() != 1 or value.shape[0] < 2 or (batch_plus_one is not None and value.shape[0] != batch_plus_one):
         expected = "(batch_size + 1,)" if batch_plus_one is None else f"({batch_plus_one},)"
-        raise VarlenAttentionInputError(f"{_OP}: {name} must have shape {expected}, batch_size >= 1, got "
+        raise VarlenAttentionInputError(f"{op}: {name} must have shape {expected}, batch_size >= 1, got "
                                         f"{tuple(value.shape)}")
     if value.device != device:
-        raise VarlenAttentionInputError(f"{_OP}: {name} must be on {device}, got {value.device}")
+        raise VarlenAttentionInputError(f"{op}: {name} must be on {device}, got {value.device}")
+
+
+def check_block_table(block_table, batch: int, k: torch.Tensor, q: torch.Tensor, op: str = _OP,
+                      k_name: str = "k") -> None:
+    """A (batch, max_num_blocks >= 1) int32/int64 page table on q's device, over a paged k of >= 1 page of >= 1
+    slot."""
+    check_is_tensor("block_table", block_table, op=op)
+    if block_table.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{op}: block_table must have dtype torch.int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+        raise VarlenAttentionInputError(f"{op}: block_table must have shape (batch_size, max_num_blocks) = "
+                                        f"({batch}, >= 1), got {tuple(block_table.shape)}")
+    if block_table.device != q.device:
+        raise VarlenAttentionInputError(f"{op}: block_table must be on {q.device}, got {block_table.device}")
+    if k.shape[0] == 0 or k.shape[1] == 0:
+        raise VarlenAttentionInputError(f"{op}: a paged {k_name} must hold at least one page of one slot, got "
+                                        f"shape {tuple(k.shape)}")
 
 
 def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
@@ -123,64 +144,76 @@ def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      s_aux) -> None:
     """FlashAttention's argument checks for the varlen call, without reading tensor data."""
     paged = block_table is not None
-    _check_qkv(_OP, q, k, v, 3, 4 if paged else 3)
-    _check_offsets("cu_seqlens_q", cu_seqlens_q, None, q.device)
+    check_qkv(_OP, q, k, v, 3, 4 if paged else 3)
+    check_offsets("cu_seqlens_q", cu_seqlens_q, None, q.device)
     batch = cu_seqlens_q.shape[0] - 1
-    _check_offsets("cu_seqlens_k", cu_seqlens_k, batch + 1, q.device)
-    _check_int(_OP, "max_seqlen_q", max_seqlen_q)
-    _check_int(_OP, "max_seqlen_k", max_seqlen_k)
+    check_offsets("cu_seqlens_k", cu_seqlens_k, batch + 1, q.device)
+    check_length(_OP, "max_seqlen_q", max_seqlen_q)
+    check_length(_OP, "max_seqlen_k", max_seqlen_k)
     if paged:
-        check_is_tensor("block_table", block_table, op=_OP)
-        if block_table.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"{_OP}: block_table must have dtype torch.int32, got {block_table.dtype}")
-        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
-            raise VarlenAttentionInputError(f"{_OP}: block_table must have shape (batch_size, max_num_blocks) = "
-                                            f"({batch}, >= 1), got {tuple(block_table.shape)}")
-        if block_table.device != q.device:
-            raise VarlenAttentionInputError(f"{_OP}: block_table must be on {q.device}, got {block_table.device}")
-        if k.shape[0] == 0 or k.shape[1] == 0:
-            raise VarlenAttentionInputError(f"{_OP}: a paged k must hold at least one page of one slot, got "
-                                            f"shape {tuple(k.shape)}")
+        check_block_table(block_table, batch, k, q)
     _check_options(_OP, q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                    return_attn_probs, s_aux, batch)
 
 
-def _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table) -> None:
-    """The checks that read the offsets and the block table (a host sync): skipped while compiling, tracing
-    fakes or capturing a CUDA graph, where they are the caller's contract."""
+# the names a varlen entry point gives its arguments, in its error messages
+FA_NAMES = {"op": _OP, "q": "q", "k": "k", "cu_q": "cu_seqlens_q", "cu_k": "cu_seqlens_k", "max_q": "max_seqlen_q",
+            "max_k": "max_seqlen_k"}
+
+
+def check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, seqused_k=None,
+                 names=FA_NAMES) -> None:
+    """The checks that read the offsets, the used key counts and the block table (a host sync): skipped while
+    compiling, tracing fakes or capturing a CUDA graph, where they are the caller's contract."""
     if not values_readable(cu_seqlens_q):
         return
-    for name, offsets, bound, rows in (("cu_seqlens_q", cu_seqlens_q, max_seqlen_q, q.shape[0]),
-                                       ("cu_seqlens_k", cu_seqlens_k, max_seqlen_k, None)):
+    op = names["op"]
+    checked = [(names["cu_q"], cu_seqlens_q, max_seqlen_q, names["max_q"], q.shape[0])]
+    if cu_seqlens_k is not None:   # with seqused_k its differences are no key counts: only its start and order
+        checked.append((names["cu_k"], cu_seqlens_k, None if seqused_k is not None else max_seqlen_k,
+                        names["max_k"], None))
+    for name, offsets, bound, bound_name, rows in checked:
         lengths = offsets[1:] - offsets[:-1]
         if int(offsets[0]) != 0 or bool((lengths < 0).any()):
-            raise VarlenAttentionInputError(f"{_OP}: {name} must start at 0 and never decrease")
-        if int(lengths.max()) > bound:
-            raise VarlenAttentionInputError(f"{_OP}: a sequence of {name} is longer ({int(lengths.max())}) than "
-                                            f"max_seqlen_{name[-1]} ({bound})")
+            raise VarlenAttentionInputError(f"{op}: {name} must start at 0 and never decrease")
+        if bound is not None and int(lengths.max()) > bound:
+            raise VarlenAttentionInputError(f"{op}: a sequence of {name} is longer ({int(lengths.max())}) than "
+                                            f"{bound_name} ({bound})")
         if rows is not None and int(offsets[-1]) > rows:
-            raise VarlenAttentionInputError(f"{_OP}: {name}[-1] ({int(offsets[-1])}) exceeds q's {rows} tokens")
-    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
+            raise VarlenAttentionInputError(f"{op}: {name}[-1] ({int(offsets[-1])}) exceeds {names['q']}'s {rows} "
+                                            f"tokens")
+    if seqused_k is not None:
+        lengths_k = seqused_k.to(torch.int64)
+        if bool((lengths_k < 0).any()) or int(lengths_k.max()) > max_seqlen_k:
+            raise VarlenAttentionInputError(f"{op}: every seqused_k entry must be in [0, {names['max_k']}="
+                                            f"{max_seqlen_k}], got values in [{int(lengths_k.min())}, "
+                                            f"{int(lengths_k.max())}]")
+    else:
+        lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
     if block_table is None:
-        if int(cu_seqlens_k[-1]) > k.shape[0]:
-            raise VarlenAttentionInputError(f"{_OP}: cu_seqlens_k[-1] ({int(cu_seqlens_k[-1])}) exceeds k's "
-                                            f"{k.shape[0]} tokens")
+        if seqused_k is None and int(cu_seqlens_k[-1]) > k.shape[0]:
+            raise VarlenAttentionInputError(f"{op}: {names['cu_k']}[-1] ({int(cu_seqlens_k[-1])}) exceeds "
+                                            f"{names['k']}'s {k.shape[0]} tokens")
+        if seqused_k is not None and int((cu_seqlens_k[:-1].to(torch.int64) + lengths_k).max()) > k.shape[0]:
+            raise VarlenAttentionInputError(f"{op}: a sequence's keys ({names['cu_k']}[s] + seqused_k[s]) run past "
+                                            f"{names['k']}'s {k.shape[0]} tokens")
         return
     page_size = k.shape[1]
     if int(lengths_k.max()) > block_table.shape[1] * page_size:
-        raise VarlenAttentionInputError(f"{_OP}: a sequence's keys ({int(lengths_k.max())}) exceed its "
+        raise VarlenAttentionInputError(f"{op}: a sequence's keys ({int(lengths_k.max())}) exceed its "
                                         f"block_table's {block_table.shape[1]} pages of {page_size}")
     needed = (lengths_k + page_size - 1) // page_size
     used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < needed[:, None]
     pages = block_table[used]
     if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= k.shape[0]):
-        raise VarlenAttentionInputError(f"{_OP}: block_table entries of the pages a sequence uses must be in "
-                                        f"[0, {k.shape[0]}) (k's pages)")
+        raise VarlenAttentionInputError(f"{op}: block_table entries of the pages a sequence uses must be in "
+                                        f"[0, {k.shape[0]}) ({names['k']}'s pages)")
 
 
-def _request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
-             alibi_slopes, block_table, s_aux, layout: str) -> Request:
-    """The routing request: the kernel's fields, and each FA option in use as a feature the coverage must name."""
+def varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
+             alibi_slopes, block_table, s_aux, layout: str, *, op: str = _OP, seqused: bool = False) -> Request:
+    """The routing request: the kernel's fields, and each FA option in use as a feature the coverage must name
+    (seqused: the call gives each sequence's used key count, varlen_attn's seqused_k)."""
     total_q, num_heads, head_dim = q.shape
     mask = masking(causal, tuple(window_size), max_seqlen_q, max_seqlen_k, alibi_slopes is not None)
     features = {"dropout": dropout_p > 0, "layout": layout, "causal": "bottom_right" if mask.is_causal else "none",
@@ -189,51 +222,66 @@ def _request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causa
                                               softcap=softcap, alibi_slopes=alibi_slopes))
     if s_aux is not None:
         features["sinks"] = True
+    if seqused:
+        features["seqused"] = True
     # a bound of 0 (no sequence has a query token, or a key) routes as 1: the kernel runs it all the same
     fields = {"tokens": total_q, "batch": cu_seqlens_q.shape[0] - 1, "num_heads": num_heads, "head_dim": head_dim,
               "seq_q": max(1, max_seqlen_q), "seq_kv": max(1, max_seqlen_k), "num_kv_heads": k.shape[-2],
               "head_dim_v": v.shape[-1]}
     if block_table is not None:
         fields["page_size"] = k.shape[1]
-    return Request.make(KernelFamily.VARLEN_ATTENTION, _OP, tensor=q, fields=fields, features=features)
+    return Request.make(KernelFamily.VARLEN_ATTENTION, op, tensor=q, fields=fields, features=features)
 
 
 def _run(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-         window_size, softcap, alibi_slopes, block_table, s_aux, return_probs=False):
-    options = {"route": chosen} if chosen.backend == "triton" else {}
-    return chosen.module.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                softmax_scale, causal, tuple(window_size), float(softcap),
-                                                alibi_slopes, block_table, s_aux, float(dropout_p),
-                                                return_probs=return_probs, candidate=chosen.candidate, **options)
+         window_size, softcap, alibi_slopes, block_table, s_aux, return_probs=False, varlen_attn=None):
+    """(out, lse, S_dmask) on the route's backend: its flash_attn_varlen_func, or with `varlen_attn` (rt.varlen_attn's
+    seqused_k and num_splits) its varlen_attn."""
+    options: Dict[str, Any] = {"route": chosen} if chosen.backend == "triton" else {}
+    run = chosen.module.flash_attn_varlen_func
+    if varlen_attn is not None:
+        run = chosen.module.varlen_attn
+        options.update(varlen_attn)
+    return run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+               tuple(window_size), float(softcap), alibi_slopes, block_table, s_aux, float(dropout_p),
+               return_probs=return_probs, candidate=chosen.candidate, **options)
 
 
 @torch.library.custom_op("rlx_triton::flash_attn_varlen", mutates_args=())
 def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float],
-               causal: bool, window_left: int, window_right: int, softcap: float,
+               cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                alibi_slopes: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
-               s_aux: Optional[torch.Tensor], layout: str,
-               decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               s_aux: Optional[torch.Tensor], layout: str, decision: Optional[str] = None,
+               seqused_k: Optional[torch.Tensor] = None, num_splits: Optional[int] = None,
+               op: str = _OP) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One routed varlen call; `op` "varlen_attn" (rt.varlen_attn, with seqused_k and num_splits) runs the
+    backends' varlen_attn, cu_seqlens_k None then standing for a paged call's absent offsets."""
     window_size = (window_left, window_right)
     chosen = _decisions.received(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
-        chosen = route(_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, 0.0, causal, window_size,
-                                softcap, alibi_slopes, block_table, s_aux, layout))
+        chosen = route(varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, 0.0, causal, window_size,
+                                softcap, alibi_slopes, block_table, s_aux, layout, op=op,
+                                seqused=seqused_k is not None))
+    varlen_attn = dict(seqused_k=seqused_k, num_splits=num_splits) if op != _OP else None
     out, lse, _ = _run(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
-                       causal, window_size, softcap, alibi_slopes, block_table, s_aux)
+                       causal, window_size, softcap, alibi_slopes, block_table, s_aux, varlen_attn=varlen_attn)
     return out.contiguous(), lse.contiguous()
 
 
 @_varlen_op.register_fake
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                 window_right, softcap, alibi_slopes, block_table, s_aux, layout, decision=None):
+                 window_right, softcap, alibi_slopes, block_table, s_aux, layout, decision=None, seqused_k=None,
+                 num_splits=None, op=_OP):
     total_q, num_heads, _ = q.shape
     return q.new_empty((total_q, num_heads, v.shape[-1])), q.new_empty((num_heads, total_q), dtype=torch.float32)
 
 
-def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-               window_size, softcap, alibi_slopes, block_table, s_aux, return_attn_probs, layout: str):
-    """(out, lse, S_dmask) of a validated varlen call: routed once, the torch path outside the custom op."""
+def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+              window_size, softcap, alibi_slopes, block_table, s_aux, return_attn_probs, layout: str, *,
+              op: str = _OP, seqused_k: Optional[torch.Tensor] = None, num_splits: Optional[int] = None):
+    """(out, lse, S_dmask) of a validated varlen call: routed once, the torch path outside the custom op. op
+    "varlen_attn": rt.varlen_attn's call, with its seqused_k and num_splits."""
     softmax_scale = None if softmax_scale is None else float(softmax_scale)
     left, right = window_size
     if q.shape[0] == 0:  # no query token: nothing to launch
@@ -241,20 +289,23 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                 q.new_empty((q.shape[1], 0), dtype=torch.float32), None)
     decided = None
     if not torch.compiler.is_compiling():
-        decided = route(_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size,
-                                 softcap, alibi_slopes, block_table, s_aux, layout),
-                        call=lambda: (_attention, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                   dropout_p, softmax_scale, causal, window_size, softcap,
-                                                   alibi_slopes, block_table, s_aux, return_attn_probs, layout), {}))
+        decided = route(varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size,
+                                 softcap, alibi_slopes, block_table, s_aux, layout, op=op,
+                                 seqused=seqused_k is not None),
+                        call=lambda: (attention, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                                  alibi_slopes, block_table, s_aux, return_attn_probs, layout),
+                                      dict(op=op, seqused_k=seqused_k, num_splits=num_splits)))
     if decided is not None and (decided.backend == "torch" or decided is planning_route()):
         # the library path outside the custom op: no dispatch cost, and autograd through its torch ops (a speed
         # model's plan: its launches)
         return _run(decided, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                     softmax_scale, causal, (left, right), softcap, alibi_slopes, block_table, s_aux,
-                    return_probs=return_attn_probs)
+                    return_probs=return_attn_probs,
+                    varlen_attn=dict(seqused_k=seqused_k, num_splits=num_splits) if op != _OP else None)
     out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                           left, right, float(softcap), alibi_slopes, block_table, s_aux, layout,
-                          None if decided is None else _decisions.hand_off(decided))
+                          None if decided is None else _decisions.hand_off(decided), seqused_k, num_splits, op)
     return out, lse, None
 
 
@@ -263,7 +314,7 @@ def _explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     deterministic=False, return_attn_probs=False, block_table=None, s_aux=None) -> Request:
     _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux)
-    return _request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
+    return varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
                     alibi_slopes, block_table, s_aux, "packed")
 
 
@@ -336,8 +387,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     max_seqlen_q, max_seqlen_k = _length(max_seqlen_q), _length(max_seqlen_k)
     _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux)
-    _check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
-    out, lse, s_dmask = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+    check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
+    out, lse, s_dmask = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                    softmax_scale, causal, window_size, softcap, alibi_slopes, block_table, s_aux,
                                    return_attn_probs, "packed")
     return (out, lse, s_dmask) if return_attn_probs else out
@@ -346,7 +397,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 def _validate_batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, s_aux) -> None:
     op = "flash_attn_func"
-    _check_qkv(op, q, k, v, 4, 4)
+    check_qkv(op, q, k, v, 4, 4)
     if k.shape[0] != q.shape[0]:
         raise VarlenAttentionInputError(f"{op}: k must have q's batch size {q.shape[0]}, got shape {tuple(k.shape)}")
     _check_options(op, q, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -367,7 +418,7 @@ def _explain_batched(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, w
     _validate_batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, s_aux)
     packed_q, packed_k, packed_v, cu_q, _ = _as_varlen(q, k, v)
-    return _request(packed_q, packed_k, packed_v, cu_q, q.shape[1], k.shape[1], dropout_p, causal, window_size,
+    return varlen_request(packed_q, packed_k, packed_v, cu_q, q.shape[1], k.shape[1], dropout_p, causal, window_size,
                     softcap, alibi_slopes, None, s_aux, "batched")
 
 
@@ -414,7 +465,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                       return_attn_probs, s_aux)
     batch, seqlen_q, num_heads = q.shape[:3]
     packed_q, packed_k, packed_v, cu_q, cu_k = _as_varlen(q, k, v)
-    out, lse, s_dmask = _attention(packed_q, packed_k, packed_v, cu_q, cu_k, seqlen_q, k.shape[1], dropout_p,
+    out, lse, s_dmask = attention(packed_q, packed_k, packed_v, cu_q, cu_k, seqlen_q, k.shape[1], dropout_p,
                                    softmax_scale, causal, window_size, softcap, alibi_slopes, None, s_aux,
                                    return_attn_probs, "batched")
     out = out.reshape(batch, seqlen_q, num_heads, v.shape[-1])

@@ -72,8 +72,17 @@ def _sdpa_decode(facts, quick: bool) -> List[PerfCase]:
                                                       ("batch", "heads", "kv_heads", "head_dim", "seq_kv", "dtype"))
 
         def call(batch=batch, heads=heads, kv_heads=kv_heads, dim=dim, seq_kv=seq_kv, dtype=dtype,
-                 page_size=spec.get("page_size")):
-            q = _meta(batch, heads, 1, dim, dtype=dtype)
+                 page_size=spec.get("page_size"), tree=spec.get("tree")):
+            q = _meta(batch, heads, tree or 1, dim, dtype=dtype)
+            if tree is not None:  # a draft tree's verification: rt.sdpa_decode with a (Q, Q) tree_mask
+                k = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
+                v = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
+                mask = _meta(tree, tree, dtype=torch.bool)
+                taken = _taken_by_triton(rt.sdpa_decode, q, k, v, tree_mask=mask)
+                if taken is None:
+                    return None
+                module, candidate = taken
+                return module.sdpa_decode(q, k, v, tree_mask=mask, candidate=candidate)
             if page_size is not None:  # a paged cache of the same shape: rt.sdpa_decode through a block table
                 pages = -(-seq_kv // page_size)
                 k_pages = _meta(batch * pages, kv_heads, page_size, dim, dtype=dtype)

@@ -23,13 +23,26 @@ def _on_gpu(gpu: Optional[bool]) -> bool:
     return torch.cuda.is_available() if gpu is None else gpu
 
 
+def draft_tree(tokens: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """A random draft tree of `tokens` tokens as rt.sdpa_decode's tree_mask (tokens, tokens) bool: token 0 is the
+    root, every later token's parent is a random earlier one, and row i is True at i and at its ancestors."""
+    mask = torch.eye(tokens, dtype=torch.bool)
+    for token in range(1, tokens):
+        parent = int(torch.randint(token, (1,), generator=generator))
+        mask[token] |= mask[parent]
+    return mask
+
+
 def sdpa_decode_cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
-    """Decode attention cases: batch, heads, kv_heads, head_dim, seq_kv, dtype, label (and page_size if paged)."""
+    """Decode attention cases: batch, heads, kv_heads, head_dim, seq_kv, dtype, label (and page_size if paged,
+    tree: the query tokens of a draft tree verified through rt.sdpa_decode's tree_mask)."""
     if not _on_gpu(gpu):
         return [dict(label="gqa", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32),
                 dict(label="mha", batch=2, heads=4, kv_heads=4, head_dim=64, seq_kv=128, dtype=torch.float32),
                 dict(label="gqa-paged16", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32,
-                     page_size=16)]
+                     page_size=16),
+                dict(label="gqa-tree4", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32,
+                     tree=4)]
     out: List[dict] = []
     dtypes = (torch.float16,) if quick else (torch.float16, torch.bfloat16)
     batches = (1, 16) if quick else (1, 4, 16, 64)
@@ -57,6 +70,12 @@ def sdpa_decode_cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
             for page_size in (16, 256):
                 out.append(dict(label=f"llama3-8b-gqa-paged{page_size}", batch=batch, heads=32, kv_heads=8,
                                 head_dim=128, seq_kv=seq_kv, dtype=dtype, page_size=page_size))
+    # speculative decoding's verification: Q drafted tokens per sequence under a draft tree's mask (fp16)
+    for batch in (1,) if quick else (1, 4):
+        for seq_kv in (32768,) if quick else (4096, 32768):
+            for tokens in (1, 8, 64) if quick else (1, 4, 8, 16, 64):
+                out.append(dict(label=f"llama3-8b-tree{tokens}", batch=batch, heads=32, kv_heads=8, head_dim=128,
+                                seq_kv=seq_kv, dtype=torch.float16, tree=tokens))
     itemsize = 2
     return [c for c in out if 2 * c["batch"] * c["kv_heads"] * c["seq_kv"] * c["head_dim"] * itemsize <= KV_BYTES_LIMIT]
 

@@ -16,13 +16,13 @@ process runs on a GPU), where the router keeps its default.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 
 from rlx_triton.caches import BoundedCache
 
-_estimates: BoundedCache[tuple, Optional[float]] = BoundedCache("speed_estimates")
+_estimates: BoundedCache[tuple, Any] = BoundedCache("speed_estimates")   # (us, bytes) of a kernel, us of the library
 _NOTHING = -1.0   # no estimate is negative: what get() returns for a key it does not hold
 
 
@@ -62,22 +62,36 @@ def plan_call(call, decided, facts) -> Optional[List[Any]]:
 def estimate_records(records, profile) -> Optional[float]:
     """The records' summed estimate (each configuration compiled once, in this process:
     perf.compiled.compiled_in_process); None if any configuration fails."""
+    cost = cost_of_records(records, profile)
+    return None if cost is None else cost[0]
+
+
+def cost_of_records(records, profile) -> Optional[Tuple[float, int]]:
+    """(summed estimate in us, bytes moved) of the records; None if any configuration fails."""
     from rlx_triton.perf.compiled import CompileJob, compiled_in_process
     from rlx_triton.perf.launch_estimate import estimate
 
     jobs = [CompileJob.of(record, profile.arch_number) for record in records]
     compiled = compiled_in_process(jobs)
-    total = 0.0
+    total, moved = 0.0, 0
     for record, job in zip(records, jobs):
         estimated = estimate(record, compiled.get(job), profile)
         if estimated.est_us is None:
             return None
         total += estimated.est_us
-    return total
+        moved += int(record.bytes)
+    return total, moved
 
 
 def kernel_us(request, decided, call, profile) -> Optional[float]:
     """The estimated time of `call` on `decided`'s kernel on `profile`'s GPU (see the module docstring)."""
+    cost = kernel_cost(request, decided, call, profile)
+    return None if cost is None else cost[0]
+
+
+def kernel_cost(request, decided, call, profile) -> Optional[Tuple[float, int]]:
+    """(estimated time in us, bytes its launches move) of `call` on `decided`'s kernel on `profile`'s GPU: what
+    the router's ranking of untimed candidates weighs (router/speed.py `rank`)."""
     if call is None or decided.backend != "triton" or profile.arch_number is None:
         return None
     from rlx_triton.config import settings
@@ -99,7 +113,7 @@ def kernel_us(request, decided, call, profile) -> Optional[float]:
     except Exception:   # a call that cannot be planned on meta tensors has no estimate; the call itself still runs
         records = None
     try:
-        value = estimate_records(records, profile) if records else None
+        value = cost_of_records(records, profile) if records else None
     except Exception:   # a kernel that cannot be compiled here (no ptxas, an unsupported arch) has no estimate
         value = None
     return _estimates.put(key, value)

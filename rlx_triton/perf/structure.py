@@ -42,11 +42,25 @@ def named_args(launch) -> Dict[str, Any]:
 
 
 def _sdpa_decode_trips(launch, arg) -> List[float]:
-    splits = launch.grid[1] if len(launch.grid) > 1 else 1
-    tiles = math.ceil(int(arg["seq_kv"]) / int(arg["BLOCK_N"]))
-    # the KV tiles shared by the splits; the merge loops run in one program per row block (their cost is the
-    # chain), so they make no pass on average
-    return [tiles / max(1, splits), 0.0, 0.0, 0.0] if int(arg["MAX_SPLITS"]) > 1 else [tiles / max(1, splits)]
+    from rlx_triton.backends.triton.sdpa_decode import CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT, MASK_NONE, MASK_TREE
+
+    splits = max(1, launch.grid[1] if len(launch.grid) > 1 else 1)
+    seq_kv, block_n = int(arg["seq_kv"]), int(arg["BLOCK_N"])
+    tiles = math.ceil(seq_kv / block_n)
+    # the KV tiles shared by the splits, in two loops (kernels.py): the whole tiles no mask reaches, then the edge
+    # tiles (where masking reaches only the newest keys: from the tile holding the first of them, or the range's
+    # last partial tile, on; otherwise every tile)
+    tail_only = (int(arg["MASK_KIND"]) in (MASK_NONE, MASK_TREE) and int(arg["CAUSAL"]) != CAUSAL_TOP_LEFT
+                 and not arg.get("WINDOW"))
+    if not tail_only:
+        edge = tiles
+    elif int(arg["MASK_KIND"]) == MASK_TREE or int(arg["CAUSAL"]) == CAUSAL_BOTTOM_RIGHT:
+        edge = tiles - max(0, seq_kv - int(arg["seq_q"])) // block_n
+    else:
+        edge = tiles - seq_kv // block_n
+    kv_loops = [(tiles - edge) / splits, edge / splits]
+    # the merge loops run in one program per row block (their cost is the chain), so they make no pass on average
+    return kv_loops + [0.0, 0.0, 0.0] if int(arg["MAX_SPLITS"]) > 1 else kv_loops
 
 
 def _lstm_onchip_trips(launch, arg) -> List[float]:

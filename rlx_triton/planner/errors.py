@@ -65,6 +65,15 @@ class InvalidCandidate(PlanError):
     _payload_names = ("reason",)
 
 
+class InvalidPrecision(PlanError):
+    _template = "invalid precision configuration: {}"
+    _payload_names = ("reason",)
+
+
+class InvalidObjectiveWeights(PlanError):
+    _template = "objective weights must be finite, non-negative, and sum to 1.0 (+/- 1e-3)"
+
+
 class LaunchError(_PayloadError):
     """A launch configuration could not be built: see the subclasses."""
 

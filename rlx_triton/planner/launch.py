@@ -217,7 +217,9 @@ def tune_cache_key(plan: KernelPlan, launch: LaunchConfig, device_fingerprint: s
     return TuneCacheKey(
         schema_version=plan.schema_version,
         family=plan.family,
-        precision_profile=PrecisionProfileTag.from_profile(plan.precision_profile),
+        # a plan whose precision spec is not its profile's own (a quantised KV cache) is a custom one
+        precision_profile=(PrecisionProfileTag.from_profile(plan.precision_profile)
+                           if plan.hybrid == plan.precision_profile.default_spec() else PrecisionProfileTag.CUSTOM),
         token_bucket=launch.token_bucket,
         shape_bucket=shape_bucket(launch),
         device_fingerprint=str(device_fingerprint),

@@ -1,17 +1,30 @@
-"""Kernel plans: `KernelPlanBuilder(family)...build_plan()` validates a family's policies and candidates (the first failing rule is the error) and picks the plan's default candidate.
+"""Kernel plans: `KernelPlanBuilder(family)...build_plan()` validates a family's policies, precision
+and candidates (the first failing rule is the error) and picks the plan's default candidate.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Tuple
+from typing import Any, Iterable, Optional, Tuple
 
 from .candidates import FAMILIES, FamilySpec
-from .errors import EmptyCandidates, InvalidCandidate, UnsupportedFamily
+from .errors import (
+    EmptyCandidates,
+    InvalidCandidate,
+    InvalidObjectiveWeights,
+    InvalidPrecision,
+    UnsupportedFamily,
+)
 from .policy import (
+    EMULATED_CONVERSIONS,
+    HybridPrecisionSpec,
     KernelFamily,
     MemoryPolicy,
+    ObjectiveWeights,
     PrecisionProfile,
+    ScalarType,
     ThreadPolicy,
     TokenBucketStrategy,
     TuneCacheEviction,
@@ -25,9 +38,11 @@ SCHEMA_VERSION = 1
 class KernelPlan:
     family: KernelFamily
     precision_profile: PrecisionProfile
+    hybrid: HybridPrecisionSpec
     thread_policy: ThreadPolicy
     memory_policy: MemoryPolicy
     tune_policy: TunePolicy
+    objective_weights: ObjectiveWeights
     token_buckets: TokenBucketStrategy
     candidates: Tuple[Any, ...]
     default_candidate: Any
@@ -59,9 +74,12 @@ class KernelPlanBuilder:
         self._spec = spec
         self._family = spec.family
         self._precision_profile = PrecisionProfile.BALANCED
+        self._hybrid_override: Optional[HybridPrecisionSpec] = None
+        self._allow_emulation = False
         self._thread_policy = ThreadPolicy()
         self._memory_policy = MemoryPolicy()
         self._tune_policy = TunePolicy.disabled()
+        self._objective_weights = ObjectiveWeights()
         self._token_buckets = TokenBucketStrategy.decode_default()
         self._candidates: Tuple[Any, ...] = spec.default_candidates
         self._schema_version = SCHEMA_VERSION
@@ -74,6 +92,12 @@ class KernelPlanBuilder:
 
     def precision_profile(self, profile: PrecisionProfile) -> "KernelPlanBuilder":
         return self._with(precision_profile=PrecisionProfile(profile))
+
+    def hybrid_profile(self, profile: HybridPrecisionSpec) -> "KernelPlanBuilder":
+        return self._with(hybrid_override=profile)
+
+    def allow_emulation(self, enable: bool) -> "KernelPlanBuilder":
+        return self._with(allow_emulation=bool(enable))
 
     def threads(self, policy: ThreadPolicy) -> "KernelPlanBuilder":
         return self._with(thread_policy=policy)
@@ -93,6 +117,9 @@ class KernelPlanBuilder:
 
     def tune_cache_eviction(self, eviction: TuneCacheEviction) -> "KernelPlanBuilder":
         return self._with(tune_policy=dataclasses.replace(self._tune_policy, cache_eviction=TuneCacheEviction(eviction)))
+
+    def objective_weights(self, weights: ObjectiveWeights) -> "KernelPlanBuilder":
+        return self._with(objective_weights=weights)
 
     def token_buckets(self, strategy: TokenBucketStrategy) -> "KernelPlanBuilder":
         return self._with(token_buckets=strategy)
@@ -121,7 +148,10 @@ class KernelPlanBuilder:
         return self._with(schema_version=int(schema_version))
 
     def build_plan(self) -> KernelPlan:
+        hybrid = self._hybrid_override or self._precision_profile.default_spec()
+        validate_objective_weights(self._objective_weights)
         validate_tune_policy(self._tune_policy)
+        validate_precision(self._spec, hybrid, self._allow_emulation)
         if not self._candidates:
             raise EmptyCandidates()
         for candidate in self._candidates:
@@ -132,14 +162,34 @@ class KernelPlanBuilder:
         return KernelPlan(
             family=self._family,
             precision_profile=self._precision_profile,
+            hybrid=hybrid,
             thread_policy=self._thread_policy,
             memory_policy=self._memory_policy,
             tune_policy=self._tune_policy,
+            objective_weights=self._objective_weights,
             token_buckets=self._token_buckets,
             candidates=self._candidates,
             default_candidate=default_candidate,
             schema_version=self._schema_version,
         )
+
+
+def _f32(value: float) -> float:
+    """Rounds to IEEE single precision: the objective weights and their sum are checked in f32."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def validate_objective_weights(weights: ObjectiveWeights) -> None:
+    values = (weights.latency, weights.error, weights.memory)
+    try:
+        if not all(math.isfinite(v) and v >= 0.0 for v in values):
+            raise InvalidObjectiveWeights()
+        as_f32 = [_f32(float(v)) for v in values]
+    except (TypeError, OverflowError):  # not a number, or beyond f32 range (inf in f32)
+        raise InvalidObjectiveWeights() from None
+    total = _f32(_f32(as_f32[0] + as_f32[1]) + as_f32[2])
+    if abs(total - 1.0) > 1e-3:
+        raise InvalidObjectiveWeights()
 
 
 def validate_tune_policy(policy: TunePolicy) -> None:
@@ -148,3 +198,16 @@ def validate_tune_policy(policy: TunePolicy) -> None:
         raise InvalidCandidate("cache_max_entries must be at least 1")
     if not isinstance(policy.cache_eviction, TuneCacheEviction):
         raise InvalidCandidate("cache_eviction must be a TuneCacheEviction")
+
+
+LOW_ACCUM_COMPUTE = frozenset({ScalarType.F16, ScalarType.F8E4M3, ScalarType.F8E5M2})
+
+
+def validate_precision(spec: FamilySpec, hybrid: HybridPrecisionSpec, allow_emulation: bool) -> None:
+    if hybrid.accum.compute in LOW_ACCUM_COMPUTE:
+        raise InvalidPrecision("accumulator compute precision too low for stable reductions")
+    if not allow_emulation and any(role.convert in EMULATED_CONVERSIONS for role in hybrid.roles()):
+        raise InvalidPrecision("emulation policies are disabled in this plan")
+    message = spec.validate_precision(hybrid)
+    if message:
+        raise InvalidPrecision(message)

@@ -1,4 +1,5 @@
-"""Plan vocabulary: families, precision profiles, thread/memory/tune policies and token buckets.
+"""Plan vocabulary: families, scalar types, precision roles and profiles, thread/memory/tune policies,
+token buckets and objective weights.
 
 Pure data, no torch: every type is a frozen dataclass or an enum, hashable, with its defaults here.
 """
@@ -28,12 +29,20 @@ class KernelFamily(enum.Enum):
 
 
 class ScalarType(enum.Enum):
-    """The floating-point element types the kernels take (inputs, caches, outputs), by their short names."""
+    """The element types of the precision model, by their short names: floats, fp8 (e4m3, e5m2), integers (i8,
+    i4) and block-quantised formats (q8, q4). The kernels take the floats, and fp8 or int8 KV caches dequantised
+    on load."""
 
     F64 = "f64"
     F32 = "f32"
     BF16 = "bf16"
     F16 = "f16"
+    F8E4M3 = "f8e4m3"
+    F8E5M2 = "f8e5m2"
+    I8 = "i8"
+    I4 = "i4"
+    Q8 = "q8"
+    Q4 = "q4"
 
     @classmethod
     def from_dtype(cls, dtype: str) -> "ScalarType":
@@ -44,7 +53,56 @@ class ScalarType(enum.Enum):
         return cls(_TORCH_SCALAR_TYPES[name])
 
 
-_TORCH_SCALAR_TYPES = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+_TORCH_SCALAR_TYPES = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16",
+                       "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2", "int8": "i8"}
+
+
+class ConvertPolicy(enum.Enum):
+    NATIVE = "native"
+    CAST = "cast"
+    DEQUANT_ON_LOAD = "dequant_on_load"
+    STOCHASTIC_ROUND = "stochastic_round"
+    DOUBLE_SINGLE_EMU = "double_single_emu"
+
+
+# conversions that emulate a format the hardware lacks: refused unless the plan allows emulation
+EMULATED_CONVERSIONS = frozenset(
+    {ConvertPolicy.STOCHASTIC_ROUND, ConvertPolicy.DOUBLE_SINGLE_EMU, ConvertPolicy.DEQUANT_ON_LOAD}
+)
+
+
+@dataclass(frozen=True)
+class RolePrecision:
+    """How one tensor role is stored, computed in, and converted between the two."""
+
+    storage: ScalarType
+    compute: ScalarType
+    convert: ConvertPolicy = ConvertPolicy.NATIVE
+
+    @classmethod
+    def native(cls, storage: ScalarType, compute: ScalarType) -> "RolePrecision":
+        return cls(storage, compute, ConvertPolicy.NATIVE)
+
+
+@dataclass(frozen=True)
+class HybridPrecisionSpec:
+    activations: RolePrecision
+    weights: RolePrecision
+    accum: RolePrecision
+    kv_cache: RolePrecision
+
+    def roles(self) -> Tuple[RolePrecision, ...]:
+        return (self.activations, self.weights, self.accum, self.kv_cache)
+
+
+def _uniform_spec(storage: ScalarType, compute: ScalarType, kv: Tuple[ScalarType, ScalarType]) -> HybridPrecisionSpec:
+    role = RolePrecision.native(storage, compute)
+    return HybridPrecisionSpec(
+        activations=role,
+        weights=role,
+        accum=RolePrecision.native(ScalarType.F32, ScalarType.F32),
+        kv_cache=RolePrecision.native(*kv),
+    )
 
 
 class PrecisionProfile(enum.Enum):
@@ -54,6 +112,13 @@ class PrecisionProfile(enum.Enum):
     BALANCED = "balanced"
     HIGH_FIDELITY = "high_fidelity"
     DETERMINISTIC = "deterministic"
+
+    def default_spec(self) -> HybridPrecisionSpec:
+        if self is PrecisionProfile.ULTRA_LOW_LATENCY:
+            return _uniform_spec(ScalarType.F16, ScalarType.F16, (ScalarType.F16, ScalarType.F16))
+        if self is PrecisionProfile.BALANCED:
+            return _uniform_spec(ScalarType.BF16, ScalarType.F16, (ScalarType.BF16, ScalarType.F16))
+        return _uniform_spec(ScalarType.F32, ScalarType.F32, (ScalarType.F32, ScalarType.F32))
 
     @property
     def short(self) -> str:
@@ -70,12 +135,13 @@ _PROFILE_SHORT = {
 
 
 class PrecisionProfileTag(enum.Enum):
-    """A profile as recorded in tune-cache keys (the profile's own value)."""
+    """A profile as recorded in tune-cache keys; CUSTOM names hand-built hybrid specs."""
 
     ULTRA_LOW_LATENCY = "ultra_low_latency"
     BALANCED = "balanced"
     HIGH_FIDELITY = "high_fidelity"
     DETERMINISTIC = "deterministic"
+    CUSTOM = "custom"
 
     @classmethod
     def from_profile(cls, profile: PrecisionProfile) -> "PrecisionProfileTag":
@@ -162,6 +228,13 @@ class TokenBucketStrategy:
             if tokens <= edge:
                 return index
         return len(self.edges)
+
+
+@dataclass(frozen=True)
+class ObjectiveWeights:
+    latency: float = 0.6
+    error: float = 0.3
+    memory: float = 0.1
 
 
 def bucket_pow2(value: int) -> int:

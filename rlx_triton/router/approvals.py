@@ -22,9 +22,20 @@ class Approval:
     # (request dtype, its own measured bound) where a dtype runs the candidate differently: a 16-bit-operand
     # candidate keeps fp32 operands on an fp32 request, so its fp16 error is no claim about fp32
     dtype_errors: Tuple[Tuple[str, float], ...] = ()
+    # (KV-cache storage dtype, its measured bound): a candidate reading a quantised cache ("float8_e4m3fn",
+    # "float8_e5m2", "int8") is approved for that storage only where its error with it was measured
+    storage_errors: Tuple[Tuple[str, float], ...] = ()
 
     def covers_profile(self, profile: str) -> bool:
         return profile in self.profiles
+
+    def for_storage(self, storage: Optional[str]) -> Optional["Approval"]:
+        """The approval for a KV cache stored as `storage` (None or "none": a float cache, the approval itself),
+        with the storage's measured bound, or None where it was not measured."""
+        if storage in (None, "none"):
+            return self
+        bound = dict(self.storage_errors).get(storage)
+        return None if bound is None else replace(self, max_rel_err=bound, dtype_errors=(), storage_errors=())
 
     def for_dtype(self, dtype: str) -> "Approval":
         """The approval as a request of `dtype` reads it: its own measured bound where it has one."""
@@ -52,8 +63,9 @@ def _in_words(match: "re.Match[str]") -> str:
     return f"rlx_triton's {match.group(1)} tests"
 
 
-def approval_for(approvals, tag: str, profile: str) -> Optional[Approval]:
+def approval_for(approvals, tag: str, profile: str, storage: Optional[str] = None) -> Optional[Approval]:
+    """The approval of `tag` under `profile`, for a KV cache stored as `storage` (None: not a quantised cache)."""
     approval = (approvals or {}).get(tag)
     if approval is not None and approval.covers_profile(profile):
-        return approval
+        return approval.for_storage(storage)
     return None

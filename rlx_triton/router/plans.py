@@ -1,6 +1,7 @@
 """The planner objects the router consults: one plan per (family, profile) and the shared winner table."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import threading
@@ -8,7 +9,8 @@ from types import ModuleType
 from typing import Optional
 
 from rlx_triton.config import settings
-from rlx_triton.planner import KernelPlanBuilder, PrecisionProfile, TunePolicy, family_spec
+from rlx_triton.planner import (ConvertPolicy, KernelPlanBuilder, PrecisionProfile, RolePrecision, ScalarType, TunePolicy,
+                                family_spec)
 
 _PROFILES = {
     "ultra_low_latency": PrecisionProfile.ULTRA_LOW_LATENCY,
@@ -30,8 +32,12 @@ def current_profile() -> PrecisionProfile:
 
 
 @functools.lru_cache(maxsize=None)
-def plan_for(family: str, profile: Optional[PrecisionProfile] = None):
-    """The default plan of a family under a profile, with the winner-table settings of the environment."""
+def plan_for(family: str, profile: Optional[PrecisionProfile] = None, kv_storage: Optional[str] = None):
+    """The default plan of a family under a profile, with the winner-table settings of the environment.
+
+    kv_storage: a quantised KV cache's dtype ("float8_e4m3fn", "float8_e5m2", "int8"): the profile's precision
+    spec with the kv_cache role stored so and dequantised on load to float32, which the family's precision rule
+    must accept (planner InvalidPrecision otherwise)."""
     profile = profile or current_profile()
     env = settings()
     tune = TunePolicy.disabled() if profile == PrecisionProfile.DETERMINISTIC else TunePolicy.balanced_defaults()
@@ -39,6 +45,9 @@ def plan_for(family: str, profile: Optional[PrecisionProfile] = None):
                .precision_profile(profile)
                .autotune(tune)
                .tune_cache(env.tune_cache_load, env.tune_cache_persist, env.tune_cache_max_entries))
+    if kv_storage not in (None, "none"):
+        role = RolePrecision(ScalarType.from_dtype(kv_storage), ScalarType.F32, ConvertPolicy.DEQUANT_ON_LOAD)
+        builder = builder.hybrid_profile(dataclasses.replace(profile.default_spec(), kv_cache=role)).allow_emulation(True)
     return builder.build_plan()
 
 

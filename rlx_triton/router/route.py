@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple, TypeVar, Union
 
 from rlx_triton.caches import BoundedCache
+from rlx_triton.planner.policy import PrecisionProfile
 from rlx_triton.planner.tune_cache import LIBRARY_WINNER
 from rlx_triton.router import registry
 from rlx_triton.router.approvals import Approval, approval_for
@@ -41,6 +42,7 @@ from rlx_triton.router.speed import Call, Timing
 TUNE_FILE = "TuneFile"
 RECIPE = "Recipe"
 DEVICE_DEFAULT = "DeviceDefault"
+RANKED = "Ranked"
 IMPLEMENTED = "Implemented"
 PINNED = "Pinned"
 LIBRARY = "Library"
@@ -107,6 +109,10 @@ class Route:
             (kind "slower" where the kernel was eligible and the library op is faster).
         request: the Request routed: family, op, shape fields, dtype, device, features.
         tune_key: the winner-table key of the request's bucket (None on torch).
+        ranking: (speed.Ranked, ...): the approved candidates nothing has timed, weighed by the plan's
+            ObjectiveWeights where the speed model priced them (empty otherwise; evidence "Ranked").
+        precision: the plan's precision spec (planner.HybridPrecisionSpec) where it is not the profile's own: a
+            quantised KV cache, stored as fp8 or int8 and dequantised on load (None otherwise).
         module: the backend module whose launcher runs the call (not compared, not printed).
         execution: set by explain where the launcher decides more at launch time (the module's
             `explain_execution(request, candidate)`): how the kernel runs there, and why.
@@ -131,6 +137,8 @@ class Route:
     execution: Optional[str] = None
     decided_by: str = speed_rules.DEFAULT
     timings: Tuple[Timing, ...] = ()
+    precision: Any = None
+    ranking: Tuple[Any, ...] = ()
 
     @property
     def skipped_reasons(self) -> Dict[str, Refusal]:
@@ -146,11 +154,15 @@ class Route:
             rows.append(f"  kernel     {self.kernel_name}")
         detail = f" ({self.evidence_detail})" if self.evidence_detail else ""
         rows.append(f"  evidence   {self.evidence}{detail}")
+        if self.precision is not None:
+            rows.append(f"  precision  {_roles(self.precision)}")
         if self.approval is not None:
             rows.append(f"  accuracy   {self.approval.label()}")
         if self.speed:
             rows.append(f"  speed      {self.speed} (label only)")
         rows.append(f"  decided by {self.decided_by}")
+        for ranked in self.ranking:
+            rows.append(f"  ranked     {ranked}")
         for timing in self.timings:
             rows.append(f"  time       {timing}")
         if self.execution:
@@ -158,6 +170,15 @@ class Route:
         for name, refusal in self.skipped:
             rows.append(f"  skipped    {name}: {refusal}")
         return "\n".join(rows)
+
+
+def _roles(spec: Any) -> str:
+    """A precision spec's roles in words: storage -> compute (conversion), the kv_cache role first."""
+    def role(name: str) -> str:
+        r = getattr(spec, name)
+        convert = "" if r.convert.value == "native" else f", {r.convert.value.replace('_', ' ')}"
+        return f"{name} {r.storage.value} -> {r.compute.value}{convert}"
+    return "; ".join(role(name) for name in ("kv_cache", "activations", "weights", "accum"))
 
 
 # bucketed signature + backend choice -> (route, range checks that must still hold for an exact request)
@@ -368,7 +389,9 @@ def _decide(request: Request, choice: BackendChoice, call: Optional[Call] = None
         if refusal is not None:
             skipped[spec.name] = refusal
             continue
-        chosen = _choose_candidate(spec.name, module, request, facts, choice.candidate)
+        free = choice.name == "auto" and not choice.strict and choice.candidate is None
+        ranker = _ranker(spec.speed_model, spec.name, module, request, facts, call) if free else None
+        chosen = _choose_candidate(spec.name, module, request, facts, choice.candidate, ranker)
         if isinstance(chosen, Refusal):
             skipped[spec.name] = chosen
             continue
@@ -378,6 +401,12 @@ def _decide(request: Request, choice: BackendChoice, call: Optional[Call] = None
     if eligible:
         if choice.name != "auto" or choice.strict or choice.candidate is not None:
             return replace(eligible[0], decided_by=speed_rules.FORCED)
+        from rlx_triton.router import plans
+
+        if plans.current_profile() is PrecisionProfile.DETERMINISTIC:
+            # one answer for every batch and GPU: a speed estimate may differ with the batch or the device, and the
+            # library op computes other bits than the kernel
+            return eligible[0]
         return _fastest(request, eligible, facts, call)
     if choice.strict and choice.name != library.name:
         raise MissingKernel(request, skipped)
@@ -475,50 +504,73 @@ def _profile_of(facts: DeviceFacts) -> Any:
 
 
 def _choose_candidate(backend_name: str, module: KernelFamilyModule, request: Request, facts: DeviceFacts,
-                      pinned: Optional[str] = None) -> Union[Dict[str, Any], Refusal]:
-    """Winner table > recipe > plan default; then accuracy approval, with the fp32 candidate as replacement.
+                      pinned: Optional[str] = None,
+                      ranker: Optional[Callable[[Any, List[Any]], Tuple[Any, ...]]] = None
+                      ) -> Union[Dict[str, Any], Refusal]:
+    """Winner table > recipe > the approved candidates ranked by the plan's ObjectiveWeights (`ranker`, where it
+    can price them) > plan default; then accuracy approval, with the fp32 candidate as replacement.
 
-    A pinned tag (use_candidate) replaces the three sources and gets no fp32 replacement.
+    A pinned tag (use_candidate) replaces the sources and gets no fp32 replacement.
     """
-    from rlx_triton.planner import LaunchBuilder, LaunchError, tune_cache_key
+    from rlx_triton.planner import LaunchBuilder, LaunchError, PlanError, tune_cache_key
     from rlx_triton.router import plans
 
     profile = plans.current_profile()
     profile_name = plans.profile_name(profile)
-    plan = plans.plan_for(request.family, profile)
+    # a quantised KV cache is planned through the precision model: its storage, dequantised on load
+    storage = request.feature_map.get("kv_dtype")
+    try:
+        plan = plans.plan_for(request.family, profile, storage)
+    except PlanError as error:
+        return Refusal(SHAPE_UNIMPLEMENTED, f"planner refused the precision: {error}")
     try:
         launch = LaunchBuilder.from_plan(plan).fields(**request.field_map).build()
     except LaunchError as error:
         return Refusal(SHAPE_UNIMPLEMENTED, f"planner refused the launch: {error}")
     by_tag = {c.tag(): c for c in plan.candidates}
-    tune_key = tune_cache_key(plan, launch, f"{backend_name}:{facts.fingerprint}", 0)
+    # the winner table's environment bits tell a quantised cache's storage apart (its plan's profile is custom)
+    tune_key = tune_cache_key(plan, launch, f"{backend_name}:{facts.fingerprint}", _STORAGE_BITS.get(str(storage), 0))
 
+    # the deterministic profile takes the plan's candidate for the launch fields whatever the device: a winner
+    # or a recipe is a choice per GPU, and a different tile there would give other bits
+    deterministic = profile is PrecisionProfile.DETERMINISTIC
     candidate, evidence, detail = None, None, ""
     if pinned is not None:
-        approval = approval_for(module.APPROVALS, pinned, profile_name)
+        approval = approval_for(module.APPROVALS, pinned, profile_name, storage)
         if pinned not in by_tag or approval is None:
             why = "is not a candidate of the plan" if pinned not in by_tag else "has no accuracy approval"
             return Refusal(NOT_APPROVED, f"pinned candidate {pinned} {why}")
         candidate, evidence, detail = by_tag[pinned], PINNED, "pinned with use_candidate"
-    if candidate is None and plan.tune_policy.cache_load:
+    if candidate is None and plan.tune_policy.cache_load and not deterministic:
         winner = plans.winner_table().lookup(tune_key)
         if winner in by_tag:
             candidate, evidence, detail = by_tag[winner], TUNE_FILE, "winner table"
-    if candidate is None:
+    if candidate is None and not deterministic:
         recipe, geometry = _recipe(module, request, facts.device_class)
         if recipe in by_tag:
             candidate, evidence, detail = by_tag[recipe], RECIPE, f"built-in recipe for {facts.device_class}{geometry}"
+    ranking: Tuple[Any, ...] = ()
+    if candidate is None and ranker is not None and not deterministic:
+        approved = [c for c in plan.candidates
+                    if approval_for(module.APPROVALS, c.tag(), profile_name, storage) is not None]
+        ranking = ranker(plan, approved) if len(approved) > 1 else ()
+        if ranking:
+            weights = plan.objective_weights
+            candidate = by_tag[next(r.candidate_tag for r in ranking if r.chosen)]
+            evidence, detail = RANKED, (f"objective weights latency {weights.latency:g}, error {weights.error:g}, "
+                                        f"memory {weights.memory:g} over {len(ranking)} untimed candidates")
     if candidate is None:
         candidate, evidence, detail = launch.candidate, DEVICE_DEFAULT, f"plan default ({profile_name} profile)"
 
     approvals = module.APPROVALS
-    approval = approval_for(approvals, candidate.tag(), profile_name)
+    approval = approval_for(approvals, candidate.tag(), profile_name, storage)
     if approval is None:
         fp32 = plans.fp32_candidate(request.family)
-        approval = approval_for(approvals, fp32.tag(), profile_name)
+        approval = approval_for(approvals, fp32.tag(), profile_name, storage)
         if approval is None or fp32.tag() not in by_tag:
+            cache = f" with a {storage} KV cache" if storage not in (None, "none") else ""
             return Refusal(NOT_APPROVED, f"candidate {candidate.tag()} has no accuracy approval for the "
-                                         f"{profile_name} profile, nor has the fp32 candidate {fp32.tag()}")
+                                         f"{profile_name} profile{cache}, nor has the fp32 candidate {fp32.tag()}")
         detail = f"{candidate.tag()} is not approved; fp32 candidate instead"
         candidate, evidence = fp32, IMPLEMENTED
 
@@ -526,7 +578,42 @@ def _choose_candidate(backend_name: str, module: KernelFamilyModule, request: Re
     speed = module.SPEED_EVIDENCE.get(candidate.tag())
     return dict(candidate=candidate, candidate_tag=candidate.tag(), kernel_name=kernel_name, evidence=evidence,
                 evidence_detail=detail, approval=approval.for_dtype(request.dtype), speed=speed,
-                tune_key=tune_key)
+                tune_key=tune_key, precision=plan.hybrid if storage not in (None, "none") else None,
+                ranking=ranking)
+
+
+def _ranker(speed_model_name: Optional[str], backend_name: str, module: KernelFamilyModule, request: Request,
+            facts: DeviceFacts, call: Optional[Call]) -> Optional[Callable[[Any, List[Any]], Tuple[Any, ...]]]:
+    """What ranks a backend's approved candidates for `request` where nothing has timed them: each priced by the
+    backend's speed model (`kernel_cost`: its estimate and the bytes it moves) on the device's profile, weighed
+    by the plan's ObjectiveWeights (router/speed.py `rank`); None where nothing can price them (no profile, no
+    call to plan, a model without costs)."""
+    profile = _profile_of(facts)
+    model = speed_rules.speed_model(speed_model_name) if profile is not None and call is not None else None
+    cost = getattr(model, "kernel_cost", None)
+    if cost is None:
+        return None
+
+    def ranked(plan: Any, approved: List[Any]) -> Tuple[Any, ...]:
+        from rlx_triton.router import plans
+
+        profile_name = plans.profile_name(plan.precision_profile)
+        storage = request.feature_map.get("kv_dtype")
+        options = []
+        for candidate in approved:
+            probe = Route(family=request.family, op=request.op, backend=backend_name, candidate=candidate,
+                          candidate_tag=candidate.tag(), request=request, module=module)
+            priced = cost(request, probe, call, profile)
+            approval = approval_for(module.APPROVALS, candidate.tag(), profile_name, storage)
+            if priced is not None and approval is not None:
+                options.append((candidate.tag(), priced[0], approval.error_bound(request.dtype), priced[1]))
+        return speed_rules.rank(options, plan.objective_weights) if len(options) > 1 else ()
+
+    return ranked
+
+
+# the winner-table key's environment bits per quantised KV-cache storage
+_STORAGE_BITS = {"float8_e4m3fn": 1, "float8_e5m2": 2, "int8": 3}
 
 
 def _recipe(module: KernelFamilyModule, request: Request, device_class: str) -> Tuple[Optional[str], str]:

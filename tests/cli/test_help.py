@@ -56,9 +56,9 @@ def test_a_prefix_short_of_the_model_number_names_no_gpu(name):
 
 def test_a_feature_with_one_value_says_so_instead_of_a_one_item_list(capsys):
     code = cli.main(["explain", "sdpa_decode", "--field", "batch=1", "--field", "num_heads=2", "--field",
-                     "head_dim=4", "--field", "seq_kv=4", "--feature", "mask=bool"])
+                     "head_dim=4", "--field", "seq_kv=4", "--feature", "causal=none"])
     err = capsys.readouterr().err
-    assert code == 2 and "--feature mask has one value for this op (none), got 'bool'" in err
+    assert code == 2 and "--feature causal has one value for this op (bottom_right), got 'none'" in err
     assert "must be one of" not in err
 
 

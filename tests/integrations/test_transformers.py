@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import rlx_triton as rt
 from rlx_triton.integrations import transformers as rt_transformers
+from tests.conftest import REPO
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,6 +55,39 @@ def test_greedy_generation_with_padding_and_gqa_matches_sdpa(built, run_mode):
     with rt.use_backend("triton", strict=True):
         got = generate(model, "rlx_triton", input_ids, attention_mask, run_mode)
     assert torch.equal(got, expected)
+
+
+def test_assisted_generation_verifies_the_drafts_on_the_kernel_and_matches_sdpa():
+    """Speculative decoding: a perturbed copy of the model (on sdpa) drafts up to 20 tokens a step, some accepted,
+    some not, and the model verifies them in one call of up to 21 query tokens against its cache, under the
+    causal mask transformers passes. Strict mode: every attention call of the model runs the kernel; the
+    tokens are those of the model on sdpa."""
+    from rlx_triton.backends.triton import launches
+    from rlx_triton.backends.triton import sdpa_decode as tk
+
+    rt_transformers.register("rlx_triton")
+    model, assistant = tiny_llama(), tiny_llama()
+    with torch.no_grad():
+        for weight in assistant.parameters():
+            weight.add_(0.005 * torch.randn_like(weight))
+    assistant.generation_config.num_assistant_tokens = 20
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.assistant_confidence_threshold = 0.0   # draft all 20, however unsure
+    assistant.set_attn_implementation("sdpa")
+    input_ids = torch.randint(1, 96, (1, 6))
+
+    def assisted(implementation):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            return model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                  assistant_model=assistant, max_new_tokens=40, do_sample=False, pad_token_id=0)
+
+    expected = assisted("sdpa")
+    with rt.use_backend("triton", strict=True), launches.recording() as log:
+        got = assisted("rlx_triton")
+    assert torch.equal(got, expected)
+    verified = [record.args[0].shape[2] for record in log.records if record.meta["MASK_KIND"] == tk.MASK_BOOL]
+    assert max(verified) > 16 and len(set(verified)) > 1   # verifications past 16 tokens, of several lengths
 
 
 def test_attention_output_layout_is_batch_tokens_heads_dim():
@@ -155,3 +192,44 @@ def test_explain_of_a_model_whose_attention_rt_does_not_run_warns_and_returns_no
     model.set_attn_implementation("eager")
     with pytest.warns(UserWarning, match="runs no rlx_triton module"):
         assert rt.explain(model, input_ids=torch.randint(1, 96, (1, 5))) == {}
+
+
+# run in a fresh interpreter, where nothing but register() has registered a name with transformers
+_REGISTER_ALONE = """
+import json, torch, transformers
+import rlx_triton as rt
+from rlx_triton.integrations import transformers as rt_transformers
+from tests.integrations.test_transformers import generate, generate_batch, tiny_model
+
+assert rt_transformers.register() == "rlx_triton"
+reference = tiny_model("llama")
+input_ids = torch.randint(1, 96, (2, 6), generator=torch.Generator().manual_seed(2))
+attention_mask = torch.ones(2, 6, dtype=torch.long)
+attention_mask[1, :2] = 0
+input_ids[1, :2] = 0
+expected = generate(reference, "sdpa", input_ids, attention_mask).tolist()
+expected_batch = generate_batch(reference, "sdpa")
+equal = {}
+with rt.use_backend("torch"):
+    for name in rt_transformers.ATTENTION_NAMES:
+        built = transformers.AutoModelForCausalLM.from_config(reference.config, attn_implementation=name).eval()
+        built.load_state_dict(reference.state_dict())
+        equal[name + " from_config"] = built.config._attn_implementation == name and generate(
+            built, name, input_ids, attention_mask).tolist() == expected
+        switched = generate(reference, name, input_ids, attention_mask).tolist()
+        equal[name + " set_attn_implementation"] = switched == expected
+    name = rt_transformers.CONTINUOUS_BATCHING_ATTENTION
+    equal[name + " generate_batch"] = generate_batch(reference, name) == expected_batch
+print(json.dumps(equal))
+"""
+
+
+def test_register_alone_makes_every_documented_name_usable():
+    """register() and nothing else: each name of ATTENTION_NAMES builds a model (from_config) and switches one
+    (set_attn_implementation), and greedy generation gives sdpa's tokens; continuous batching runs on the flash
+    name and gives sdpa's tokens."""
+    done = subprocess.run([sys.executable, "-c", _REGISTER_ALONE], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    equal = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(equal) == 5 and all(equal.values()), equal

@@ -212,8 +212,9 @@ def test_metal_coverage_refuses_the_decode_options_its_shaders_lack_by_name(feat
     assert refusal is not None and refusal.kind == "shape-unimplemented" and feature in refusal.reason
 
 
-@pytest.mark.parametrize("option", [{"softcap": 5.0}, {"window": (4, 0)}, {"alibi_slopes": torch.ones(4)}],
-                         ids=["softcap", "window", "alibi"])
+@pytest.mark.parametrize("option", [{"softcap": 5.0}, {"window": (4, 0)}, {"alibi_slopes": torch.ones(4)},
+                                    {"tree_mask": torch.ones(1, 1, dtype=torch.bool)}],
+                         ids=["softcap", "window", "alibi", "tree"])
 def test_the_metal_launcher_refuses_an_option_it_is_handed_before_any_dispatch(option):
     from rlx_triton.backends.metal import sdpa_decode as metal
 

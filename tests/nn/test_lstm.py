@@ -18,7 +18,14 @@ def source():
 
 def test_from_torch_shares_parameters_and_state_dict_keys(source):
     fast = LSTM.from_torch(source)
-    assert isinstance(fast, torch.nn.LSTM)
+    # nn.LSTM's attributes and repr, but no nn.LSTM instance: torch.compile refuses those (tests/test_compile.py)
+    assert not isinstance(fast, torch.nn.LSTM)
+    for name in ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional",
+                 "proj_size"):
+        assert getattr(fast, name) == getattr(source, name), name
+    assert repr(fast) == repr(source)
+    assert [[p is q for p, q in zip(mine, theirs)] for mine, theirs in zip(fast.all_weights, source.all_weights)] \
+        == [[True] * 4] * 4
     assert list(fast.state_dict()) == list(source.state_dict())
     for (name, p), (_, q) in zip(fast.named_parameters(), source.named_parameters()):
         assert p is q, name
@@ -40,6 +47,16 @@ def test_forward_equals_nn_lstm_on_the_triton_kernel(source):
     assert fast.explain(x, hx).backend == "torch"       # grad mode on
     with torch.no_grad():
         assert fast.explain(x, hx).backend == "triton"
+
+
+def test_weights_converted_after_construction_are_the_ones_forward_reads():
+    """.double() (like .to() and load_state_dict) replaces the parameters: forward reads the new ones."""
+    fast = LSTM(3, 4, 2, batch_first=True).double()
+    stock = torch.nn.LSTM(3, 4, 2, batch_first=True).double()
+    stock.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x)[0], stock(x)[0], rtol=0, atol=0)
 
 
 def test_constructed_directly_and_trained_through_torch():

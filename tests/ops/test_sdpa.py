@@ -25,23 +25,23 @@ def test_decode_shaped_calls_route_to_the_triton_kernel():
 
 
 def test_long_queries_and_dropout_route_to_torch():
-    q, k, v = qkv(1, 2, 17, 16)
+    q, k, v = qkv(1, 2, 65, 16)
     with rt.use_backend("triton"):
         long_route = rt.explain(rt.scaled_dot_product_attention, q, k, v)
-        assert long_route.backend == "torch" and "seq_q=17" in str(long_route.skipped_reasons["triton"])
+        assert long_route.backend == "torch" and "seq_q=65" in str(long_route.skipped_reasons["triton"])
         q, k, v = qkv(1, 2, 1, 16)
         assert rt.explain(rt.scaled_dot_product_attention, q, k, v, dropout_p=0.5).backend == "torch"
 
 
 def test_uncovered_requests_fall_back_to_torch_with_the_same_values():
-    q, k, v = qkv(1, 2, 20, 16)  # 20 query tokens: prefill, not decode
+    q, k, v = qkv(1, 2, 70, 16)  # 70 query tokens: prefill, not decode
     with rt.use_backend("triton"):
         out = rt.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 def test_strict_mode_raises_missing_kernel_for_uncovered_requests():
-    q, k, v = qkv(1, 2, 20, 16)
+    q, k, v = qkv(1, 2, 70, 16)
     with rt.use_backend("triton", strict=True), pytest.raises(rt.MissingKernel):
         rt.scaled_dot_product_attention(q, k, v)
 

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 import rlx_triton as rt
 from tests.ops.attention_cases import TOL, assert_like_torch, math_sdpa64, non_finite_rows, qkv
-from tests.reference.sdpa_decode import DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs
+from tests.reference.sdpa_decode import (DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs,
+                                         tree_reference)
 
 
 # --- values: float64 references, both paths agreeing, autograd -----------------------------------
@@ -337,10 +338,156 @@ def test_sdpa_decode_fa_options_under_torch_compile():
     torch.testing.assert_close(compiled(q, k, v, lengths, slopes).double(), expected, rtol=1e-5, atol=4e-5)
 
 
+# --- draft trees: tree_mask ----------------------------------------------------------------------
+def draft_trees(tokens: int, batch: int = 0, seed: int = 0) -> torch.Tensor:
+    """A random draft tree's mask (tokens, tokens), or one per sequence (batch, tokens, tokens)."""
+    from rlx_triton.perf.cases import draft_tree
+
+    gen = torch.Generator().manual_seed(seed)
+    if batch == 0:
+        return draft_tree(tokens, gen)
+    return torch.stack([draft_tree(tokens, gen) for _ in range(batch)])
+
+
+def assert_tree_result(out, lse, q, k, v, tree, lengths, **options):
+    """out (and lse, where given) against float64, the tolerance of q's dtype with atol scaled by the KV length."""
+    window = options.pop("window_size", (-1, -1))
+    expected, expected_lse = tree_reference(q, k, v, tree, cache_seqlens=lengths, window_left=window[0], **options)
+    tol = TOL[q.dtype]
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * math.log2(k.shape[2]))
+    if lse is not None:
+        torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("return_lse", [True, False], ids=["lse", "out"])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_sdpa_decode_tree_mask_matches_float64_on_both_paths(dtype, backend, return_lse):
+    # per-sequence trees over ragged lengths; the second sequence is all draft (L_b == Q)
+    q, k, v = qkv(2, 4, 5, 16, kv_heads=2, seq_kv=30, dtype=dtype)
+    lengths = torch.tensor([30, 5], dtype=torch.int32)
+    tree = draft_trees(5, batch=2)
+    with rt.use_backend(backend, strict=backend != "torch"), torch.inference_mode():
+        assert rt.explain(rt.sdpa_decode, q, k, v, lengths, tree_mask=tree).backend == backend
+        result = rt.sdpa_decode(q, k, v, lengths, tree_mask=tree, return_lse=return_lse)
+    out, lse = result if return_lse else (result, None)
+    assert_tree_result(out, lse, q, k, v, tree, lengths)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_sdpa_decode_tree_mask_on_a_paged_cache(page_size, backend):
+    k, v, k_pages, v_pages, table = paged_cache(page_size=page_size, seq_kv=20)
+    q = torch.randn(2, 4, 6, 16)
+    lengths = torch.tensor([20, 9], dtype=torch.int32)
+    tree = draft_trees(6, seed=1)                       # one tree shared by the batch
+    with rt.use_backend(backend, strict=backend != "torch"):
+        out, lse = rt.sdpa_decode(q, k_pages, v_pages, lengths, block_table=table, tree_mask=tree, return_lse=True)
+    assert_tree_result(out, lse, q, k, v, tree, lengths)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("options", [
+    dict(window_size=(3, 0)),                                          # by absolute position: cuts far ancestors
+    dict(alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625])),        # -slope x |position - key|
+    dict(softcap=1.5, window_size=(6, 0), alibi_slopes=torch.rand(2, 4) * 0.3),
+], ids=["window", "alibi", "softcap-window-alibi"])
+def test_sdpa_decode_tree_mask_with_flash_attentions_options(options, backend):
+    q, k, v = qkv(2, 4, 6, 16, kv_heads=2, seq_kv=25)
+    lengths = torch.tensor([25, 8], dtype=torch.int32)
+    tree = draft_trees(6, batch=2, seed=2)
+    with rt.use_backend(backend, strict=backend != "torch"):
+        out, lse = rt.sdpa_decode(q, k, v, lengths, tree_mask=tree, return_lse=True, **options)
+    assert_tree_result(out, lse, q, k, v, tree, lengths, **options)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_lower_triangular_tree_mask_gives_the_causal_result(backend):
+    q, k, v = qkv(3, 4, 7, 16, kv_heads=1, seq_kv=21)
+    lengths = torch.tensor([21, 10, 4], dtype=torch.int32)      # 4 < 7 tokens: the first three see nothing
+    chain = torch.ones(7, 7, dtype=torch.bool).tril()
+    with rt.use_backend(backend, strict=backend != "torch"):
+        tree_out, tree_lse = rt.sdpa_decode(q, k, v, lengths, tree_mask=chain, return_lse=True)
+        causal_out, causal_lse = rt.sdpa_decode(q, k, v, lengths, return_lse=True)
+    torch.testing.assert_close(tree_out, causal_out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(tree_lse, causal_lse, rtol=1e-6, atol=1e-6)
+    assert bool((tree_out[2, :, :3] == 0).all()) and bool((tree_lse[2, :, :3] == -math.inf).all())
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_token_the_tree_hides_everything_from_gives_zero_and_minus_inf(backend):
+    q, k, v = qkv(1, 2, 4, 16, seq_kv=4)                          # L_b == Q: no prefix
+    tree = draft_trees(4)
+    tree[1] = False
+    with rt.use_backend(backend, strict=backend != "torch"):
+        out, lse = rt.sdpa_decode(q, k, v, tree_mask=tree, return_lse=True)
+        alone = rt.sdpa_decode(q, k, v, tree_mask=tree)
+    assert bool((out[:, :, 1] == 0).all()) and bool((lse[:, :, 1] == -math.inf).all())
+    assert bool((alone[:, :, 1] == 0).all())
+    assert_tree_result(out, lse, q, k, v, tree, torch.tensor([4]))
+
+
+@pytest.mark.parametrize("bad, error", [
+    (lambda tree: tree.to(torch.int8), ValueError),
+    (lambda tree: tree.float(), ValueError),
+    (lambda tree: tree[:4, :4], ValueError),
+    (lambda tree: tree.expand(3, 5, 5), ValueError),            # a batch of 3 trees for 2 sequences
+    (lambda tree: tree[None, None], ValueError),
+    (lambda tree: tree.tolist(), TypeError),
+], ids=["int8", "float", "tokens", "batch", "4-d", "list"])
+def test_bad_tree_masks_are_named_before_any_launch(bad, error):
+    from rlx_triton.backends.triton import launches
+
+    q, k, v = qkv(2, 4, 5, 16, kv_heads=2, seq_kv=12)
+    mask = bad(draft_trees(5))
+    with rt.use_backend("triton", strict=True), launches.recording() as log:
+        with pytest.raises(error, match="tree_mask"):
+            rt.sdpa_decode(q, k, v, tree_mask=mask)
+        with pytest.raises(error, match="tree_mask"):
+            rt.explain(rt.sdpa_decode, q, k, v, tree_mask=mask)
+    assert log.kernels == []
+
+
+def test_explain_reports_the_tree_mask_request_and_metal_refuses_it():
+    from rlx_triton.backends.metal import sdpa_decode as metal
+
+    q, k, v = qkv(2, 4, 5, 16, kv_heads=2, seq_kv=12)
+    with rt.use_backend("triton"):
+        route = rt.explain(rt.sdpa_decode, q, k, v, tree_mask=draft_trees(5))
+    request = route.request
+    assert route.family == "sdpa_decode" and route.backend == "triton" and request.feature_map["mask"] == "tree"
+    refusal = metal.COVERAGE.check(request.op, "mps", request.dtype, request.field_map, request.feature_map)
+    assert refusal is not None and "mask='tree'" in refusal.reason
+
+
+@pytest.mark.parametrize("tokens, backend", [(40, "triton"), (64, "triton"), (65, "torch")])
+def test_up_to_64_query_tokens_stay_on_the_kernel_without_a_tree(tokens, backend):
+    q, k, v = qkv(1, 2, tokens, 16, kv_heads=1, seq_kv=70)
+    lengths = torch.tensor([69], dtype=torch.int32)
+    with rt.use_backend("triton"):
+        assert rt.explain(rt.sdpa_decode, q, k, v, lengths).backend == backend
+        out = rt.sdpa_decode(q, k, v, lengths)
+    expected, _ = attention_reference(q, k, v, causal="bottom_right", cache_seqlens=lengths)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=4e-5)
+
+
+def test_sdpa_decode_tree_mask_under_torch_compile():
+    q, k, v = qkv(2, 4, 5, 16, kv_heads=2, seq_kv=12)
+    lengths = torch.tensor([12, 7], dtype=torch.int32)
+    tree = draft_trees(5, batch=2)
+    compiled = torch.compile(lambda *a: rt.sdpa_decode(*a[:4], tree_mask=a[4], return_lse=True), fullgraph=True,
+                             backend="aot_eager")
+    out, lse = compiled(q, k, v, lengths, tree)
+    assert_tree_result(out, lse, q, k, v, tree, lengths)
+
+
 # --- torch.library -------------------------------------------------------------------------------
 def test_opcheck_sdpa_decode():
     q, k, v = qkv(2, 2, 2, 16, seq_kv=9)
     torch.library.opcheck(torch.ops.rlx_triton.sdpa_decode.default, (q, k, v, torch.tensor([9, 4]), 0.25))
+    tree = torch.tensor([[True, False], [True, True]])
+    torch.library.opcheck(torch.ops.rlx_triton.sdpa_decode.default, (q, k, v, torch.tensor([9, 4]), 0.25),
+                          {"tree_mask": tree})
 
 
 # --- GPU -----------------------------------------------------------------------------------------
@@ -476,3 +623,39 @@ def test_a_steady_state_decode_step_never_syncs_with_the_host():
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
 
+
+
+# --- the deterministic profile: a sequence's output bits do not depend on its batch or the GPU --------------
+def _decode_alone_and_in_a_batch(backend: str, gpus=("h200", "a100")):
+    """The inputs (q, k, v, lengths) of 7 sequences, the first decoded alone as on the first GPU and inside the
+    batch of 7 as on the second ((out, lse) each), and the KV splits of the launches."""
+    from rlx_triton import devices
+    from rlx_triton.backends.triton import launches
+    from rlx_triton.router.device import routing_as
+
+    generator = torch.Generator().manual_seed(3)
+    k = torch.randn(7, 1, 2200, 16, generator=generator)
+    v = torch.randn(7, 1, 2200, 16, generator=generator)
+    q = torch.randn(7, 2, 1, 16, generator=generator)
+    lengths = torch.tensor([2100, 3, 700, 2200, 1025, 64, 1500], dtype=torch.int32)
+    results, splits = [], []
+    for gpu, rows in zip(gpus, (slice(0, 1), slice(0, 7))):
+        as_gpu = routing_as(devices.profile(gpu), devices=("cpu",)) if backend == "triton" else contextlib.nullcontext()
+        with as_gpu, rt.use_backend(backend, strict=backend != "torch"), launches.recording() as log:
+            results.append(rt.sdpa_decode(q[rows], k[rows], v[rows], lengths[rows], return_lse=True))
+        splits += [record.grid[1] for record in log.records]
+    return (q, k, v, lengths), results, splits
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_under_the_deterministic_profile_a_sequence_decodes_to_the_same_bits_alone_and_in_a_batch(backend):
+    from rlx_triton.config import override_settings
+
+    with override_settings(profile="deterministic"):
+        (q, k, v, lengths), ((alone, alone_lse), (batched, batched_lse)), splits = _decode_alone_and_in_a_batch(backend)
+    assert torch.equal(alone[0], batched[0]) and torch.equal(alone_lse[0], batched_lse[0])
+    ref_out, ref_lse = attention_reference(q[:1], k[:1], v[:1], causal="bottom_right", cache_seqlens=lengths[:1])
+    torch.testing.assert_close(alone.double(), ref_out, rtol=TOL[torch.float32], atol=1e-5)
+    torch.testing.assert_close(alone_lse.double(), ref_lse, rtol=1e-5, atol=1e-5)
+    if backend == "triton":   # 2100 keys in fixed splits of 16 tiles: partials merged, under either GPU's SM count
+        assert splits and all(count > 1 for count in splits), splits

@@ -141,6 +141,22 @@ def test_rt_sdpa_decode_on_torch_gathers_the_pages_then_runs_the_decomposed_fall
     assert "softcap tanh" in [k.name for k in softcap]
 
 
+def test_rt_sdpa_decode_with_a_tree_mask_on_torch_builds_its_mask_then_runs_torchs_own_sdpa():
+    # the library of a draft tree's verification: the pages gathered, the tree's visibility built, torch's SDPA
+    # with it as a bool mask (cuDNN on an H200, its bias conversion first)
+    tree = dict(m=32, tokens=8, seq_q=8)
+    request = _decode_request("sdpa_decode", {"causal": "bottom_right", "mask": "tree", "paged": True}, **tree)
+    names = [k.name for k in sdpa_decode.library_kernels(request, H200)]
+    assert names.index("gather K pages") < names.index("gather the tree's rows") < names.index("prefix | tree")
+    assert names.index("prefix | tree") < names.index("SDPA bool mask -> additive bias") < names.index(
+        "cuDNN SDPA forward")
+    assert "Q.K^T" not in names and "exp" not in names
+    # with FlashAttention's options the torch path is the decomposed attention step, after the same visibility
+    capped = _decode_request("sdpa_decode", {"causal": "bottom_right", "mask": "tree", "softcap": True}, **tree)
+    names = [k.name for k in sdpa_decode.library_kernels(capped, H200)]
+    assert names.index("prefix | tree") < names.index("softcap tanh")
+
+
 def test_flash_attn_with_kvcache_on_torch_gathers_then_attends():
     request = _decode_request("flash_attn_with_kvcache", {"causal": "none", "paged": True})
     names = [k.name for k in sdpa_decode.library_kernels(request, H200)]

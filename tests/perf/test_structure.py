@@ -150,9 +150,50 @@ def test_the_merge_loop_chain_is_a_ticket_the_lse_vector_and_one_l2_trip_per_chu
         expected = {"atomic": 1, "l2_hit": 1 + math.ceil(splits / chunk)}
     assert splits > 1 and chain_steps(record) == expected
     assert (splits > group) == (seq_kv == 32768)
-    trips, rule = loop_trips(record, [_loop(500, pass_flops=131200)] + [_loop(60, start=0x8000 + i) for i in range(3)])
+    trips, rule = loop_trips(record, _decode_loops(merge=True))
     tiles = math.ceil(seq_kv / record.meta["BLOCK_N"])
-    assert rule == "table" and trips == [pytest.approx(tiles / splits), 0.0, 0.0, 0.0]
+    # no mask: every tile of a whole bucket is a whole tile no mask reaches (the edge loop makes no pass)
+    assert rule == "table" and trips == [pytest.approx(tiles / splits), 0.0, 0.0, 0.0, 0.0]
+
+
+def _decode_loops(merge: bool):
+    """The compiled decode kernel's loops: the whole tiles', the edge tiles', and with splits the three merge loops."""
+    kv = [_loop(500, pass_flops=131200), _loop(560, pass_flops=131200, start=0x4000)]
+    return kv + ([_loop(60, start=0x8000 + i) for i in range(3)] if merge else [])
+
+
+@pytest.mark.parametrize("tokens, causal", [(8, "none"), (64, "none"), (5, "bottom_right")], ids=["tree8", "tree64",
+                                                                                                "causal5"])
+def test_only_the_tiles_holding_the_newest_keys_pass_through_the_edge_loop(tokens, causal):
+    # 1000 keys in tiles of BLOCK_N: the tree (or the causal diagonal) reaches the tiles from key 1000 - Q on
+    q = torch.empty(1, 32, tokens, 128, device="meta", dtype=torch.float16)
+    k = torch.empty(1, 8, 1000, 128, device="meta", dtype=torch.float16)
+    tree = torch.empty(tokens, tokens, device="meta", dtype=torch.bool) if causal == "none" else None
+    from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeCandidate
+
+    with routing_as(H200):
+        plan, _ = decode_kernels.sdpa_decode_plan(q, k, k, tree_mask=tree, causal=causal,
+                                                  candidate=SdpaDecodeCandidate.from_tag(decode_kernels.RECIPES["sm90"]))
+    record = plan[0]
+    block_n, splits = record.meta["BLOCK_N"], record.grid[1]
+    edge = math.ceil(1000 / block_n) - (1000 - tokens) // block_n
+    trips, rule = loop_trips(record, _decode_loops(merge=record.meta["MAX_SPLITS"] > 1))
+    assert rule == "table" and 1 <= edge <= 3
+    assert trips[:2] == [pytest.approx((math.ceil(1000 / block_n) - edge) / splits), pytest.approx(edge / splits)]
+
+
+def test_a_mask_that_reaches_every_key_runs_every_tile_as_an_edge_tile():
+    q = torch.empty(1, 32, 2, 128, device="meta", dtype=torch.float16)
+    k = torch.empty(1, 8, 1000, 128, device="meta", dtype=torch.float16)
+    mask = torch.empty(1, 1, 2, 1000, device="meta", dtype=torch.bool)
+    from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeCandidate
+
+    with routing_as(H200):
+        plan, _ = decode_kernels.sdpa_decode_plan(q, k, k, attn_mask=mask,
+                                                  candidate=SdpaDecodeCandidate.from_tag(decode_kernels.RECIPES["sm90"]))
+    record = plan[0]
+    trips, _ = loop_trips(record, _decode_loops(merge=record.meta["MAX_SPLITS"] > 1))
+    assert trips[0] == 0.0 and trips[1] == pytest.approx(math.ceil(1000 / record.meta["BLOCK_N"]) / record.grid[1])
 
 
 def test_a_single_split_has_no_merge_chain():

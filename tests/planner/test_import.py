@@ -5,12 +5,12 @@ import sys
 import rlx_triton.planner as planner
 
 PUBLIC_NAMES = """
-KernelFamily PrecisionProfile PrecisionProfileTag
-ThreadPolicy MemoryPolicy TunePolicy TuneCacheEviction TokenBucketStrategy KernelPlan
+KernelFamily ScalarType ConvertPolicy RolePrecision HybridPrecisionSpec PrecisionProfile PrecisionProfileTag
+ThreadPolicy MemoryPolicy TunePolicy TuneCacheEviction TokenBucketStrategy ObjectiveWeights KernelPlan
 KernelPlanBuilder LaunchConfig LaunchBuilder ShapeBucket shape_bucket TuneCacheKey tune_cache_key TuneCache
 SdpaDecodeCandidate SdpaDecodeVariant ConvCandidate ConvVariant FbankCandidate FbankVariant LstmCandidate
 LstmVariant SegdenseCandidate SegdenseVariant PlanError EmptyCandidates UnsupportedFamily InvalidCandidate
-LaunchError MissingField InvalidField CandidateNotPresent bucket_pow2
+InvalidPrecision InvalidObjectiveWeights LaunchError MissingField InvalidField CandidateNotPresent bucket_pow2
 """.split()
 
 
@@ -42,7 +42,7 @@ def test_planner_modules_do_not_read_the_environment():
 
 
 def test_error_hierarchy():
-    for name in ("EmptyCandidates", "UnsupportedFamily", "InvalidCandidate"):
+    for name in ("EmptyCandidates", "UnsupportedFamily", "InvalidCandidate", "InvalidPrecision", "InvalidObjectiveWeights"):
         assert issubclass(getattr(planner, name), planner.PlanError)
     for name in ("MissingField", "InvalidField", "CandidateNotPresent"):
         assert issubclass(getattr(planner, name), planner.LaunchError)

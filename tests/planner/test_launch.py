@@ -283,9 +283,9 @@ def test_tune_cache_key_fields():
     assert key != tune_cache_key(plan, launch, "sm80", 5)
 
 
-def test_profile_tags_are_the_profiles():
+def test_profile_tags_cover_profiles_and_custom():
     assert [PrecisionProfileTag.from_profile(p).value for p in PrecisionProfile] == [p.value for p in PrecisionProfile]
-    assert len(PrecisionProfileTag) == len(PrecisionProfile)
+    assert PrecisionProfileTag.CUSTOM.value == "custom"
 
 
 @pytest.mark.parametrize("error", [MissingField("seq_kv"), InvalidField("m"), CandidateNotPresent()])

@@ -7,15 +7,22 @@ import pytest
 from rlx_triton.planner import (
     FAMILIES,
     ConvCandidate,
+    ConvertPolicy,
     ConvVariant,
     EmptyCandidates,
+    HybridPrecisionSpec,
     InvalidCandidate,
+    InvalidObjectiveWeights,
+    InvalidPrecision,
     KernelFamily,
     KernelPlanBuilder,
     LstmVariant,
     MemoryPolicy,
+    ObjectiveWeights,
     PlanError,
     PrecisionProfile,
+    RolePrecision,
+    ScalarType,
     SdpaDecodeVariant,
     ThreadPolicy,
     TokenBucketStrategy,
@@ -25,6 +32,13 @@ from rlx_triton.planner import (
 )
 
 families = pytest.mark.parametrize("family", list(KernelFamily), ids=lambda f: f.value)
+F32 = RolePrecision.native(ScalarType.F32, ScalarType.F32)
+
+
+def spec(**roles):
+    base = dict(activations=F32, weights=F32, accum=F32, kv_cache=F32)
+    base.update(roles)
+    return HybridPrecisionSpec(**base)
 
 
 @families
@@ -34,6 +48,7 @@ def test_default_plan_builds_for_every_family(family):
     assert plan.candidates == FAMILIES[family].default_candidates
     assert plan.default_candidate == FAMILIES[family].default_variant.candidate()
     assert plan.precision_profile is PrecisionProfile.BALANCED
+    assert plan.hybrid == PrecisionProfile.BALANCED.default_spec()
     assert plan.tune_policy == TunePolicy.disabled()
     assert plan.schema_version == 1
     assert hash(plan) == hash(KernelPlanBuilder(family).build_plan())
@@ -70,15 +85,20 @@ def test_builder_methods_return_new_builders():
 
 
 def test_every_builder_method_applies():
+    weights = ObjectiveWeights(latency=0.5, error=0.5, memory=0.0)
     buckets = TokenBucketStrategy((1, 8, 64))
+    hybrid = spec(kv_cache=RolePrecision.native(ScalarType.F16, ScalarType.F16))
     plan = (
         KernelPlanBuilder(KernelFamily.SDPA_DECODE)
         .precision_profile(PrecisionProfile.ULTRA_LOW_LATENCY)
+        .hybrid_profile(hybrid)
+        .allow_emulation(True)
         .threads(ThreadPolicy(512, False))
         .memory(MemoryPolicy.force_shared())
         .autotune(TunePolicy.balanced_defaults())
         .tune_cache(False, True, 0)
         .tune_cache_eviction(TuneCacheEviction.KEEP_HIGH_BUCKETS)
+        .objective_weights(weights)
         .token_buckets(buckets)
         .candidates([SdpaDecodeVariant.BASE_F32.candidate()])
         .tile_sizes(16, 32, 64)
@@ -86,12 +106,13 @@ def test_every_builder_method_applies():
         .schema_version(7)
         .build_plan()
     )
+    assert plan.hybrid == hybrid
     assert plan.thread_policy == ThreadPolicy(512, False)
     assert plan.memory_policy == MemoryPolicy.force_shared()
     assert plan.tune_policy.enabled and not plan.tune_policy.cache_load and plan.tune_policy.persist_cache
     assert plan.tune_policy.cache_max_entries == 1  # raised to at least 1
     assert plan.tune_policy.cache_eviction is TuneCacheEviction.KEEP_HIGH_BUCKETS
-    assert plan.token_buckets == buckets
+    assert plan.objective_weights == weights and plan.token_buckets == buckets
     assert plan.candidates == (dataclasses.replace(SdpaDecodeVariant.BASE_F32.candidate(), tile_m=16, tile_n=32,
                                                    tile_k=64, pad_q=8, pad_kv=16),)
     assert plan.schema_version == 7
@@ -118,6 +139,30 @@ def test_tile_sizes_apply_to_current_candidates_only():
     assert plan.build_plan().candidates[0].tile_m == 1
 
 
+@pytest.mark.parametrize(
+    "weights",
+    [
+        ObjectiveWeights(0.6, 0.3, 0.2),
+        ObjectiveWeights(-0.1, 0.6, 0.5),
+        ObjectiveWeights(float("nan"), 0.5, 0.5),
+        ObjectiveWeights(float("inf"), 0.0, 0.0),
+        ObjectiveWeights(1e39, 0.0, 0.0),
+        ObjectiveWeights("0.6", 0.3, 0.1),
+        ObjectiveWeights(0.0, 0.0, 0.0),
+        ObjectiveWeights(1.0011, 0.0, 0.0),
+    ],
+)
+def test_invalid_objective_weights(weights):
+    with pytest.raises(InvalidObjectiveWeights) as info:
+        KernelPlanBuilder(KernelFamily.CONV).objective_weights(weights).build_plan()
+    assert str(info.value) == "objective weights must be finite, non-negative, and sum to 1.0 (+/- 1e-3)"
+
+
+@pytest.mark.parametrize("weights", [ObjectiveWeights(), ObjectiveWeights(1.0, 0.0, 0.0), ObjectiveWeights(0.9995, 0, 0)])
+def test_valid_objective_weights(weights):
+    KernelPlanBuilder(KernelFamily.CONV).objective_weights(weights).build_plan()
+
+
 def test_tune_policy_max_entries_zero_is_invalid_candidate():
     policy = dataclasses.replace(TunePolicy.balanced_defaults(), cache_max_entries=0)
     with pytest.raises(InvalidCandidate) as info:
@@ -128,7 +173,68 @@ def test_tune_policy_max_entries_zero_is_invalid_candidate():
                                                                                   cache_eviction="lru")).build_plan()
 
 
+@families
+@pytest.mark.parametrize("low", [ScalarType.F16, ScalarType.F8E4M3, ScalarType.F8E5M2])
+def test_low_accumulator_is_refused(family, low):
+    with pytest.raises(InvalidPrecision) as info:
+        KernelPlanBuilder(family).hybrid_profile(spec(accum=RolePrecision.native(ScalarType.F32, low))).build_plan()
+    assert str(info.value) == "invalid precision configuration: accumulator compute precision too low for stable reductions"
+
+
+@families
+@pytest.mark.parametrize(
+    "convert", [ConvertPolicy.STOCHASTIC_ROUND, ConvertPolicy.DOUBLE_SINGLE_EMU, ConvertPolicy.DEQUANT_ON_LOAD]
+)
+def test_emulation_needs_allow_emulation(family, convert):
+    hybrid = spec(weights=RolePrecision(ScalarType.F32, ScalarType.F32, convert))
+    with pytest.raises(InvalidPrecision, match="emulation policies are disabled in this plan"):
+        KernelPlanBuilder(family).hybrid_profile(hybrid).build_plan()
+    KernelPlanBuilder(family).hybrid_profile(hybrid).allow_emulation(True).build_plan()
+
+
+def test_cast_is_not_emulation():
+    hybrid = spec(weights=RolePrecision(ScalarType.BF16, ScalarType.F32, ConvertPolicy.CAST))
+    KernelPlanBuilder(KernelFamily.CONV).hybrid_profile(hybrid).build_plan()
+
+
+@pytest.mark.parametrize("kv", [ScalarType.F8E4M3, ScalarType.I8, ScalarType.Q4, ScalarType.F64])
+def test_sdpa_kv_cache_storage_rule(kv):
+    with pytest.raises(InvalidPrecision) as info:
+        KernelPlanBuilder(KernelFamily.SDPA_DECODE).hybrid_profile(spec(kv_cache=RolePrecision.native(kv, ScalarType.F32))).build_plan()
+    assert str(info.value) == "invalid precision configuration: sdpa decode requires kv-cache storage in F16/BF16/F32"
+
+
+@pytest.mark.parametrize("kv", [ScalarType.F8E4M3, ScalarType.F8E5M2, ScalarType.I8])
+def test_a_quantised_kv_cache_plans_when_it_dequantises_on_load(kv):
+    role = RolePrecision(kv, ScalarType.F32, ConvertPolicy.DEQUANT_ON_LOAD)
+    plan = KernelPlanBuilder(KernelFamily.SDPA_DECODE).hybrid_profile(spec(kv_cache=role)).allow_emulation(True)
+    assert plan.build_plan().hybrid.kv_cache == role
+    with pytest.raises(InvalidPrecision, match="emulation policies are disabled"):
+        KernelPlanBuilder(KernelFamily.SDPA_DECODE).hybrid_profile(spec(kv_cache=role)).build_plan()
+    to_fp8 = RolePrecision(kv, ScalarType.F8E4M3, ConvertPolicy.DEQUANT_ON_LOAD)
+    with pytest.raises(InvalidPrecision, match="dequantises on load to F32/F16/BF16"):
+        KernelPlanBuilder(KernelFamily.SDPA_DECODE).hybrid_profile(spec(kv_cache=to_fp8)).allow_emulation(True).build_plan()
+
+
 DIARIZATION = [KernelFamily.CONV, KernelFamily.FBANK, KernelFamily.LSTM, KernelFamily.SEGDENSE]
+
+
+@pytest.mark.parametrize("family", DIARIZATION, ids=lambda f: f.value)
+def test_diarization_accumulator_must_be_f32_or_f64(family):
+    for compute in (ScalarType.BF16, ScalarType.I8):
+        with pytest.raises(InvalidPrecision, match=f"{family.value} requires accumulator compute in F32/F64"):
+            KernelPlanBuilder(family).hybrid_profile(spec(accum=RolePrecision.native(ScalarType.F32, compute))).build_plan()
+    KernelPlanBuilder(family).hybrid_profile(spec(accum=RolePrecision.native(ScalarType.F64, ScalarType.F64))).build_plan()
+    # the kv-cache role does not concern these families
+    KernelPlanBuilder(family).hybrid_profile(spec(kv_cache=RolePrecision.native(ScalarType.Q4, ScalarType.F32))).build_plan()
+
+
+@pytest.mark.parametrize("family", DIARIZATION, ids=lambda f: f.value)
+@pytest.mark.parametrize("role", ["activations", "weights"])
+def test_diarization_storage_must_be_float(family, role):
+    hybrid = spec(**{role: RolePrecision.native(ScalarType.Q8, ScalarType.F32)})
+    with pytest.raises(InvalidPrecision, match="requires activation and weight storage in F32/F16/BF16"):
+        KernelPlanBuilder(family).hybrid_profile(hybrid).build_plan()
 
 
 @families
@@ -139,16 +245,22 @@ def test_empty_candidates(family):
 
 
 def test_validation_reports_the_first_failing_rule_in_a_fixed_order():
-    # tune policy before candidates
+    # weights before tune policy before precision before candidates
     builder = (
         KernelPlanBuilder(KernelFamily.SDPA_DECODE)
         .candidates([])
+        .hybrid_profile(spec(accum=RolePrecision.native(ScalarType.F16, ScalarType.F16)))
         .autotune(dataclasses.replace(TunePolicy(), cache_max_entries=0))
+        .objective_weights(ObjectiveWeights(1, 1, 1))
     )
-    with pytest.raises(InvalidCandidate):
+    with pytest.raises(InvalidObjectiveWeights):
         builder.build_plan()
+    with pytest.raises(InvalidCandidate):
+        builder.objective_weights(ObjectiveWeights()).build_plan()
+    with pytest.raises(InvalidPrecision):
+        builder.objective_weights(ObjectiveWeights()).autotune(TunePolicy()).build_plan()
     with pytest.raises(EmptyCandidates):
-        builder.autotune(TunePolicy()).build_plan()
+        builder.objective_weights(ObjectiveWeights()).autotune(TunePolicy()).hybrid_profile(spec()).build_plan()
 
 
 def test_invalid_candidate_in_plan():
@@ -229,7 +341,8 @@ def test_lstm_persistent_plans_under_arena_only_need_stepwise_single_stage():
 
 @pytest.mark.parametrize(
     "error",
-    [EmptyCandidates(), UnsupportedFamily(KernelFamily.CONV), InvalidCandidate("x")],
+    [EmptyCandidates(), UnsupportedFamily(KernelFamily.CONV), InvalidCandidate("x"), InvalidPrecision("y"),
+     InvalidObjectiveWeights()],
 )
 def test_plan_errors_are_value_errors_that_pickle_and_compare(error):
     assert isinstance(error, PlanError) and isinstance(error, ValueError)

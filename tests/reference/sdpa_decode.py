@@ -53,7 +53,12 @@ def attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             scores = scores + mask.to(torch.float64)
     scores = torch.where(visible, scores, scores - math.inf)
     scores = torch.where(in_reach.transpose(-1, -2), scores, -math.inf)
+    return softmax_rows(scores, v)
 
+
+def softmax_rows(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(scores) @ v, lse) with the max taken NaN-propagating (amax); a row whose scores are all -inf gives
+    0 and lse -inf."""
     row_max = scores.amax(dim=-1)
     row_max = torch.where(row_max == -math.inf, 0.0, row_max)
     probs = torch.exp(scores - row_max[..., None])
@@ -175,3 +180,51 @@ def check_degenerate_case(launch, case: str, *, rtol: float, dtype: torch.dtype 
                                    equal_nan=True)
     assert_outcome(out, expect)
     return out, lse
+
+
+# ------------------------------------------------------------------------------- draft trees (tree_mask)
+def tree_visible(tree_mask: torch.Tensor, lengths: torch.Tensor, seq_q: int, seq_kv: int) -> torch.Tensor:
+    """(B, 1, Lq, S) bool, entry by entry from the contract: token i of sequence b sees key j < L_b iff
+    j < L_b - Lq (the prefix) or tree_mask[b, i, j - (L_b - Lq)]."""
+    batch = lengths.shape[0]
+    tree = tree_mask.cpu().expand(batch, seq_q, seq_q)
+    visible = torch.zeros(batch, 1, seq_q, seq_kv, dtype=torch.bool)
+    for b in range(batch):
+        length = int(lengths[b])
+        start = length - seq_q
+        for i in range(seq_q):
+            for j in range(min(length, seq_kv)):
+                visible[b, 0, i, j] = j < start or bool(tree[b, i, j - start])
+    return visible
+
+
+def tree_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tree_mask: torch.Tensor, *,
+                   cache_seqlens: Optional[torch.Tensor] = None, scale: Optional[float] = None, softcap: float = 0.0,
+                   window_left: int = -1, alibi_slopes: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (out, lse) of rt.sdpa_decode(tree_mask=...). Without FlashAttention's options a hidden key is masked
+    as a bool mask masks (`attention_reference`); with a softcap, a left window or ALiBi, as FlashAttention masks:
+    the score is softcap * tanh(s / softcap) - slope * |p_i - j| with p_i = L_b - Lq + i, and a key the tree or
+    the window (j < p_i - window_left) hides is dropped."""
+    batch, num_heads, seq_q, head_dim = query.shape
+    seq_kv = key.shape[2]
+    lengths = torch.full((batch,), seq_kv) if cache_seqlens is None else cache_seqlens.cpu().long()
+    visible = tree_visible(tree_mask, lengths, seq_q, seq_kv)
+    if softcap == 0.0 and window_left < 0 and alibi_slopes is None:
+        return attention_reference(query, key, value, attn_mask=visible, scale=scale, cache_seqlens=lengths)
+    q, k, v = (t.detach().to("cpu", torch.float64) for t in (query, key, value))
+    group = num_heads // k.shape[1]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    in_reach = (torch.arange(seq_kv)[None, :] < lengths[:, None])[:, None, :, None]
+    k = torch.where(in_reach, k, 0.0).repeat_interleave(group, dim=1)
+    v = torch.where(in_reach, v, 0.0).repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    position = (lengths[:, None] - seq_q + torch.arange(seq_q)[None, :])[:, None, :, None]    # (B, 1, Lq, 1)
+    keys = torch.arange(seq_kv)[None, None, None, :]
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.cpu().double().expand(batch, num_heads)[:, :, None, None]
+        scores = scores - slopes * (position - keys).abs()
+    if window_left >= 0:
+        visible = visible & (keys >= position - window_left)
+    return softmax_rows(scores.masked_fill(~visible, -math.inf), v)

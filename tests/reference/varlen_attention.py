@@ -11,8 +11,10 @@ import torch
 
 def naive_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, block_table=None,
-                            s_aux=None):
-    """(out (total_q, H, Dv), lse (H, total_q)) in float64; rows that see no key: 0 and +inf."""
+                            s_aux=None, seqused_k=None):
+    """(out (total_q, H, Dv), lse (H, total_q)) in float64; rows that see no key: 0 and +inf. seqused_k (FA's, and
+    torch's varlen_attn's): sequence s reads its first seqused_k[s] keys, from cu_seqlens_k[s] (which a paged call
+    may leave None: its keys start at its first page)."""
     total_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[-2]
     group = num_heads // num_kv_heads
@@ -30,8 +32,9 @@ def naive_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     lse = torch.full((num_heads, total_q), math.inf, dtype=torch.float64)
     for s in range(cu_seqlens_q.shape[0] - 1):
         q0, q1 = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
-        k0, k1 = int(cu_seqlens_k[s]), int(cu_seqlens_k[s + 1])
-        seqlen_q, seqlen_k = q1 - q0, k1 - k0
+        k0 = 0 if cu_seqlens_k is None else int(cu_seqlens_k[s])
+        seqlen_k = int(seqused_k[s]) if seqused_k is not None else int(cu_seqlens_k[s + 1]) - k0
+        seqlen_q, k1 = q1 - q0, k0 + seqlen_k
         if block_table is None:
             keys, values = k[k0:k1].double(), v[k0:k1].double()
         else:

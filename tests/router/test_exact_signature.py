@@ -142,13 +142,21 @@ def test_a_call_that_fails_validation_is_not_remembered(routed):
     assert routed == []
 
 
-def test_calls_under_torch_compile_are_routed_every_time(routed, monkeypatch):
+def test_no_signature_is_taken_while_torch_compile_traces(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    op, args, kwargs = _segdense()
+    _, args, kwargs = _segdense()
     assert call_signature("segdense", args, kwargs.values()) is None
-    op(*args, **kwargs)
-    op(*args, **kwargs)
-    assert len(routed) == 2
+
+
+def test_a_compiled_call_is_routed_when_the_graph_runs_and_its_signature_remembered(routed):
+    """Under torch.compile the op's custom op runs the eager op when the graph runs (ops/_compiled.py): the first
+    run routes, a repeated run finds the remembered signature."""
+    op, args, kwargs = _segdense()
+    compiled = torch.compile(lambda *tensors: op(*tensors, **kwargs), fullgraph=True, backend="eager")
+    with torch.no_grad():
+        compiled(*args)
+        compiled(*args)
+    assert len(routed) == 1
 
 
 def test_packed_sequences_are_routed_every_time(routed):

@@ -179,3 +179,70 @@ def test_an_unapproved_winner_is_no_measurement_of_the_route(on_an_h200, monkeyp
         decided = route(fbank_request())
     # the winner is replaced by the approved fp32 candidate: the estimates decide, and the library is faster
     assert (decided.backend, decided.decided_by) == ("torch", "estimated")
+
+
+def test_the_deterministic_profile_takes_the_first_kernel_whatever_the_estimates(on_an_h200, monkeypatch):
+    # a speed decision may differ with the batch or the GPU, and the library op computes other bits
+    model = use_speed(monkeypatch, FakeSpeed(kernel={"fast": 12.0}, library=5.0))
+    with override_settings(profile="deterministic"):
+        decided = route(fbank_request())
+    assert decided.backend != "torch" and decided.decided_by == "default" and not model.library_calls
+
+
+# --- ranking: the approved candidates nothing has timed, weighed by the plan's ObjectiveWeights --------------
+class CostedSpeed(FakeSpeed):
+    """A fake speed model that also prices each candidate: (us, bytes) per candidate tag."""
+
+    def __init__(self, costs, **times):
+        super().__init__(**times)
+        self.costs = costs
+
+    def kernel_cost(self, request, decided, call, profile):
+        return self.costs.get(decided.candidate_tag)
+
+    def kernel_us(self, request, decided, call, profile):
+        super().kernel_us(request, decided, call, profile)
+        cost = self.costs.get(decided.candidate_tag)
+        return None if cost is None else cost[0]
+
+
+CALL = lambda: (print, (), {})   # noqa: E731 - what an op passes: the public call, built on demand
+
+
+def test_untimed_candidates_are_ranked_by_latency_error_and_memory(on_an_h200, monkeypatch, fbank_candidates):
+    first, second = fbank_candidates[0].tag(), fbank_candidates[1].tag()
+    # the second is 1.5x faster and moves twice the bytes: 0.6 x 1 + 0.1 x 2 = 0.8 beats 0.6 x 1.5 + 0.1 x 1 = 1.0
+    use_speed(monkeypatch, CostedSpeed({first: (15.0, 1000), second: (10.0, 2000)}, library=100.0))
+    decided = route(fbank_request(), call=CALL)
+    assert (decided.backend, decided.candidate_tag, decided.evidence) == ("fast", second, "Ranked")
+    chosen = [r for r in decided.ranking if r.chosen]
+    assert [r.candidate_tag for r in chosen] == [second] and chosen[0].terms == (1.0, 1.0, 2.0)
+    assert "ranked     " in str(decided) and "objective weights latency 0.6, error 0.3, memory 0.1" in str(decided)
+
+
+def test_a_recipe_or_a_pinned_candidate_is_not_ranked(on_an_h200, monkeypatch, fake_module, fbank_candidates):
+    recipe = fbank_candidates[0].tag()
+    use_speed(monkeypatch, CostedSpeed({c.tag(): (10.0 + i, 1000) for i, c in enumerate(fbank_candidates)},
+                                       library=100.0))
+    monkeypatch.setattr(fake_module, "RECIPES", {"sm90": recipe})
+    decided = route(fbank_request(), call=CALL)
+    assert (decided.candidate_tag, decided.evidence, decided.ranking) == (recipe, "Recipe", ())
+    with use_candidate(fbank_candidates[2].tag()):
+        assert route(fbank_request(), call=CALL).ranking == ()
+
+
+def test_without_a_call_to_price_the_plan_default_stays(on_an_h200, monkeypatch, fbank_candidates):
+    use_speed(monkeypatch, CostedSpeed({c.tag(): (10.0, 1000) for c in fbank_candidates}, library=100.0))
+    decided = route(fbank_request())
+    assert decided.evidence == "DeviceDefault" and decided.ranking == ()
+
+
+def test_a_candidate_a_hundred_times_less_accurate_weighs_three_on_the_error_term():
+    from rlx_triton.planner import ObjectiveWeights
+
+    ranked = speed.rank([("accurate", 12.0, 1e-5, 100), ("fast", 10.0, 1e-3, 100)], ObjectiveWeights())
+    assert [r.terms for r in ranked] == [(1.2, 1.0, 1.0), (1.0, 3.0, 1.0)]
+    # 0.6 x 1.2 + 0.3 + 0.1 = 1.12 against 0.6 + 0.9 + 0.1 = 1.6: 20% slower and 100x more accurate wins
+    assert [r.chosen for r in ranked] == [True, False]
+    slower = speed.rank([("accurate", 30.0, 1e-5, 100), ("fast", 10.0, 1e-3, 100)], ObjectiveWeights())
+    assert [r.chosen for r in slower] == [False, True]   # 3x slower: 2.2 against 1.6

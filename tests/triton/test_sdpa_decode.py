@@ -14,7 +14,8 @@ from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import sdpa_decode as tk
 from rlx_triton.backends.triton.sdpa_decode import kernels as tk_kernels
 from rlx_triton.backends.triton.sdpa_decode import launch as tk_launch
-from tests.reference.sdpa_decode import DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs
+from tests.reference.sdpa_decode import (DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs,
+                                         tree_reference)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SPLITTING_SMS = 64
@@ -694,3 +695,140 @@ def test_the_default_launch_compiles_none_of_the_options():
     flags = plan[0].meta
     assert (flags["ALIBI"], flags["BATCH_IDX"], flags["LEFTPAD"], flags["SOFTCAP"], flags["WINDOW"]) == \
         (tk.ALIBI_NONE, False, False, False, False)
+
+
+# --- draft trees: speculative decoding's verification (tree_mask) ----------------------------------
+def draft_trees(tokens: int, batch: int = 0, seed: int = 0) -> torch.Tensor:
+    """A random draft tree's mask (tokens, tokens), or one per sequence (batch, tokens, tokens)."""
+    from rlx_triton.perf.cases import draft_tree
+
+    gen = torch.Generator().manual_seed(seed)
+    if batch == 0:
+        return draft_tree(tokens, gen)
+    return torch.stack([draft_tree(tokens, gen) for _ in range(batch)])
+
+
+def run_tree(q, k, v, tree, *, cand=None, lengths=None, sm_count=SPLITTING_SMS, pages=None, **options):
+    """The kernel under a tree mask against float64 (`tree_reference`); pages: (k_pages, v_pages, table) to read
+    the same keys through a block table."""
+    cache = (k, v) if pages is None else pages[:2]
+    extra = {} if pages is None else {"block_table": pages[2]}
+    window_left = options.pop("window_left", -1)
+    if window_left >= 0:
+        options["window"] = (window_left, -1)
+    out, lse = tk.sdpa_decode(q, *cache, tree_mask=tree, cache_seqlens=lengths, candidate=cand or candidate(),
+                              sm_count=sm_count, **extra, **options)
+    ref_out, ref_lse = tree_reference(q, k, v, tree, cache_seqlens=lengths, window_left=window_left,
+                                      softcap=options.get("softcap", 0.0), alibi_slopes=options.get("alibi_slopes"))
+    assert_matches(out, lse, ref_out, ref_lse, q.dtype, k.shape[2])
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_random_draft_trees_over_ragged_lengths_match_float64(dtype):
+    # per-sequence trees; lengths past the tree, equal to it (no prefix) and shorter than it (its first
+    # tokens have no key of their own)
+    q, k, v = make_qkv(4, 4, 2, 6, 40, 16, dtype=dtype)
+    lengths = torch.tensor([40, 17, 6, 3], dtype=torch.int32)
+    run_tree(q, k, v, draft_trees(6, batch=4), lengths=lengths)
+
+
+def test_a_shared_tree_broadcasts_over_the_batch_in_one_split_and_many():
+    q, k, v = make_qkv(2, 6, 3, 5, 70, 24)
+    tree = draft_trees(5, seed=3)
+    for cand, sms in ((candidate(split_k=1, partial_reduce=False, tile_n=32), 1), (candidate(split_k=4), 132)):
+        run_tree(q, k, v, tree, cand=cand, sm_count=sms)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_chain_is_the_causal_mask_bit_for_bit(dtype):
+    q, k, v = make_qkv(3, 4, 1, 7, 45, 16, dtype=dtype)
+    lengths = torch.tensor([45, 20, 7], dtype=torch.int32)
+    chain = torch.ones(7, 7, dtype=torch.bool).tril()
+    tree_out, tree_lse = tk.sdpa_decode(q, k, v, tree_mask=chain, cache_seqlens=lengths, candidate=candidate(),
+                                        sm_count=SPLITTING_SMS)
+    causal_out, causal_lse = tk.sdpa_decode(q, k, v, causal="bottom_right", cache_seqlens=lengths,
+                                            candidate=candidate(), sm_count=SPLITTING_SMS)
+    assert torch.equal(tree_out, causal_out) and torch.equal(tree_lse, causal_lse)
+
+
+def test_rows_the_tree_hides_everything_from_give_zero_and_minus_inf():
+    # L_b == Q: no prefix, so a row of False sees no key; row 2 of the second sequence keeps its prefix
+    q, k, v = make_qkv(2, 2, 1, 4, 24, 16)
+    lengths = torch.tensor([4, 24], dtype=torch.int32)
+    tree = draft_trees(4, batch=2)
+    tree[:, 2] = False
+    out, lse = run_tree(q, k, v, tree, lengths=lengths)
+    assert bool((out[0, :, 2] == 0).all()) and bool((lse[0, :, 2] == -math.inf).all())
+    assert bool(lse[1, :, 2].isfinite().all())
+
+
+@pytest.mark.parametrize("page_size", [16, 5])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_trees_over_a_paged_cache(page_size, dtype):
+    q, k, v = make_qkv(2, 4, 2, 5, 37, 16, dtype=dtype)
+    lengths = torch.tensor([37, 9], dtype=torch.int32)
+    run_tree(q, k, v, draft_trees(5, batch=2, seed=1), lengths=lengths, pages=paged(k, v, page_size))
+
+
+def test_sixty_four_drafted_tokens_of_a_gqa_group_span_two_row_tiles():
+    # 2 query heads per KV head x 64 tokens = 128 packed rows: two tiles of 64, the tree decided in both
+    q, k, v = make_qkv(1, 2, 1, 64, 80, 16, dtype=torch.float16)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, tree_mask=draft_trees(64), candidate=candidate(), sm_count=SPLITTING_SMS)
+    assert plan[0].meta["BLOCK_M"] == 64 and plan[0].grid[0] == 2
+    run_tree(q, k, v, draft_trees(64), lengths=torch.tensor([77]))
+
+
+@pytest.mark.parametrize("options", [
+    dict(window_left=2),                                    # a window by absolute position cuts far ancestors
+    dict(alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625])),   # -slope x |position - key|, both sides
+    dict(softcap=1.5, window_left=9, alibi_slopes=torch.rand(3, 4) * 0.3),
+], ids=["window", "alibi", "softcap-window-alibi"])
+def test_trees_with_flash_attentions_options(options):
+    q, k, v = make_qkv(3, 4, 2, 6, 50, 16)
+    lengths = torch.tensor([50, 13, 6], dtype=torch.int32)
+    tree = draft_trees(6, batch=3, seed=2)
+    tree[:, 4, 5] = True                                     # a key after the token's own position
+    run_tree(q, k, v, tree, lengths=lengths, **options)
+
+
+@pytest.mark.parametrize("options, finite", [({}, False), ({"softcap": 2.0}, True)], ids=["plain", "softcap"])
+def test_a_nan_key_the_tree_hides_is_masked_as_causal_masking_masks_it(options, finite):
+    # additive without FlashAttention's options (the row is NaN, as under the causal mask), dropped with them
+    q, k, v = make_qkv(1, 2, 1, 3, 20, 16)
+    tree = torch.ones(3, 3, dtype=torch.bool).tril()
+    k[0, 0, 19, 0] = float("nan")                            # the newest key: token 0 does not see it
+    out, _ = tk.sdpa_decode(q, k, v, tree_mask=tree, candidate=candidate(), sm_count=SPLITTING_SMS, **options)
+    assert bool(out[:, :, 0].isfinite().all()) == finite and bool(out[:, :, 2].isnan().all())
+
+
+def test_the_tree_plan_counts_the_mask_once_and_rejects_other_masking():
+    q, k, v = make_qkv(2, 4, 2, 4, 64, 16)
+    tree = draft_trees(4)
+    plan, _ = tk.sdpa_decode_plan(q, k, v, tree_mask=tree, candidate=candidate(), sm_count=SPLITTING_SMS)
+    plain, _ = tk.sdpa_decode_plan(q, k, v, candidate=candidate(), sm_count=SPLITTING_SMS)
+    assert plan[0].meta["MASK_KIND"] == tk.MASK_TREE and plan[0].bytes_read == plain[0].bytes_read + tree.numel()
+    with pytest.raises(ValueError, match="tree_mask"):
+        tk.sdpa_decode_plan(q, k, v, tree_mask=tree, causal="bottom_right", candidate=candidate())
+
+
+@pytest.mark.parametrize("tokens, block_m", [(8, 32), (16, 64), (64, 64)])
+def test_tiles_of_a_draft_trees_rows_take_eight_warps_and_one_program_per_sm(tokens, block_m):
+    # 4 query heads per KV head x the drafted tokens, D 128 in fp16: 64-key tiles on 8 warps, and the split rule
+    # counts one such program per SM (ptxas gives them 170-255 registers a thread)
+    from rlx_triton import devices
+    from rlx_triton.router.device import routing_as
+
+    meta = tk_launch._meta(candidate(tile_n=128, tg_size=128), rows=4 * tokens, head_dim=128, head_dim_v=128,
+                           dtype=torch.float16)
+    assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"]) == (block_m, 64, 8)
+    tile = dict(block_m=block_m, block_n=64, block_d=128, block_dv=128, element_bytes=2, num_warps=8, lowp=True)
+    with routing_as(devices.profile("h200")):
+        assert tk.programs_per_sm(torch.device("meta"), **tile) == 1
+
+
+def test_the_kernels_tree_bits_hold_every_query_token_the_coverage_routes():
+    assert tk.MAX_SEQ_Q <= tk_kernels.MAX_TREE_TOKENS
+    q, k, v = make_qkv(1, 1, 1, 65, 70, 16)
+    with pytest.raises(ValueError, match="64 tokens"):
+        tk.sdpa_decode_plan(q, k, v, tree_mask=torch.ones(65, 65, dtype=torch.bool), candidate=candidate())

@@ -159,9 +159,10 @@ def sequence_view(cache: torch.Tensor, lengths: torch.Tensor, cache_batch_idx: O
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
            cache_leftpad: Optional[torch.Tensor], scale: float, mask: Masking, softcap: float,
-           alibi_slopes: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+           alibi_slopes: Optional[torch.Tensor], keep: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Sq, H, Dv) in q's dtype, lse (B, H, Sq) float32) of q (B, Sq, H, D) against keys/values
-    (B, S, Hkv, D/Dv), sequence b reading positions [cache_leftpad[b], lengths[b])."""
+    (B, S, Hkv, D/Dv), sequence b reading positions [cache_leftpad[b], lengths[b]). keep: (B, Sq, S) bool, the
+    keys each row may see besides the window's bound (sdpa_decode's tree mask), the others dropped like it."""
     batch, seqlen_q, num_heads, _ = q.shape
     seq_kv, num_kv_heads = keys.shape[1], keys.shape[2]
     out_dtype = q.dtype
@@ -181,6 +182,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: t
         visible = visible & (key_pos >= diagonal - mask.left)
     if mask.right >= 0:
         visible = visible & (key_pos <= diagonal + mask.right)
+    if keep is not None:
+        visible = visible & keep.to(device)
 
     # keys outside a sequence take no part (an unused cache tail may hold anything): zeroed values
     values = values.to(compute).masked_fill(~in_sequence[:, 0, :, None, None], 0.0)

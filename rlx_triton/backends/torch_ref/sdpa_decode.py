@@ -61,21 +61,51 @@ def gathered_pages(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tens
     return pages.transpose(1, 2).reshape(block_table.shape[0], cache.shape[1], -1, cache.shape[-1])
 
 
+def tree_visibility(tree_mask: torch.Tensor, lengths: torch.Tensor, seq_q: int, seq_kv: int) -> torch.Tensor:
+    """(B, Lq, S) bool: the keys token i of sequence b sees under a tree mask ((Lq, Lq) or (B, Lq, Lq) bool): every
+    key before L_b - Lq (the prefix) and key L_b - Lq + t iff tree_mask[b, i, t]; none at or past L_b."""
+    batch = lengths.shape[0]
+    tree = (tree_mask if tree_mask.dim() == 3 else tree_mask[None]).expand(batch, seq_q, seq_q)
+    lengths = lengths.to(device=tree.device, dtype=torch.int64)
+    column = torch.arange(seq_kv, device=tree.device)[None, :] - (lengths - seq_q)[:, None]   # (B, S): t of each key
+    decided = torch.gather(tree, 2, column.clamp(0, seq_q - 1)[:, None, :].expand(batch, seq_q, seq_kv))
+    return (column < 0)[:, None, :] | (((column >= 0) & (column < seq_q))[:, None, :] & decided)
+
+
+def _lengths(batch: int, seq_kv: int, cache_seqlens: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
+    return (torch.full((batch,), seq_kv, dtype=torch.int64, device=device) if cache_seqlens is None
+            else cache_seqlens)
+
+
+def _has_fa_options(softcap: float, window: Tuple[int, int], alibi_slopes: Optional[torch.Tensor]) -> bool:
+    return softcap > 0 or tuple(window) != (-1, -1) or alibi_slopes is not None
+
+
 def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 attn_mask: Optional[torch.Tensor] = None, causal: str = "none",
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
                 block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                 window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
-                candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+                tree_mask: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the Triton launcher (a paged
     cache with block_table is gathered into (B, Hkv, S, D) first). A softcap, a local window or ALiBi slopes
-    (with bottom-right or no causal masking, no mask) run FlashAttention's attention step (`with_fa_options`)."""
+    (with bottom-right or no causal masking, no mask) run FlashAttention's attention step (`with_fa_options`).
+    A tree mask (causal "none", no attn_mask) becomes each row's visible keys (`tree_visibility`), masked as a
+    bool mask is (dropped with FlashAttention's options)."""
     if block_table is not None:
         key, value = gathered_pages(key, block_table), gathered_pages(value, block_table)
-    if softcap > 0 or tuple(window) != (-1, -1) or alibi_slopes is not None:
+    keep = None
+    if tree_mask is not None:
+        if attn_mask is not None or causal != "none":
+            raise ValueError("sdpa_decode: a tree_mask replaces attn_mask and causal masking (pass causal='none')")
+        keep = tree_visibility(tree_mask, _lengths(query.shape[0], key.shape[2], cache_seqlens, query.device),
+                               query.shape[2], key.shape[2])
+    if _has_fa_options(softcap, window, alibi_slopes):
         if attn_mask is not None:
             raise ValueError("sdpa_decode: FlashAttention's softcap, window and ALiBi take no attn_mask")
-        return with_fa_options(query, key, value, causal, scale, cache_seqlens, softcap, window, alibi_slopes)
+        return with_fa_options(query, key, value, causal, scale, cache_seqlens, softcap, window, alibi_slopes, keep)
+    if keep is not None:
+        attn_mask = keep[:, None]
     batch, num_heads, seq_q, head_dim = query.shape
     num_kv_heads, seq_kv = key.shape[1], key.shape[2]
     group = num_heads // num_kv_heads
@@ -113,22 +143,46 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
 
 def with_fa_options(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: str, scale: Optional[float],
                     cache_seqlens: Optional[torch.Tensor], softcap: float, window: Tuple[int, int],
-                    alibi_slopes: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                    alibi_slopes: Optional[torch.Tensor],
+                    keep: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """sdpa_decode with FlashAttention's softcap, local window and ALiBi: FA2's own attention step
     (backends/torch_ref/flash_attn.attend) on the (B, S, H, D) views, with sdpa_decode's -inf LSE where a row
-    sees no key."""
+    sees no key; keep (B, Lq, S) bool: the keys a tree mask shows each row."""
     from rlx_triton.backends.torch_ref import flash_attn
 
     if causal not in ("none", "bottom_right"):
         raise ValueError(f"sdpa_decode: FlashAttention's options take bottom-right or no causal masking, got {causal!r}")
-    batch, seq_kv = query.shape[0], key.shape[2]
-    lengths = (torch.full((batch,), seq_kv, dtype=torch.int64, device=query.device) if cache_seqlens is None
-               else cache_seqlens)
+    seq_kv = key.shape[2]
+    lengths = _lengths(query.shape[0], seq_kv, cache_seqlens, query.device)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     mask = flash_attn.decode_masking(causal, window, seq_kv)
     out, lse = flash_attn.attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), lengths, None,
-                                 scale, mask, float(softcap), alibi_slopes)
+                                 scale, mask, float(softcap), alibi_slopes, keep)
     return out.transpose(1, 2), torch.where(lse == math.inf, -math.inf, lse)
+
+
+def sdpa_decode_output(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, causal: str = "none",
+                       scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
+                       block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                       window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
+                       tree_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The output of `sdpa_decode` alone (a call that returns no LSE). A tree-masked call without FlashAttention's
+    options runs torch's own SDPA with the tree's visibility as a bool mask over the (gathered) cache, GQA
+    through enable_gqa, which is what `library_kernels` models: that mask hides every key at or past a
+    sequence's length by adding -inf to its score, so a NaN or Inf stored there reaches the row, as it would
+    in torch's SDPA. Every other call is `sdpa_decode`'s output."""
+    if tree_mask is None or _has_fa_options(softcap, window, alibi_slopes):
+        return sdpa_decode(query, key, value, causal=causal, scale=scale, cache_seqlens=cache_seqlens,
+                           block_table=block_table, softcap=softcap, window=window, alibi_slopes=alibi_slopes,
+                           tree_mask=tree_mask)[0]
+    if causal != "none":
+        raise ValueError("sdpa_decode: a tree_mask replaces causal masking (pass causal='none')")
+    if block_table is not None:
+        key, value = gathered_pages(key, block_table), gathered_pages(value, block_table)
+    keep = tree_visibility(tree_mask, _lengths(query.shape[0], key.shape[2], cache_seqlens, query.device),
+                           query.shape[2], key.shape[2])
+    return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=keep[:, None], scale=scale,
+                                                     enable_gqa=key.shape[1] != query.shape[1])
 
 
 def sdpa_through_decode(sdpa_decode_fn, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -241,11 +295,9 @@ def decomposed_decode_kernels(request, profile) -> list:
     value masking adds two passes)."""
     f, feats, size, compute, run = _modelled(request, profile)
     b, hq, hkv, lq, s, d, dv = _dims(f)
-    if feats.get("paged"):
-        for cache, width in (("K", d), ("V", dv)):
-            run.small(f"block_table.to(int64).clamp for {cache}", 2)
-            run.big(f"gather {cache} pages", b * hkv * s * width, b * hkv * s * width, size, size)
-            run.big(f"{cache} pages transpose(1, 2).reshape copy", b * hkv * s * width, b * hkv * s * width, size, size)
+    _gathered_pages(run, f, feats, size)
+    if feats.get("mask") == "tree":
+        _tree_visibility(run, f)
     if feats.get("softcap") or feats.get("window") or feats.get("alibi", "none") != "none":
         run.small("full(lengths)")
         return run.kernels + attend_kernels(request, profile, keys_layout="bhsd")
@@ -262,6 +314,55 @@ def decomposed_decode_kernels(request, profile) -> list:
     run.big("where(visible, scores, scores - inf)", 2 * scores, scores)
     _softmax_and_pv(run, f, scores, einsum=False)
     return run.kernels
+
+
+def _gathered_pages(run: _TorchLaunches, f: dict, feats: dict, size: int) -> None:
+    """`gathered_pages` of K and V where the request is paged: the table clamped, the pages indexed, then the
+    transposed reshape's copy."""
+    b, hq, hkv, lq, s, d, dv = _dims(f)
+    if feats.get("paged"):
+        for cache, width in (("K", d), ("V", dv)):
+            run.small(f"block_table.to(int64).clamp for {cache}", 2)
+            run.big(f"gather {cache} pages", b * hkv * s * width, b * hkv * s * width, size, size)
+            run.big(f"{cache} pages transpose(1, 2).reshape copy", b * hkv * s * width, b * hkv * s * width, size, size)
+
+
+def _tree_visibility(run: _TorchLaunches, f: dict) -> None:
+    """`tree_visibility`: each key's tree column (B, S) int64 and its tests, the tree's rows gathered along the
+    keys (B, Lq, S) and combined with the prefix into the bool mask."""
+    b, lq, s = f["batch"], f["seq_q"], f["seq_kv"]
+    run.small("full(lengths), lengths - Lq", 2)
+    run.big("arange(S)", 0, s, write_size=8)
+    run.big("column = arange - start", b * s, b * s, 8, 8)
+    run.big("column.clamp", b * s, b * s, 8, 8)
+    for test in ("column < 0", "column >= 0", "column < Lq"):
+        run.big(test, b * s, b * s, 8, 1)
+    run.big("in tree: &", 2 * b * s, b * s, 1, 1)
+    run.big("gather the tree's rows", b * s * 8, b * lq * s, 1, 1)   # the (B, S) index, broadcast over the rows
+    run.big("in tree & gathered", b * s + b * lq * s, b * lq * s, 1, 1)
+    run.big("prefix | tree", b * s + b * lq * s, b * lq * s, 1, 1)
+
+
+def tree_decode_kernels(request, profile) -> list:
+    """rt.sdpa_decode(tree_mask=...)'s torch path where it returns the output alone (`sdpa_decode_output`, the
+    call a user makes without rlx_triton): a paged cache gathered, the tree's visibility built, then torch's own
+    SDPA with it as a bool mask over the cache (GQA by enable_gqa; torch_sdpa picks the backend and prices its
+    conversion of the bool mask). With return_lse the torch path runs the decomposed `sdpa_decode` instead
+    (`decomposed_decode_kernels`); the request does not say which, so this models the output alone. With a
+    softcap, a window or ALiBi it is the decomposed attention step (`attend_kernels`) after the visibility."""
+    from rlx_triton.perf.library.attention import FROM_TORCH_DTYPE, Attention, math_sdpa, torch_sdpa
+
+    f, feats, size, compute, run = _modelled(request, profile)
+    if feats.get("softcap") or feats.get("window") or feats.get("alibi", "none") != "none":
+        return decomposed_decode_kernels(request, profile)
+    b, hq, hkv, lq, s, d, dv = _dims(f)
+    _gathered_pages(run, f, feats, size)
+    _tree_visibility(run, f)
+    shape = Attention(batch=b, heads=hq, kv_heads=hkv, seq_q=lq, seq_kv=s, head_dim=d, head_dim_v=dv, mask="bool")
+    dtype = FROM_TORCH_DTYPE.get(request.dtype, request.dtype)
+    if dtype not in ("fp16", "bf16", "fp32"):   # float64: math on the fp32 units (no profile states an fp64 rate)
+        return run.kernels + math_sdpa(shape, dtype, profile)
+    return run.kernels + torch_sdpa(shape, dtype, profile)
 
 
 def attend_kernels(request, profile, *, keys_layout: str = "bshd") -> list:
@@ -343,9 +444,12 @@ def library_kernels(request, profile) -> list:
       GPU and dtype (rlx_triton.perf.library.attention.torch_sdpa: cuDNN first on sm90, then FA2, the cutlass
       memory-efficient kernel, math), after the lower-right causal mask's construction where the call asks for it;
     - sdpa_decode: the decomposed fallback above (it does not call torch's SDPA), a paged cache gathered first;
+      with a tree mask, torch's SDPA with the tree's mask over the gathered cache (`tree_decode_kernels`);
     - flash_attn_with_kvcache: backends/torch_ref/flash_attn's decomposed attention, pages gathered first.
     Pure and cheap: it reads the request's fields and features only."""
     if request.op == "sdpa_decode":
+        if request.feature_map.get("mask") == "tree":
+            return tree_decode_kernels(request, profile)
         return decomposed_decode_kernels(request, profile)
     if request.op == "flash_attn_with_kvcache":
         return kvcache_kernels(request, profile)

@@ -1,5 +1,5 @@
-"""FlashAttention 2's `flash_attn_varlen_func` in plain torch: the library path of rt.flash_attn_varlen_func
-and rt.flash_attn_func.
+"""FlashAttention 2's `flash_attn_varlen_func` in plain torch: the library path of rt.flash_attn_varlen_func,
+rt.flash_attn_func and (off torch's own varlen op, `varlen_attn`) rt.varlen_attn.
 
 One sequence at a time (the offsets are read on the host): q rows [cu_seqlens_q[s], cu_seqlens_q[s + 1])
 attend to keys [cu_seqlens_k[s], cu_seqlens_k[s + 1]) of a contiguous k/v, or to the first
@@ -87,22 +87,25 @@ def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale:
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                            window_size, softcap, alibi_slopes, block_table, s_aux, dropout_p=0.0, *,
-                           return_probs: bool = False, candidate=None, route=None):
+                           seqused_k=None, return_probs: bool = False, candidate=None, route=None):
     """(out (total_q, H, Dv), lse (H, total_q) float32, S_dmask or None) on validated arguments. S_dmask (when
     return_probs and dropout_p > 0, as in FA2): (num_seqs, H, max_seqlen_q, max_seqlen_k) probabilities,
-    the dropped ones negated."""
+    the dropped ones negated. seqused_k (num_seqs,): sequence s uses its first seqused_k[s] keys (from
+    cu_seqlens_k[s], or its first page), its length otherwise; a paged call with it may pass cu_seqlens_k None."""
     mask = masking(causal, tuple(window_size), max_seqlen_q, max_seqlen_k, alibi_slopes is not None)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     starts_q = cu_seqlens_q.tolist()
-    starts_k = cu_seqlens_k.tolist()
     num_seqs = len(starts_q) - 1
+    starts_k = cu_seqlens_k.tolist() if cu_seqlens_k is not None else [0] * (num_seqs + 1)
+    used = seqused_k.tolist() if seqused_k is not None else None
     outs: List[torch.Tensor] = []
     lses: List[torch.Tensor] = []
     s_dmask = None
     if return_probs and dropout_p > 0.0:
         s_dmask = q.new_zeros((num_seqs, q.shape[1], max_seqlen_q, max_seqlen_k), dtype=torch.float32)
     for s in range(num_seqs):
-        length_q, length_k = starts_q[s + 1] - starts_q[s], starts_k[s + 1] - starts_k[s]
+        length_q = starts_q[s + 1] - starts_q[s]
+        length_k = used[s] if used is not None else starts_k[s + 1] - starts_k[s]
         keys = sequence_keys(k, starts_k[s], length_k, s, block_table)
         values = sequence_keys(v, starts_k[s], length_k, s, block_table)
         slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[s])
@@ -119,6 +122,70 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return torch.cat(outs), torch.cat(lses, dim=1), s_dmask
 
 
+def varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size,
+                softcap, alibi_slopes, block_table, s_aux, dropout_p=0.0, *, seqused_k=None, num_splits=None,
+                return_probs: bool = False, candidate=None, route=None):
+    """torch.nn.attention.varlen.varlen_attn's call (rt.varlen_attn) on torch: torch's own op (FlashAttention 2)
+    where it takes the call (`torch_flash_takes`), else `flash_attn_varlen_func` above, whose float64-checked
+    torch path runs anywhere (torch's op has no CPU kernel). (out, lse (H, total_q), None)."""
+    if torch_flash_takes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table):
+        from torch.nn.attention.varlen import AuxRequest
+        from torch.nn.attention.varlen import varlen_attn as torch_varlen_attn
+
+        out, lse = torch_varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     return_aux=AuxRequest(lse=True), scale=softmax_scale,
+                                     window_size=tuple(window_size), enable_gqa=k.shape[-2] != q.shape[1],
+                                     seqused_k=seqused_k, block_table=block_table, num_splits=num_splits)
+        return out, lse, None
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, block_table, s_aux, dropout_p,
+                                  seqused_k=seqused_k)
+
+
+# FlashAttention 2's limits on the calls torch's varlen op takes (flash_api.cpp): 16-bit inputs, equal head dims
+# of a multiple of 8 up to 256, int32 offsets and tables, pages of a multiple of 256 keys, sm_80 or newer
+FA2_MAX_HEAD_DIM = 256
+FA2_PAGE_MULTIPLE = 256
+
+
+def torch_flash_takes(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table) -> bool:
+    """Whether torch's varlen op (FlashAttention 2 on CUDA) runs this call."""
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or cu_seqlens_k is None:
+        return False
+    head_dim = q.shape[-1]
+    if v.shape[-1] != head_dim or head_dim % 8 or head_dim > FA2_MAX_HEAD_DIM:
+        return False
+    if any(t is not None and t.dtype != torch.int32 for t in (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)):
+        return False
+    if block_table is not None and k.shape[1] % FA2_PAGE_MULTIPLE:
+        return False
+    try:
+        import torch.nn.attention.varlen  # noqa: F401  (torch >= 2.9)
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(q.device) >= (8, 0)
+
+
+def _torch_flash_kernels(request, profile) -> Optional[list]:
+    """FlashAttention 2's launches for a varlen_attn request torch's op takes (`torch_flash_takes`, read from the
+    request: int32 offsets assumed), else None."""
+    from rlx_triton.perf.library.attention import Attention, fa2
+    from rlx_triton.perf.library.gemm import REQUEST_DTYPE
+
+    f, features = request.field_map, request.feature_map
+    dtype, page, head_dim = REQUEST_DTYPE.get(request.dtype), f.get("page_size"), f["head_dim"]
+    if request.op != "varlen_attn" or dtype not in ("fp16", "bf16") or f["head_dim_v"] != head_dim \
+            or head_dim % 8 or head_dim > FA2_MAX_HEAD_DIM or (page is not None and page % FA2_PAGE_MULTIPLE) \
+            or profile.capability is None or profile.capability < (8, 0):
+        return None
+    sequences = max(1, f["batch"])
+    shape = Attention(batch=sequences, heads=f["num_heads"], kv_heads=f["num_kv_heads"],
+                      seq_q=max(1, -(-f["tokens"] // sequences)), seq_kv=f["seq_kv"], head_dim=head_dim,
+                      causal=features.get("causal") == "bottom_right", page_size=page,
+                      local=bool(features.get("window")))
+    return fa2(shape, dtype, profile, api="fwd")
+
+
 def library_kernels(request, profile) -> list:
     """The kernels `flash_attn_varlen_func` above launches on a GPU, as LibraryKernel records (the library side of a
     speed decision and of `rlx-triton perf`): it does not call torch's flash varlen kernel; it reads the offsets on
@@ -127,7 +194,11 @@ def library_kernels(request, profile) -> list:
     einsum's operand copies and batched GEMMs (fp32, cuBLAS), every masking and softmax step a pass over the
     (H, Lq, Lk) scores; then the outputs concatenated. The request holds the totals only: every sequence is
     modelled with tokens / batch query rows and the longest key length (seq_kv), the launches repeated per
-    sequence."""
+    sequence. A varlen_attn request that torch's own op takes (`varlen_attn` above) is FlashAttention 2's launches
+    instead (rlx_triton.perf.library.attention.fa2)."""
+    flash = _torch_flash_kernels(request, profile)
+    if flash is not None:
+        return flash
     from rlx_triton.backends.torch_ref.sdpa_decode import _sizes, _TorchLaunches
 
     f = request.field_map

@@ -24,10 +24,12 @@ else:
 
 from ..policy import (
     U32_MAX,
+    HybridPrecisionSpec,
     KernelFamily,
     MemoryKind,
     MemoryPolicy,
     PrecisionProfile,
+    ScalarType,
     ThreadPolicy,
 )
 
@@ -409,6 +411,19 @@ def first_error(*checks: Callable[[], Optional[str]]) -> Optional[str]:
 
 # ---------------------------------------------------------------- precision helpers
 
+FLOAT_STORAGE = frozenset({ScalarType.F32, ScalarType.F16, ScalarType.BF16})
+WIDE_ACCUM = frozenset({ScalarType.F32, ScalarType.F64})
+
+
+def check_float_pipeline(family: KernelFamily, hybrid: HybridPrecisionSpec) -> Optional[str]:
+    """Rule shared by the diarization families: float storage and an F32/F64 accumulator."""
+    if hybrid.accum.compute not in WIDE_ACCUM:
+        return f"{family.value} requires accumulator compute in F32/F64"
+    if hybrid.activations.storage not in FLOAT_STORAGE or hybrid.weights.storage not in FLOAT_STORAGE:
+        return f"{family.value} requires activation and weight storage in F32/F16/BF16"
+    return None
+
+
 # what the tag words of the diarization families' shared fields set
 TG_SIZE_SETS = "threads per program, num_warps = tg / 32 (Metal: threads per threadgroup)"
 STAGES_SETS = "software-pipelining depth (num_stages)"
@@ -443,6 +458,10 @@ def choose_by_precision(profile: PrecisionProfile, thread_policy: ThreadPolicy, 
         if c.precision in preference:
             return c
     return candidates[0]
+
+
+def float_pipeline_rule(family: KernelFamily) -> Callable[[HybridPrecisionSpec], Optional[str]]:
+    return lambda hybrid: check_float_pipeline(family, hybrid)
 
 
 def launch_default(plan: Any, fields: Mapping[str, int]) -> Any:
@@ -501,6 +520,7 @@ class FamilySpec:
     """Everything the plan and launch builders need to know about one family.
 
     - `validate_candidate(c, thread_policy, memory_policy)` -> the first rule's message or None.
+    - `validate_precision(hybrid)` -> family precision rule message or None.
     - `choose_default(profile, thread_policy, candidates)` -> the plan's default candidate.
     - `choose_launch(plan, fields)` -> the candidate a launch uses when none is given.
     - `check_launch(fields)` -> name of a field breaking a cross-field rule, or None.
@@ -511,6 +531,7 @@ class FamilySpec:
     variants: Type[CandidateVariant]
     launch_fields: Tuple[LaunchField, ...]
     validate_candidate: Callable[[Any, ThreadPolicy, MemoryPolicy], Optional[str]]
+    validate_precision: Callable[[HybridPrecisionSpec], Optional[str]]
     choose_default: Callable[[PrecisionProfile, ThreadPolicy, Sequence[Any]], Any]
     choose_launch: Callable[[Any, Mapping[str, int]], Any] = launch_default
     check_launch: Callable[[Mapping[str, int]], Optional[str]] = no_cross_field_rule
@@ -537,8 +558,11 @@ class FamilySpec:
         validate_candidate: Callable[[Any, ThreadPolicy, MemoryPolicy], Optional[str]],
         **rules: Any,
     ) -> "FamilySpec":
-        """A family with a `precision` field: the precision-preference default."""
-        return cls(family, variants, launch_fields, validate_candidate, choose_by_precision, **rules)
+        """A family with a `precision` field: float pipeline rule, precision-preference default."""
+        return cls(
+            family, variants, launch_fields, validate_candidate, float_pipeline_rule(family), choose_by_precision,
+            **rules,
+        )
 
     @property
     def candidate_type(self) -> Any:

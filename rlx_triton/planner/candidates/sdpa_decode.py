@@ -25,7 +25,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from ..policy import KernelFamily, MemoryPolicy, PrecisionProfile, ThreadPolicy
+from ..policy import (
+    ConvertPolicy,
+    HybridPrecisionSpec,
+    KernelFamily,
+    MemoryPolicy,
+    PrecisionProfile,
+    ScalarType,
+    ThreadPolicy,
+)
 from .base import (
     Candidate,
     FamilySpec,
@@ -128,6 +136,22 @@ def validate_candidate(c: SdpaDecodeCandidate, thread_policy: ThreadPolicy, memo
     )
 
 
+KV_CACHE_STORAGE = frozenset({ScalarType.F16, ScalarType.BF16, ScalarType.F32})
+# caches of one byte per value, which the kernels read with a scale and convert to their compute type on load
+QUANTISED_KV_STORAGE = frozenset({ScalarType.F8E4M3, ScalarType.F8E5M2, ScalarType.I8})
+
+
+def validate_precision(hybrid: HybridPrecisionSpec) -> Optional[str]:
+    kv = hybrid.kv_cache
+    if kv.storage in QUANTISED_KV_STORAGE and kv.convert is ConvertPolicy.DEQUANT_ON_LOAD:
+        if kv.compute not in KV_CACHE_STORAGE:
+            return "a quantised kv-cache dequantises on load to F32/F16/BF16"
+        return None
+    if kv.storage not in KV_CACHE_STORAGE:
+        return "sdpa decode requires kv-cache storage in F16/BF16/F32"
+    return None
+
+
 def choose_default(profile: PrecisionProfile, thread_policy: ThreadPolicy, candidates: Sequence[SdpaDecodeCandidate]):
     """The precision rule: f16 KV for ULTRA_LOW_LATENCY/BALANCED, partial reduce for ULTRA_LOW_LATENCY;
     first candidate within the thread policy matching both, else the first matching the KV precision
@@ -182,6 +206,7 @@ SPEC = FamilySpec(
         LaunchField("head_dim_v", high=512, required=False, meaning="size of one head of v"),
     ),
     validate_candidate=validate_candidate,
+    validate_precision=validate_precision,
     choose_default=choose_default,
     choose_launch=choose_launch,
     check_launch=check_launch,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from ..policy import KernelFamily, MemoryPolicy, PrecisionProfile, ThreadPolicy
+from ..policy import HybridPrecisionSpec, KernelFamily, MemoryPolicy, PrecisionProfile, ThreadPolicy
 from . import base
 
 
@@ -66,6 +66,10 @@ def staging_bytes(c: VarlenAttentionCandidate) -> int:
 
 validate_candidate = base.tiled_rules({"block_m": (16, 128), "block_n": (16, 128)}, staging_bytes,
                                       base.pipelined, base.PIPELINE_NEEDS_SHARED)
+
+
+def validate_precision(hybrid: HybridPrecisionSpec) -> Optional[str]:
+    return None   # the dots accumulate in fp32 whatever the operands
 
 
 def choose_default(profile: PrecisionProfile, thread_policy: ThreadPolicy, candidates: Sequence[Any]) -> Any:
@@ -116,6 +120,7 @@ SPEC = base.FamilySpec(
         base.LaunchField("page_size", required=False, meaning="tokens per page of a paged KV cache"),
     ),
     validate_candidate=validate_candidate,
+    validate_precision=validate_precision,
     choose_default=choose_default,
     choose_launch=choose_launch,
     check_launch=check_launch,

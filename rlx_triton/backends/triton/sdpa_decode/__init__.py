@@ -1,5 +1,6 @@
-"""Triton split-K flash-decoding attention: a few query tokens (Lq <= 16) against a long KV range, contiguous
-or paged, GQA/MQA packed into the dot rows, in one launch whose splits merge inside the kernel.
+"""Triton split-K flash-decoding attention: a few query tokens (Lq <= 64) against a long KV range, contiguous
+or paged, GQA/MQA packed into the dot rows, in one launch whose splits merge inside the kernel; a draft tree's
+mask (speculative decoding's verification) over the newest keys.
 
 The family module the router reads (`backends/triton/sdpa_decode`): `kernels.py` holds the @triton.jit code
 (the decode kernel, the live-split rule on the device, the in-kernel merge of the partials) and the design
@@ -21,8 +22,9 @@ from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.sdpa_decode.audit import AUDIT_KERNELS
 from rlx_triton.backends.triton.sdpa_decode.kernels import (ALIBI_DISTANCE, ALIBI_KEY_INDEX, ALIBI_NONE,
                                                             CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT,
-                                                            MASK_BOOL, MASK_FLOAT, MASK_NONE, MAX_LIFTED_SPLITS,
-                                                            MAX_MERGE_GROUPS, MERGE_GROUP, _sdpa_decode_kernel)
+                                                            MASK_BOOL, MASK_FLOAT, MASK_NONE, MASK_TREE,
+                                                            MAX_LIFTED_SPLITS, MAX_MERGE_GROUPS, MERGE_GROUP,
+                                                            _sdpa_decode_kernel)
 from rlx_triton.backends.triton.sdpa_decode.launch import (LN2, LOG2E, MERGE_CHUNK, MIN_BLOCK_N, MIN_FILL, NUM_STAGES,
                                                            _partials_hold_the_grid, block_n_for_short_kv, kv_bucket,
                                                            kv_splits, last_wave_fill, launch_count, merge_chunk,
@@ -32,8 +34,8 @@ from rlx_triton.backends.triton.sdpa_decode.routing import (APPROVALS, COVERAGE,
 
 __all__ = ["ALIBI_DISTANCE", "ALIBI_KEY_INDEX", "ALIBI_NONE", "APPROVALS", "AUDIT_KERNELS", "CAUSAL_BOTTOM_RIGHT",
            "CAUSAL_NONE", "CAUSAL_TOP_LEFT", "COVERAGE", "LN2", "LOG2E", "MASK_BOOL", "MASK_FLOAT", "MASK_NONE",
-           "MAX_HEAD_DIM", "MAX_LIFTED_SPLITS", "MAX_MERGE_GROUPS", "MAX_SEQ_Q", "MERGE_CHUNK", "MERGE_GROUP",
-           "MIN_BLOCK_N", "MIN_FILL", "NUM_STAGES", "RECIPES", "SPEED_EVIDENCE", "_partials_hold_the_grid",
+           "MASK_TREE", "MAX_HEAD_DIM", "MAX_LIFTED_SPLITS", "MAX_MERGE_GROUPS", "MAX_SEQ_Q", "MERGE_CHUNK",
+           "MERGE_GROUP", "MIN_BLOCK_N", "MIN_FILL", "NUM_STAGES", "RECIPES", "SPEED_EVIDENCE", "_partials_hold_the_grid",
            "_sdpa_decode_kernel", "block_n_for_short_kv", "flash_attn_with_kvcache", "kv_bucket", "kv_splits",
            "last_wave_fill", "launch_count", "merge_chunk", "programs_per_sm", "scaled_dot_product_attention",
            "sdpa_decode", "sdpa_decode_plan", "tuned_kernel"]
@@ -45,7 +47,8 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                 window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
                 cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
-                candidate, route=None, sm_count: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                tree_mask: Optional[torch.Tensor] = None, candidate, route=None,
+                sm_count: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few query tokens against a KV range; returns (out, lse).
 
     query (B, Hq, Lq, D), key (B, Hkv, S, D), value (B, Hkv, S, Dv) with Hq % Hkv == 0 (strided views are
@@ -60,6 +63,9 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     where the causal mask is the only bound (`decode_masking`), -slope x |distance to the diagonal| otherwise;
     cache_batch_idx (B,) reads sequence b from cache row cache_batch_idx[b] (not paged); cache_leftpad (B,)
     makes keys [cache_leftpad[b], L_b) the valid ones, positions counted from the first.
+    tree_mask: (Lq, Lq) or (B, Lq, Lq) bool, with causal "none" and no attn_mask: token i of sequence b sees every
+    key before L_b - Lq and key L_b - Lq + t iff tree_mask[b, i, t] (speculative decoding's draft trees); a
+    hidden key is masked additively (dropped with the softcap, a window or ALiBi, as FlashAttention masks).
     route: the router's decision (then the launch goes through the autotune bridge); sm_count: the SMs
     the split rule fills (default: the device's).
     Returns out (B, Hq, Lq, Dv) in query's dtype and lse (B, Hq, Lq) float32 in natural log (-inf and a
@@ -69,8 +75,8 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     plan, outputs = sdpa_decode_plan(query, key, value, attn_mask=attn_mask, causal=causal, scale=scale,
                                      cache_seqlens=cache_seqlens, block_table=block_table, softcap=softcap,
                                      window=window, alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx,
-                                     cache_leftpad=cache_leftpad, candidate=candidate, route=route,
-                                     sm_count=sm_count)
+                                     cache_leftpad=cache_leftpad, tree_mask=tree_mask, candidate=candidate,
+                                     route=route, sm_count=sm_count)
     launches.run(plan)
     return outputs
 

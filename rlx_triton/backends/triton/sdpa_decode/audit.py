@@ -5,14 +5,14 @@ import torch
 
 from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.backends.triton.sdpa_decode.kernels import (ALIBI_DISTANCE, ALIBI_KEY_INDEX, ALIBI_NONE,
-                                                            CAUSAL_BOTTOM_RIGHT, MASK_BOOL, MASK_NONE,
-                                                            _sdpa_decode_kernel)
+                                                            CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, MASK_BOOL, MASK_NONE,
+                                                            MASK_TREE, _sdpa_decode_kernel)
 from rlx_triton.backends.triton.sdpa_decode.launch import _meta
 from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant
 
 _AUDIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "MAX_SPLITS", "MASK_KIND", "CAUSAL", "HAS_SEQLENS",
-               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD", "MERGE_CHUNK")
+               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD", "MERGE_CHUNK", "FIXED_SPLITS")
 _SIGNATURE = {name: ("constexpr" if name in _CONSTEXPRS else "i32") for name in _sdpa_decode_kernel.arg_names}
 _SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8", "seqlens_ptr": "*i32",
                    "block_table_ptr": "*i32", "alibi_ptr": "*fp32", "batch_idx_ptr": "*i32", "leftpad_ptr": "*i32",
@@ -27,7 +27,7 @@ def _audit_meta(rows: int, head_dim: int, **options):
         m = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim, dtype=_AUDIT_DTYPES[dt])
         m.update(MASK_KIND=MASK_NONE if options else MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True,
                  PAGED=False, SOFTCAP=False, WINDOW=False, ALIBI=ALIBI_NONE, BATCH_IDX=False, LEFTPAD=False,
-                 stride_mn=1)
+                 FIXED_SPLITS=False, stride_mn=1)
         m.update(options)
         return m
     return meta
@@ -65,5 +65,15 @@ AUDIT_KERNELS = [
         ("softcap", dict(SOFTCAP=True)),
         ("alibi", dict(ALIBI=ALIBI_DISTANCE)),
         ("leftpad_batch_idx", dict(LEFTPAD=True, BATCH_IDX=True, ALIBI=ALIBI_KEY_INDEX)),
+        ("fixed_splits", dict(FIXED_SPLITS=True)),   # the deterministic profile's split boundaries
     )
+] + [
+    # speculative decoding's verification: a draft tree of 8 or 16 tokens x 4 query heads per KV head (32 and 64
+    # packed rows) and 64 tokens (four tiles of 64 rows), every candidate
+    AuditSpec(name=f"sdpa_decode_d128_tree{tokens}", family="sdpa_decode", kernel=_sdpa_decode_kernel,
+              signature=_SIGNATURE, meta=_audit_meta(rows=4 * tokens, head_dim=128, MASK_KIND=MASK_TREE,
+                                                     CAUSAL=CAUSAL_NONE),
+              candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp16", "bf16"), divisible=_DIVISIBLE,
+              expects_mma=lambda cand, dt: bool(cand.use_f16_kv))
+    for tokens in (8, 16, 64)
 ]

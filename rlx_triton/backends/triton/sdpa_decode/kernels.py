@@ -9,7 +9,11 @@ valid length (`_live_splits`: every live split gets a balanced share of at least
 nothing syncs with the host, empty splits exit at once and the launch can be captured in a CUDA graph.
 
 Each program runs an fp32 online softmax (base 2) over its KV tiles, K and V double-buffered by the
-software pipeline (num_stages 3). With one split it writes the output and LSE directly. Otherwise it
+software pipeline (num_stages 3), in two loops (`_attend_tile`): first the whole tiles no mask reaches, with
+no masking at all, then the edge tiles, which apply every mask. Where masking reaches only the newest keys
+(bottom-right causal, a tree mask; or none at all) the edge tiles are those from the first tile holding one
+of the newest keys (or the range's last partial tile) on; a bool or float mask, top-left causal and a
+window make every tile an edge tile. With one split it writes the output and LSE directly. Otherwise it
 writes a normalised partial output and its log-sum-exp, takes a ticket from its row block's counter,
 and the program that takes the last ticket merges the live splits of its rows (in split order, so the
 result does not depend on which program finishes last) and resets the counter for the next launch.
@@ -20,12 +24,16 @@ the last group to finish merges the groups. The counters and partials are alloca
 several streams or graphs never share one; the launch leaves its counters at zero.
 
 The query heads sharing one KV head (GQA/MQA) and the query tokens are packed into the M rows of
-`tl.dot` (packed row r -> head `kv_head * group + r // Lq`, token `r % Lq`), at least 16 rows per tile.
-Head dims D and Dv are padded to powers of two with masks. Masks (bool: True keeps; float: added) are
-read through strides, stride 0 on broadcast dimensions. A paged cache (PAGED) is read through a block
-table: logical key n of sequence b is slot n % page_size of page block_table[b, n // page_size], any
-page size >= 1, each key row still one contiguous read of D (Dv) elements. Causal masking is top-left (torch SDPA) or
-bottom-right within each sequence's valid length (the FlashAttention kv-cache convention). Rows whose
+`tl.dot` (packed row r -> head `kv_head * group + r // Lq`, token `r % Lq`), 16 to 64 rows per tile, so
+one read of a KV tile serves every token of the group's heads. Head dims D and Dv are padded to powers of
+two with masks. Masks (bool: True keeps; float: added) are read through strides, stride 0 on broadcast
+dimensions. A tree mask (MASK_TREE, speculative decoding's draft trees: (B, Lq, Lq) bool, Lq <= 64) decides
+the Lq newest keys of each sequence, L_b - Lq + t visible to token i iff mask[b, i, t], the keys before them
+visible to all: each program reads its rows of it once, as bits (two int32 words a row), and tests them in
+the edge tiles only. A paged cache (PAGED) is read through a block table: logical key n of sequence b is
+slot n % page_size of page block_table[b, n // page_size], any page size >= 1, each key row still one
+contiguous read of D (Dv) elements. Causal masking is top-left (torch SDPA) or bottom-right within each
+sequence's valid length (the FlashAttention kv-cache convention). Rows whose
 keys are all masked produce 0 and LSE = -inf, as do sequences of length 0. Index values are clamped and
 masked, never trusted: lengths to [0, S], left paddings to [0, length], a cache row or page outside the
 cache reads nothing (its keys are dropped), so no value makes a launch read or write out of bounds.
@@ -35,7 +43,8 @@ length, and under top-left alignment past the last query token, are never read):
 key adds -inf to its score, so NaN or +inf in a query row, a key or a mask gives a NaN row with a NaN
 LSE, and NaN or Inf in a value gives NaN through the P @ V product (0 * NaN), as in torch. Calls with
 FlashAttention's options (softcap, local window, ALiBi, cache rows, left padding) mask as FlashAttention
-does: keys outside a row's window, the causal diagonal included, are dropped, so a NaN there stays out.
+does: keys outside a row's window, the causal diagonal included, are dropped, so a NaN there stays out;
+so are the keys a tree mask hides in such a call.
 """
 from __future__ import annotations
 
@@ -46,9 +55,11 @@ from rlx_triton.backends.triton import _online_softmax as online_softmax
 
 # the codes of the CAUSAL, MASK_KIND and ALIBI constexprs
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
-MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
+MASK_NONE, MASK_BOOL, MASK_FLOAT, MASK_TREE = 0, 1, 2, 3
 # ALiBi's two forms in FlashAttention 2: slope x key position (the causal window), -slope x |distance| otherwise
 ALIBI_NONE, ALIBI_KEY_INDEX, ALIBI_DISTANCE = 0, 1, 2
+# the columns of a tree mask a program holds as bits: two int32 words a row
+MAX_TREE_TOKENS = 64
 
 # the split count where the candidate's split_k cannot fill one wave (FlashAttention's bound on splits); the
 # merge's group counters are laid out for that many
@@ -60,16 +71,23 @@ _MERGE_GROUP, _MAX_MERGE_GROUPS = tl.constexpr(MERGE_GROUP), tl.constexpr(MAX_ME
 
 
 @triton.jit
-def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
+def _live_splits(seqlen, num_splits, split, split_tiles, BLOCK_N: tl.constexpr, FIXED_SPLITS: tl.constexpr):
     """(live splits, first key, end key) of `split` for a sequence of `seqlen` valid keys: the sequence's
     tiles are shared as evenly as whole tiles allow by at most `num_splits` programs of at least one tile
-    (one program, with an empty range, for a sequence of none)."""
+    (one program, with an empty range, for a sequence of none). FIXED_SPLITS: every split takes `split_tiles`
+    tiles (the last what is left), so where a sequence's splits start depends on its own length alone, not on
+    the grid (the batch, the SM count): the deterministic profile's batch invariance."""
     tiles = tl.cdiv(seqlen, BLOCK_N)
     # a sequence without keys still has split 0 run an empty range: it writes its rows as seeing no key
-    live = tl.maximum(tl.minimum(tiles, num_splits), 1)
-    # int64: split x tiles passes 2^31 for the longest sequences
-    first_tile = (split.to(tl.int64) * tiles) // live
-    end_tile = ((split + 1).to(tl.int64) * tiles) // live
+    if FIXED_SPLITS:
+        live = tl.maximum(tl.cdiv(tiles, split_tiles), 1)
+        first_tile = split.to(tl.int64) * split_tiles
+        end_tile = tl.minimum(first_tile + split_tiles, tiles)
+    else:
+        live = tl.maximum(tl.minimum(tiles, num_splits), 1)
+        # int64: split x tiles passes 2^31 for the longest sequences
+        first_tile = (split.to(tl.int64) * tiles) // live
+        end_tile = ((split + 1).to(tl.int64) * tiles) // live
     lo = (first_tile * BLOCK_N).to(tl.int32)
     hi = tl.minimum(end_tile * BLOCK_N, seqlen).to(tl.int32)
     return live, lo, hi
@@ -78,7 +96,7 @@ def _live_splits(seqlen, num_splits, split, BLOCK_N: tl.constexpr):
 # ---------------------------------------------------------------------------------------------------
 # The kernel
 # ---------------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["seq_kv", "token_bucket", "batch_bucket", "kv_len_bucket"])
+@triton.jit(do_not_specialize=["seq_kv", "token_bucket", "batch_bucket", "kv_len_bucket", "split_tiles"])
 def _sdpa_decode_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, seqlens_ptr,
     o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, tickets_ptr, block_table_ptr,
@@ -94,11 +112,13 @@ def _sdpa_decode_kernel(
     qk_scale,  # softmax scale * log2(e)
     softcap, window_left, window_right,  # read under SOFTCAP / WINDOW only
     token_bucket, batch_bucket, kv_len_bucket,  # read by the autotuner's key only
+    split_tiles,  # KV tiles per split under FIXED_SPLITS
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     MAX_SPLITS: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr,
     SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False, ALIBI: tl.constexpr = 0,
     BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 4,
+    FIXED_SPLITS: tl.constexpr = False,
 ):
     pid_bhm = tl.program_id(0)
     split = tl.program_id(1)
@@ -127,7 +147,7 @@ def _sdpa_decode_kernel(
         first_key = tl.minimum(tl.maximum(tl.load(leftpad_ptr + batch).to(tl.int32), 0), seqlen)
     else:
         first_key = 0
-    live, lo, hi = _live_splits(seqlen - first_key, num_splits, split, BLOCK_N)
+    live, lo, hi = _live_splits(seqlen - first_key, num_splits, split, split_tiles, BLOCK_N, FIXED_SPLITS)
     lo += first_key
     hi += first_key
     if split >= live:
@@ -161,77 +181,55 @@ def _sdpa_decode_kernel(
     else:
         k_base = k_ptr + cache_row * stride_kb + kv_head.to(tl.int64) * stride_kh
         v_base = v_ptr + cache_row * stride_vb + kv_head.to(tl.int64) * stride_vh
+        table_row = block_table_ptr  # not read
     if MASK_KIND != 0:
         mask_rows = mask_ptr + batch64 * stride_mb + head64 * stride_mh + tok64 * stride_ml
+    else:
+        mask_rows = mask_ptr + tok64 * 0  # not read
     # last key each row may see under bottom-right causal masking: its diagonal. Positions count from the
     # first valid key, so a left padding shifts keys and diagonal alike and the difference is kept
     causal_limit = tok + seqlen - seq_q
+    # a tree mask decides the Q newest keys of the sequence (column t: key tree_start + t); keys before them
+    # are the prefix every row sees. Each row's tree row is read once, as bits: columns 0-31 in one int32 and
+    # 32-63 in another (the edge tiles test bits instead of loading a tile of the mask through per-key pointers)
+    tree_start = seqlen - seq_q
+    if MASK_KIND == 3:
+        tree_low = _tree_bits(mask_rows, tl.arange(0, 32), seq_q, stride_mn, row_valid)
+        tree_high = _tree_bits(mask_rows, tl.arange(0, 32) + 32, seq_q, stride_mn, row_valid)
+    else:
+        tree_low = tl.zeros([BLOCK_M], dtype=tl.int32)  # not read
+        tree_high = tree_low
     if ALIBI != 0:  # slopes in base-2 units, as the scores are
         slopes = tl.load(alibi_ptr + batch64 * stride_alibi_b + head64, mask=row_valid, other=0.0) * 1.4426950408889634
+    else:
+        slopes = tl.zeros([BLOCK_M], dtype=tl.float32)  # not read
+    # a key a tree mask hides is dropped where the call comes with FlashAttention's options (as its masks are)
+    FA_MASKING: tl.constexpr = SOFTCAP or WINDOW or ALIBI != 0
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < hi
-        offs_n64 = offs_n.to(tl.int64)
-        if PAGED:
-            pages = tl.load(table_row + offs_n // page_size, mask=n_valid, other=0).to(tl.int64)
-            # a key on a page outside the cache is not read: it is dropped like a key past the length
-            n_valid = n_valid & (pages >= 0) & (pages < cache_rows)
-            slots = (offs_n % page_size).to(tl.int64)
-            k_rows = pages * stride_kb + slots * stride_kn
-            v_rows = pages * stride_vb + slots * stride_vn
+    # Masking that reaches only the newest keys (bottom-right causal, a tree mask) leaves the tiles before
+    # them alone: those whole tiles run without any mask (`EDGE` False), and only the tiles from the first one
+    # holding a newest key (or the range's last partial tile) on apply the masks. Masks that reach every key
+    # (a bool or float mask, top-left causal, a window) run every tile as an edge tile.
+    if (MASK_KIND == 0 or MASK_KIND == 3) and CAUSAL != 1 and not WINDOW:
+        if MASK_KIND == 3 or CAUSAL == 2:
+            masked_from = tl.maximum(tl.minimum(hi, tree_start), lo)
         else:
-            k_rows = offs_n64 * stride_kn
-            v_rows = offs_n64 * stride_vn
-
-        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :],
-                    mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        if DOT_LOWP:
-            scores = tl.dot(q, tl.trans(k))
-        else:
-            scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        scores = scores * qk_scale
-        if SOFTCAP:
-            # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
-            capped = 2.0 * tl.sigmoid(scores * (2.0 * 0.6931471805599453 / softcap)) - 1.0
-            scores = capped * (softcap * 1.4426950408889634)
-        if ALIBI == 1:
-            scores += slopes[:, None] * (offs_n - first_key).to(tl.float32)[None, :]
-        if ALIBI == 2:
-            distance = (causal_limit[:, None] - offs_n[None, :]).to(tl.float32)
-            scores -= slopes[:, None] * tl.abs(distance)
-
-        # padding rows and keys past the range are never read: their scores are replaced by -inf. Masking
-        # inside the range is additive, as torch's math SDPA masks (score - inf): NaN and +inf scores of
-        # masked keys stay NaN instead of being dropped
-        keep = row_valid[:, None] & n_valid[None, :]
-        if CAUSAL == 1:
-            scores = tl.where(offs_n[None, :] <= tok[:, None], scores, scores - float("inf"))
-        if CAUSAL == 2:
-            scores = tl.where(offs_n[None, :] <= causal_limit[:, None], scores, scores - float("inf"))
-        if WINDOW:
-            # a local window around each row's bottom-right diagonal (-1: that side unbounded); keys
-            # outside it are dropped (-inf), as FlashAttention masks them
-            in_window = ((window_left < 0) | (offs_n[None, :] >= causal_limit[:, None] - window_left)) & \
-                        ((window_right < 0) | (offs_n[None, :] <= causal_limit[:, None] + window_right))
-            scores = tl.where(in_window, scores, float("-inf"))
-        if MASK_KIND == 1:
-            mask_keep = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=1)
-            scores = tl.where(mask_keep != 0, scores, scores - float("inf"))
-        if MASK_KIND == 2:
-            mask_add = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=0.0)
-            scores = scores + mask_add.to(tl.float32) * 1.4426950408889634
-        scores = tl.where(keep, scores, float("-inf"))
-
-        m_new, p, alpha, l_i = online_softmax.rescale(m_i, l_i, scores)
-        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
-                    mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
-        acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
-        m_i = m_new
+            masked_from = hi
+        edge_start = lo + ((masked_from - lo) // BLOCK_N) * BLOCK_N
+    else:
+        edge_start = lo
+    for part in tl.static_range(2):   # part 0: the whole tiles before edge_start; part 1: the edge tiles
+        for start_n in range(lo if part == 0 else edge_start, edge_start if part == 0 else hi, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, start_n, hi, k_base, v_base, table_row, offs_d, offs_dv, d_valid, dv_valid,
+                row_valid, tok, causal_limit, tree_start, tree_low, tree_high, first_key, mask_rows, slopes,
+                page_size, cache_rows, stride_kb, stride_kn, stride_vb, stride_vn, stride_mn, qk_scale, softcap,
+                window_left, window_right, BLOCK_N, MASK_KIND, CAUSAL, DOT_LOWP, PAGED, SOFTCAP, WINDOW, ALIBI,
+                FA_MASKING, part == 1)
 
     out, no_keys, l_safe = online_softmax.normalise(acc, l_i)
     lse2 = tl.where(no_keys, float("-inf"), m_i + tl.log2(l_safe))   # a split that saw no key: -inf, merged as 0
@@ -282,6 +280,108 @@ def _sdpa_decode_kernel(
                     _store_rows(o_ptr, lse_ptr, out_row, offs_dv, head_dim_v, merged, merged_lse2, out_mask,
                                 row_valid)
                     tl.store(tickets_ptr + pid_bhm, 0)
+
+
+@triton.jit
+def _tree_bits(mask_rows, columns, seq_q, stride_mn, row_valid):
+    """Columns `columns` (32 consecutive ones from a multiple of 32) of each row's tree mask as the bits of an int32,
+    columns past seq_q clear (the bits are disjoint, so their sum is their or)."""
+    keep = tl.load(mask_rows[:, None] + columns[None, :] * stride_mn,
+                   mask=row_valid[:, None] & (columns < seq_q)[None, :], other=0)
+    return tl.sum((keep != 0).to(tl.int32) << (columns % 32)[None, :], axis=1)
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, table_row, offs_d, offs_dv, d_valid, dv_valid,
+                 row_valid, tok, causal_limit, tree_start, tree_low, tree_high, first_key, mask_rows, slopes,
+                 page_size, cache_rows,
+                 stride_kb, stride_kn, stride_vb, stride_vn, stride_mn, qk_scale, softcap, window_left, window_right,
+                 BLOCK_N: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DOT_LOWP: tl.constexpr,
+                 PAGED: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, ALIBI: tl.constexpr,
+                 FA_MASKING: tl.constexpr, EDGE: tl.constexpr):
+    """(acc, m, l) after the KV tile of keys [start_n, start_n + BLOCK_N): its scores, transforms, masks and the
+    online-softmax step. EDGE False: a whole tile inside the range that no mask reaches, so only a paged key's page
+    is checked (padding rows compute on zero queries and are never stored); EDGE True: keys past the range,
+    padding rows and every mask of the call are applied."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_n64 = offs_n.to(tl.int64)
+    if EDGE:
+        n_valid = offs_n < hi
+    else:
+        n_valid = offs_n >= 0
+    if PAGED:
+        pages = tl.load(table_row + offs_n // page_size, mask=n_valid, other=0).to(tl.int64)
+        # a key on a page outside the cache is not read: it is dropped like a key past the length
+        n_valid = n_valid & (pages >= 0) & (pages < cache_rows)
+        slots = (offs_n % page_size).to(tl.int64)
+        k_rows = pages * stride_kb + slots * stride_kn
+        v_rows = pages * stride_vb + slots * stride_vn
+    else:
+        k_rows = offs_n64 * stride_kn
+        v_rows = offs_n64 * stride_vn
+
+    if EDGE or PAGED:
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+    else:
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=d_valid[None, :], other=0.0)
+    if DOT_LOWP:
+        scores = tl.dot(q, tl.trans(k))
+    else:
+        scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    scores = scores * qk_scale
+    if SOFTCAP:
+        # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
+        capped = 2.0 * tl.sigmoid(scores * (2.0 * 0.6931471805599453 / softcap)) - 1.0
+        scores = capped * (softcap * 1.4426950408889634)
+    if ALIBI == 1:
+        scores += slopes[:, None] * (offs_n - first_key).to(tl.float32)[None, :]
+    if ALIBI == 2:
+        distance = (causal_limit[:, None] - offs_n[None, :]).to(tl.float32)
+        scores -= slopes[:, None] * tl.abs(distance)
+
+    if EDGE:
+        # padding rows and keys past the range are never read: their scores are replaced by -inf. Masking
+        # inside the range is additive, as torch's math SDPA masks (score - inf): NaN and +inf scores of
+        # masked keys stay NaN instead of being dropped
+        keep = row_valid[:, None] & n_valid[None, :]
+        if CAUSAL == 1:
+            scores = tl.where(offs_n[None, :] <= tok[:, None], scores, scores - float("inf"))
+        if CAUSAL == 2:
+            scores = tl.where(offs_n[None, :] <= causal_limit[:, None], scores, scores - float("inf"))
+        if WINDOW:
+            # a local window around each row's bottom-right diagonal (-1: that side unbounded); keys
+            # outside it are dropped (-inf), as FlashAttention masks them
+            in_window = ((window_left < 0) | (offs_n[None, :] >= causal_limit[:, None] - window_left)) & \
+                        ((window_right < 0) | (offs_n[None, :] <= causal_limit[:, None] + window_right))
+            scores = tl.where(in_window, scores, float("-inf"))
+        if MASK_KIND == 1:
+            mask_keep = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=1)
+            scores = tl.where(mask_keep != 0, scores, scores - float("inf"))
+        if MASK_KIND == 2:
+            mask_add = tl.load(mask_rows[:, None] + offs_n64[None, :] * stride_mn, mask=keep, other=0.0)
+            scores = scores + mask_add.to(tl.float32) * 1.4426950408889634
+        if MASK_KIND == 3:
+            # bit t of a row's tree row decides key tree_start + t; keys before tree_start are the prefix
+            tree_col = offs_n - tree_start
+            column = tl.minimum(tl.maximum(tree_col, 0), 63)
+            word = tl.where(column[None, :] < 32, tree_low[:, None], tree_high[:, None])
+            tree_keep = (((word >> (column % 32)[None, :]) & 1) != 0) | (tree_col < 0)[None, :]
+            if FA_MASKING:   # with FlashAttention's options a key the tree hides is dropped, as its window does
+                scores = tl.where(tree_keep != 0, scores, float("-inf"))
+            else:            # otherwise masked additively, as the causal mask it generalises
+                scores = tl.where(tree_keep != 0, scores, scores - float("inf"))
+        scores = tl.where(keep, scores, float("-inf"))
+    elif PAGED:
+        scores = tl.where(n_valid[None, :], scores, float("-inf"))
+
+    m_new, p, alpha, l_i = online_softmax.rescale(m_i, l_i, scores)
+    if EDGE or PAGED:
+        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=n_valid[:, None] & dv_valid[None, :],
+                    other=0.0)
+    else:
+        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=dv_valid[None, :], other=0.0)
+    acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
+    return acc, m_new, l_i
 
 
 @triton.jit

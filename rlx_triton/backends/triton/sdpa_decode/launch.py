@@ -20,7 +20,8 @@ from rlx_triton.backends.torch_ref.flash_attn import decode_masking
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.backends.triton.sdpa_decode.kernels import (ALIBI_DISTANCE, ALIBI_KEY_INDEX, ALIBI_NONE,
                                                             CAUSAL_BOTTOM_RIGHT, CAUSAL_NONE, CAUSAL_TOP_LEFT,
-                                                            MASK_BOOL, MASK_FLOAT, MASK_NONE, MAX_LIFTED_SPLITS,
+                                                            MASK_BOOL, MASK_FLOAT, MASK_NONE, MASK_TREE,
+                                                            MAX_LIFTED_SPLITS, MAX_TREE_TOKENS,
                                                             MAX_MERGE_GROUPS, MERGE_GROUP, _sdpa_decode_kernel)
 from rlx_triton.backends.triton.sdpa_decode.routing import APPROVALS
 from rlx_triton.devices import occupancy
@@ -100,12 +101,24 @@ def kv_splits(sm_count: int, row_blocks: int, seq_kv: int, block_n: int, max_spl
     return best
 
 
+# The deterministic profile's splits: SPLIT_TILES tiles of BLOCK_N keys each, whatever the batch or the GPU, so
+# a sequence's partials and their merge depend on its own length alone. A cache too long for MAX_LIFTED_SPLITS
+# such splits takes more tiles per split (a property of the cache's capacity, the same in any batch).
+SPLIT_TILES = 16
+
+
+def fixed_split_tiles(seq_kv: int, block_n: int) -> int:
+    """Tiles per split of the deterministic profile for a cache of `seq_kv` keys."""
+    return max(SPLIT_TILES, triton.cdiv(triton.cdiv(seq_kv, block_n), MAX_LIFTED_SPLITS))
+
+
 def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d: int, block_dv: int,
                     element_bytes: int, num_warps: int, lowp: bool) -> int:
     """Programs of one config resident per SM on the device the router reads facts from (1 where it has no
     CUDA profile), by the occupancy calculator's rules on the config's estimated resources: shared memory =
     the pipeline's K/V stages plus the fp32 output tile the epilogue stages; registers = the per-thread
-    budget `_meta` keeps the config within (128 with tensor-core dots, all 255 with fp32 operands)."""
+    budget `_meta` keeps the config within (128 with tensor-core dots on 16 rows; all 255 with fp32 operands
+    and on the 32-64 rows of a draft tree's tokens, which ptxas compiles to 170-255 on sm_90)."""
     from rlx_triton import devices
     from rlx_triton.router.device import device_facts
 
@@ -120,12 +133,21 @@ def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d
         resident = 1
         if profile is not None:
             shared = (NUM_STAGES - 1) * block_n * (block_d + block_dv) * element_bytes + block_m * block_dv * 4
-            resident = max(1, occupancy(profile, 128 if lowp else 255, shared, num_warps).ctas_per_sm)
+            registers = 128 if lowp and block_m <= 16 else 255
+            resident = max(1, occupancy(profile, registers, shared, num_warps).ctas_per_sm)
         _resident[key] = resident
     return resident
 
 
 _resident: Dict[tuple, int] = {}
+
+
+def _deterministic() -> bool:
+    """Whether the current precision profile is DETERMINISTIC (batch-invariant decode)."""
+    from rlx_triton.planner import PrecisionProfile
+    from rlx_triton.router import plans
+
+    return plans.current_profile() is PrecisionProfile.DETERMINISTIC
 
 
 def _interpreting() -> bool:
@@ -144,8 +166,12 @@ _PIPELINE_BYTES = 64 * 1024
 # (16-bit inputs upcast to fp32 operands: both copies of a K/V tile counted).
 _THREAD_BYTES_LOWP = 768
 _THREAD_BYTES_FP32 = 224
-# warps of a tensor-core decode tile: one row of 4 warps across the 16-64 packed query rows
+# warps of a tensor-core decode tile: one row of 4 warps across 16 packed query rows; tiles of 32 or 64 rows (a
+# draft tree's tokens x the group) take 8, which keeps their accumulator at 16-32 values a thread and their
+# K/V tile at 64-128 keys (4 warps: 255 registers and spills on sm_90, or 32-key tiles that double the
+# instructions per key; measured with rlx-triton perf)
 _LOWP_WARPS = 4
+_WIDE_LOWP_WARPS = 8
 
 
 def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.dtype,
@@ -158,7 +184,7 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
     powers of two (>= 16). use_f16_kv -> fp16/bf16 dot operands for 16-bit inputs (tensor cores); fp32
     operands with ieee precision otherwise (bf16 under the interpreter also takes fp32 operands: the
     interpreter computes on raw bf16 bits). tg_size // 32 -> num_warps for fp32 operands; tensor-core
-    tiles take 4 warps (at most tg_size // 32).
+    tiles of 16 rows take 4 warps (at most tg_size // 32), of 32 or 64 rows 8.
     K and V are double-buffered (num_stages 3): BLOCK_N halves while the two stages would pass
     _PIPELINE_BYTES. The tiles are upper bounds: while K/V tiles, q, the accumulator and the score tile
     exceed the per-thread register budget, BLOCK_N halves down to 32, then num_warps doubles up to 8,
@@ -177,7 +203,9 @@ def _meta(candidate, *, rows: int, head_dim: int, head_dim_v: int, dtype: torch.
     if max_block_n is not None:
         block_n = max(MIN_BLOCK_N, min(block_n, max_block_n))
     warps = max(1, candidate.tg_size // 32)
-    num_warps = min(warps, _LOWP_WARPS) if lowp else warps
+    num_warps = warps
+    if lowp:
+        num_warps = _WIDE_LOWP_WARPS if block_m >= 32 else min(warps, _LOWP_WARPS)
     element_bytes = torch.empty((), dtype=dtype).element_size()
     operand_bytes = 2 if lowp else 4
     budget = _THREAD_BYTES_LOWP if lowp else _THREAD_BYTES_FP32
@@ -301,7 +329,7 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                      window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
                      cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
-                     candidate, route=None,
+                     tree_mask: Optional[torch.Tensor] = None, candidate, route=None,
                      sm_count: Optional[int] = None) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
     """The launch of `sdpa_decode` as a record, and the (out, lse) buffers it fills.
 
@@ -310,9 +338,14 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     the launch may read once (K and V up to the padded length S: with cache_seqlens the keys past a
     sequence's length are skipped, so the real traffic can be less) and every element it writes, the
     partials written and read back by the merge included; FLOPs are the two dots as the dot units execute
-    them (query rows padded to BLOCK_M, head dims to BLOCK_D / BLOCK_DV).
+    them (query rows padded to BLOCK_M, head dims to BLOCK_D / BLOCK_DV). A tree mask (Q, Q) or (B, Q, Q) bool
+    is read through strides (stride 0 over the batch of a shared one), by the tiles holding the Q newest keys.
     """
     batch, num_heads, seq_q, head_dim = query.shape
+    if tree_mask is not None and (attn_mask is not None or causal != "none"):
+        raise ValueError("sdpa_decode: a tree_mask replaces attn_mask and causal masking (pass causal='none')")
+    if tree_mask is not None and seq_q > MAX_TREE_TOKENS:
+        raise ValueError(f"sdpa_decode: the kernel holds tree masks of up to {MAX_TREE_TOKENS} tokens, got {seq_q}")
     num_kv_heads, seq_kv, head_dim_v = key.shape[1], key.shape[2], value.shape[-1]
     page_size = 1
     if block_table is not None:  # key (num_pages, Hkv, page_size, D): the sequences' capacity is their pages'
@@ -341,24 +374,32 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     rows = group * seq_q
     heads_blocks = batch * num_kv_heads
+    # the deterministic profile: the candidate's tiles and fixed split boundaries, nothing from the batch or the
+    # SM count (no short-KV tile, no split rule, no autotuning)
+    deterministic = _deterministic()
     meta = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype)
-    max_block_n = block_n_for_short_kv(sms, heads_blocks * triton.cdiv(rows, meta["BLOCK_M"]), seq_kv,
-                                       meta["BLOCK_N"])
+    max_block_n = meta["BLOCK_N"] if deterministic else \
+        block_n_for_short_kv(sms, heads_blocks * triton.cdiv(rows, meta["BLOCK_M"]), seq_kv, meta["BLOCK_N"])
     if max_block_n < meta["BLOCK_N"]:
         meta = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype,
                      max_block_n=max_block_n)
+    split_tiles = fixed_split_tiles(seq_kv, meta["BLOCK_N"])
 
     def grid_for(config: Mapping[str, Any]) -> Tuple[int, int]:
         row_blocks = heads_blocks * triton.cdiv(rows, config["BLOCK_M"])
+        if deterministic:
+            return row_blocks, triton.cdiv(triton.cdiv(seq_kv, config["BLOCK_N"]), split_tiles)
         resident = programs_per_sm(device, block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
                                    block_d=meta["BLOCK_D"], block_dv=meta["BLOCK_DV"],
                                    element_bytes=query.element_size(), num_warps=meta["num_warps"],
                                    lowp=config["DOT_LOWP"]) if sms > 1 else 1
         return row_blocks, kv_splits(sms, row_blocks, seq_kv, config["BLOCK_N"], config["MAX_SPLITS"], resident)
 
+    if deterministic:   # every split may be live: the kernel's partial and merge path is compiled in
+        meta = dict(meta, MAX_SPLITS=max(meta["MAX_SPLITS"], 2))
     row_blocks, splits = grid_for(meta)
     tuned = None
-    if route is not None and route.candidate is not None:
+    if route is not None and route.candidate is not None and not deterministic:
         tuned = tuned_kernel(rows=rows, head_dim=head_dim, head_dim_v=head_dim_v, dtype=query.dtype,
                              max_block_n=max_block_n)
         if candidate.tag() not in tuned.tags:
@@ -374,7 +415,12 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     out = torch.empty((batch, num_heads, seq_q, head_dim_v), device=device, dtype=query.dtype)
     lse = torch.empty((batch, num_heads, seq_q), device=device, dtype=torch.float32)
     mask_strides: Tuple[int, ...]
-    if attn_mask is None:
+    if tree_mask is not None:
+        # (B, Q, Q) rows and columns of the tree: the same for every head of a sequence
+        tree = (tree_mask if tree_mask.dim() == 3 else tree_mask[None]).expand(batch, seq_q, seq_q)
+        mask_kind, mask = MASK_TREE, tree.view(torch.uint8)
+        mask_strides = (mask.stride(0), 0, mask.stride(1), mask.stride(2))
+    elif attn_mask is None:
         mask_kind, mask, mask_strides = MASK_NONE, query, (0, 0, 0, 0)
     else:
         mask = attn_mask.expand(batch, num_heads, seq_q, seq_kv)  # stride 0 on broadcast dims, no copy
@@ -402,7 +448,7 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     size = query.element_size()
     read = (query.numel() + batch * num_kv_heads * seq_kv * (head_dim + head_dim_v)) * size
-    if attn_mask is not None:
+    if attn_mask is not None or tree_mask is not None:
         read += _unique_bytes(mask)
     if cache_seqlens is not None:
         read += cache_seqlens.numel() * cache_seqlens.element_size()
@@ -430,8 +476,9 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size, key.shape[0],
             float(scale) * LOG2E,
             float(softcap) if softcap > 0 else 1.0, int(window[0]), int(window[1]),
-            triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv))
+            triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv), split_tiles)
     flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MERGE_CHUNK=meta["MERGE_CHUNK"],
+                 FIXED_SPLITS=deterministic,
                  MASK_KIND=mask_kind, CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
                  PAGED=block_table is not None, SOFTCAP=softcap > 0, WINDOW=tuple(window) != (-1, -1),
                  ALIBI=alibi_mode, BATCH_IDX=cache_batch_idx is not None, LEFTPAD=cache_leftpad is not None)

@@ -7,7 +7,9 @@ from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant
 from rlx_triton.router.approvals import Approval
 from rlx_triton.router.coverage import Coverage
 
-MAX_SEQ_Q = 16
+# query tokens per sequence: their rows (x the query heads of a KV head) are packed into tiles of at most 64
+# rows, each reading the KV range once; 64 covers speculative decoding's draft trees
+MAX_SEQ_Q = 64
 MAX_HEAD_DIM = 256
 COVERAGE = Coverage(
     ops=frozenset({"scaled_dot_product_attention", "sdpa_decode", "flash_attn_with_kvcache"}),
@@ -17,7 +19,8 @@ COVERAGE = Coverage(
             "head_dim_v": (1, MAX_HEAD_DIM), "seq_kv": (1, 2**31 - 1),
             "batch": (1, 2**31 - 1), "num_heads": (1, 2**31 - 1)},
     features={
-        "mask": frozenset({"none", "bool", "float"}),  # float: same dtype as query, added to the scores
+        # float: same dtype as query, added to the scores; tree: sdpa_decode's tree_mask over the newest keys
+        "mask": frozenset({"none", "bool", "float", "tree"}),
         "causal": frozenset({"none", "top_left", "bottom_right"}),
         "dropout": frozenset({False}),
         "requires_grad": frozenset({False}),  # forward-only: autograd calls run torch

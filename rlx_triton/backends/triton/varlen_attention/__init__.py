@@ -2,7 +2,8 @@
 
 The family module the router reads (`backends/triton/varlen_attention`): `kernels.py` holds the @triton.jit
 code, `launch.py` the launch record with its byte and FLOP model, `routing.py` the coverage, approvals and
-recipes, `audit.py` the audit specs. `flash_attn_varlen_func` here is what a routed call runs.
+recipes, `audit.py` the audit specs. `flash_attn_varlen_func` (and `varlen_attn`, the same launch) here is what a
+routed call runs.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rlx_triton.backends.triton.varlen_attention.launch import launch_count, sof
 from rlx_triton.backends.triton.varlen_attention.routing import APPROVALS, COVERAGE, RECIPES, SPEED_EVIDENCE
 
 __all__ = ["APPROVALS", "AUDIT_KERNELS", "COVERAGE", "RECIPES", "SPEED_EVIDENCE", "flash_attn_varlen_func",
-           "launch_count", "varlen_attention_plan"]
+           "launch_count", "varlen_attention_plan", "varlen_attn"]
 
 
 def kernel_options(causal: bool, window_size: Tuple[int, int], max_seqlen_q: int, max_seqlen_k: int,
@@ -33,14 +34,25 @@ def kernel_options(causal: bool, window_size: Tuple[int, int], max_seqlen_q: int
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_, causal,
                            window_size, softcap, alibi_slopes, block_table, s_aux, dropout_p=0.0, *,
-                           return_probs: bool = False, candidate, route=None):
+                           seqused_k=None, return_probs: bool = False, candidate, route=None):
     """The validated call in one launch: (out (total_q, H, Dv), lse (H, total_q), None). dropout_p is 0 (the
     coverage takes no dropout)."""
     plan, (out, lse) = varlen_attention_plan(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         scale=softmax_scale(softmax_scale_, q.shape[-1]), softcap=float(softcap), alibi_slopes=alibi_slopes,
-        block_table=block_table, sinks=None if s_aux is None else s_aux.float().contiguous(),
+        block_table=block_table, sinks=None if s_aux is None else s_aux.float().contiguous(), seqused_k=seqused_k,
         candidate=candidate, route=route,
         **kernel_options(causal, window_size, max_seqlen_q, max_seqlen_k, alibi_slopes))
     launches.run(plan)
     return out, lse, None
+
+
+def varlen_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_, causal, window_size,
+                softcap, alibi_slopes, block_table, s_aux, dropout_p=0.0, *, seqused_k=None, num_splits=None,
+                return_probs: bool = False, candidate, route=None):
+    """torch.nn.attention.varlen.varlen_attn's call (rt.varlen_attn): the same launch. num_splits is a hint to
+    FlashAttention; this launch never splits a sequence's keys, so each sequence's result is the same whatever
+    else the batch holds (what num_splits=1 asks FlashAttention for)."""
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_,
+                                  causal, window_size, softcap, alibi_slopes, block_table, s_aux, dropout_p,
+                                  seqused_k=seqused_k, candidate=candidate, route=route)

@@ -11,21 +11,22 @@ from rlx_triton.planner.candidates.varlen_attention import DEFAULT_VARIANT
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_Q", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "DOT_LOWP", "PAGED", "WINDOW", "SOFTCAP",
-               "ALIBI", "SINKS")
+               "ALIBI", "SINKS", "SEQUSED")
 _SIGNATURE = {name: ("constexpr" if name in _CONSTEXPRS else "i32") for name in _varlen_attention_kernel.arg_names}
 _SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "o_ptr": "*{dt}", "lse_ptr": "*fp32",
                    "cu_seqlens_q_ptr": "*i32", "cu_seqlens_k_ptr": "*i32", "block_table_ptr": "*i32",
-                   "alibi_ptr": "*fp32", "sinks_ptr": "*fp32", "qk_scale": "fp32", "softcap": "fp32"})
+                   "alibi_ptr": "*fp32", "sinks_ptr": "*fp32", "seqused_k_ptr": "*i32", "qk_scale": "fp32",
+                   "softcap": "fp32"})
 # what the JIT sees as multiples of 16 at Llama-3-8B's shapes: pointers, row and head strides, head dims
 _DIVISIBLE = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "lse_ptr", "cu_seqlens_q_ptr", "cu_seqlens_k_ptr",
-              "block_table_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kp", "stride_kt",
-              "stride_kh", "stride_vp", "stride_vt", "stride_vh", "head_dim", "head_dim_v")
+              "block_table_ptr", "seqused_k_ptr", "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kp",
+              "stride_kt", "stride_kh", "stride_vp", "stride_vt", "stride_vh", "head_dim", "head_dim_v")
 
 
 def _meta(group: int, head_dim: int, **options):
     def meta(candidate, dt: str) -> dict:
         m = kernel_meta(candidate, group=group, head_dim=head_dim, head_dim_v=head_dim, dtype=_DTYPES[dt])
-        m.update(PAGED=False, WINDOW=True, SOFTCAP=False, ALIBI=ALIBI_NONE, SINKS=False)
+        m.update(PAGED=False, WINDOW=True, SOFTCAP=False, ALIBI=ALIBI_NONE, SINKS=False, SEQUSED=False)
         m.update(options)
         return m
     return meta
@@ -46,6 +47,7 @@ AUDIT_KERNELS = [
               default=_DEFAULT, dtypes=("fp16",), divisible=_DIVISIBLE, expects_mma=lambda cand, dt: True)
     for name, options in (
         ("paged", dict(PAGED=True)),
+        ("paged_seqused", dict(PAGED=True, SEQUSED=True)),
         ("softcap_sinks", dict(SOFTCAP=True, SINKS=True)),
         ("alibi", dict(ALIBI=ALIBI_DISTANCE)),
     )

@@ -11,11 +11,13 @@ sequence's tokens exit at once.
 
 Keys come from a contiguous (total_k, Hkv, D) buffer at rows cu_seqlens_k[s] + n, or from a paged cache
 (num_pages, page_size, Hkv, D), key n of sequence s at slot n % page_size of page block_table[s, n //
-page_size], any page size >= 1. Masking is FlashAttention 2's, aligned bottom-right within each
-sequence: key n is in query row i's window when diagonal - left <= n <= diagonal + right, diagonal = i +
-seqlen_k - seqlen_q (-1: that side unbounded; causal is the window (-1, 0)), and the loop visits only the
-key tiles some row of the block can see. Scores: scale, then softcap * tanh(s / softcap), then ALiBi
-(slope x key index under the causal window, -slope x |distance to the diagonal| otherwise), in base 2.
+page_size], any page size >= 1. Sequence s has cu_seqlens_k[s + 1] - cu_seqlens_k[s] keys, or with SEQUSED
+seqused_k[s] (FlashAttention's seqused_k: the used part of a larger slot; a paged call then reads no key
+offset). Masking is FlashAttention 2's, aligned bottom-right within each sequence: key n is in query row
+i's window when diagonal - left <= n <= diagonal + right, diagonal = i + seqlen_k - seqlen_q (-1: that side
+unbounded; causal is the window (-1, 0)), and the loop visits only the key tiles some row of the block can
+see. Scores: scale, then softcap * tanh(s / softcap), then ALiBi (slope x key index under the causal window,
+-slope x |distance to the diagonal| otherwise), in base 2.
 Attention sinks (per-head logits, transformers' s_aux) start each row's running max at the sink and its
 sum at 1, so they join the softmax's denominator and no value.
 
@@ -57,6 +59,7 @@ def _find_sequence(cu_seqlens_q_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 def _varlen_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
     cu_seqlens_q_ptr, cu_seqlens_k_ptr, block_table_ptr, alibi_ptr, sinks_ptr,  # tables read under PAGED / ALIBI / SINKS only
+    seqused_k_ptr,  # keys each sequence uses, read under SEQUSED only
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_kt, stride_kh,  # paged: pages, slots within a page, heads; contiguous: stride_kp unused
     stride_vp, stride_vt, stride_vh,
@@ -68,7 +71,7 @@ def _varlen_attention_kernel(
     token_bucket,  # read by the autotuner's key only
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr, WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, SEQUSED: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -79,7 +82,10 @@ def _varlen_attention_kernel(
     if local_block * BLOCK_Q >= seqlen_q:
         return  # a spare block of the grid's bound
     k_start = tl.load(cu_seqlens_k_ptr + seq)
-    seqlen_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
+    if SEQUSED:  # the first seqused_k[s] keys from k_start (FlashAttention's seqused_k)
+        seqlen_k = tl.load(seqused_k_ptr + seq)
+    else:
+        seqlen_k = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start
 
     # packed rows: (query token of the block, query head of the group)
     rows = tl.arange(0, BLOCK_M)

@@ -111,13 +111,15 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
                           window: Tuple[int, int] = (-1, -1), alibi: str = "none",
                           alibi_slopes: Optional[torch.Tensor] = None, softcap: float = 0.0,
                           block_table: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
-                          candidate, route=None, lengths: Optional[Sequence[Tuple[int, int]]] = None
+                          seqused_k: Optional[torch.Tensor] = None, candidate, route=None,
+                          lengths: Optional[Sequence[Tuple[int, int]]] = None
                           ) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
     """The launch of one ragged attention call as a record, and the (out, lse) buffers it fills.
 
     q (total_q, H, D); k/v (total_k, Hkv, D/Dv), or with block_table (num_seqs, pages) paged caches
     (num_pages, page_size, Hkv, D/Dv); cu_seqlens_q/_k (num_seqs + 1,) int32 offsets (the key lengths of a
-    paged call too). window: FlashAttention's normalized (left, right) (causal is (-1, 0)); alibi: "none",
+    paged call too); seqused_k (num_seqs,): the keys each sequence uses instead (then a paged call needs no
+    cu_seqlens_k: None). window: FlashAttention's normalized (left, right) (causal is (-1, 0)); alibi: "none",
     "key_index" (the causal form) or "distance"; alibi_slopes (H,) or (num_seqs, H) float32; sinks (H,)
     float32 logits. Returns out (total_q, H, Dv) in q's dtype and lse (H, total_q) float32."""
     total_q, num_heads, head_dim = q.shape
@@ -140,10 +142,13 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
         k_strides, v_strides = (0,) + k.stride()[:2], (0,) + v.stride()[:2]
         page_size = 1
     slopes = alibi_slopes.contiguous() if alibi_slopes is not None else lse
+    if cu_seqlens_k is None:   # a paged call with seqused_k reads no key offset: any int tensor stands in
+        cu_seqlens_k = cu_seqlens_q
     table = block_table if block_table is not None else cu_seqlens_k
     sink_logits = sinks if sinks is not None else lse
+    used = seqused_k if seqused_k is not None else cu_seqlens_k
     left, right = window
-    args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, table, slopes, sink_logits,
+    args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, table, slopes, sink_logits, used,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_strides, *v_strides,
             table.stride(0) if paged else 0,
             slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
@@ -152,7 +157,7 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
             triton.next_power_of_2(max(1, max_seqlen_q)))
     alibi_mode = {"none": ALIBI_NONE, "key_index": ALIBI_KEY_INDEX, "distance": ALIBI_DISTANCE}[alibi]
     flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], PAGED=paged, WINDOW=tuple(window) != (-1, -1),
-                 SOFTCAP=softcap > 0, ALIBI=alibi_mode, SINKS=sinks is not None)
+                 SOFTCAP=softcap > 0, ALIBI=alibi_mode, SINKS=sinks is not None, SEQUSED=seqused_k is not None)
 
     # counts: each element read once (q, the keys and values of the sequences, the tables), out and lse
     # written once; FLOPs are the two dots as the units execute them (rows padded to BLOCK_M, D to BLOCK_D)
@@ -160,8 +165,8 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     pairs = list(lengths) if lengths is not None else [(max_seqlen_q, max_seqlen_k)] * num_seqs
     keys_read = sum(seqlen_k for _, seqlen_k in pairs)
     read = (q.numel() + keys_read * num_kv_heads * (head_dim + head_dim_v)) * size
-    read += sum(t.numel() * t.element_size() for t in (cu_seqlens_q, cu_seqlens_k, block_table, alibi_slopes, sinks)
-                if t is not None)
+    read += sum(t.numel() * t.element_size() for t in (cu_seqlens_q, cu_seqlens_k, block_table, alibi_slopes, sinks,
+                                                       seqused_k) if t is not None)
     written = out.numel() * size + lse.numel() * 4
     visited = sum(visited_keys(sq, sk, meta["BLOCK_Q"], left, right) for sq, sk in pairs)
     flops = 2 * meta["BLOCK_M"] * num_kv_heads * visited * (meta["BLOCK_D"] + meta["BLOCK_DV"])

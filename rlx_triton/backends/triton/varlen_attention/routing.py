@@ -8,7 +8,7 @@ from rlx_triton.router.coverage import Coverage
 MAX_HEAD_DIM = 256   # the largest head_dim and head_dim_v covered
 _INT32 = 2**31 - 1
 COVERAGE = Coverage(
-    ops=frozenset({"flash_attn_varlen_func"}),
+    ops=frozenset({"flash_attn_varlen_func", "varlen_attn"}),
     devices=frozenset({"cuda", "cpu"}),
     dtypes=frozenset({"float32", "float16", "bfloat16"}),
     ranges={"head_dim": (1, MAX_HEAD_DIM), "head_dim_v": (1, MAX_HEAD_DIM), "tokens": (1, _INT32),
@@ -27,6 +27,7 @@ COVERAGE = Coverage(
         "softcap": frozenset({True}),
         "alibi": frozenset({"per_head", "per_batch_head"}),
         "sinks": frozenset({True}),
+        "seqused": frozenset({True}),   # seqused_k: the keys each sequence uses (varlen_attn)
     },
 )
 
