@@ -135,9 +135,12 @@ def entry(job: Job, status: str, error: Optional[str] = None, seconds: Optional[
     if seconds is not None:
         stage_seconds.update({stage: round(seconds[stage], 4) for stage in STAGES})
     stage_seconds["total"] = None if total is None else round(total, 4)
-    rtf = round(total / audio, 6) if total is not None and audio else None
+    audio_seconds = None if audio is None else round(audio, 4)
+    # from the figures the record shows, so that rtf = total / audio_seconds holds in summary.json itself
+    rtf = round(stage_seconds["total"] / audio_seconds, 6) \
+        if stage_seconds["total"] is not None and audio_seconds else None
     return {"file": job.path, "uri": job.uri, "status": status, "error": error, "seconds": stage_seconds,
-            "audio_seconds": None if audio is None else round(audio, 4), "rtf": rtf}
+            "audio_seconds": audio_seconds, "rtf": rtf}
 
 
 def diarize_one(pipeline, job: Job, options: Options) -> dict:
