@@ -303,12 +303,20 @@ def test_bad_arguments_name_the_argument(optimized, audio, tmp_path):
 
 
 def test_cli_help_documents_every_option(capsys):
+    import argparse
+
+    from rlx_triton import cli_diarize
     from rlx_triton.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["diarize", "--help"])
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
+    parser = argparse.ArgumentParser()
+    cli_diarize.add_arguments(parser)
+    for action in parser._actions:                  # whatever option the command has, with its own help text
+        assert action.help and " ".join(action.help.split()[:4]) in text, action.dest
+        assert all(option in text for option in action.option_strings), action.option_strings
     for option in ("AUDIO_OR_DIR", "--pipeline NAME_OR_PATH", "--out DIR", "--resume", "--workers N",
                    "--ray [ADDRESS]", "--num-speakers N", "--min-speakers N", "--max-speakers N",
                    "--device cpu|cuda", "--json PATH", "--quiet", "Exit code: 0", "HF_TOKEN"):
