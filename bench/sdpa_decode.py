@@ -14,6 +14,9 @@ split rule). Paged cases (`page_size` 16 and 256) run rt.sdpa_decode(block_table
 pool beside the contiguous case of the same shape; their baselines are torch's SDPA variants on the cache
 gathered back into (B, Hkv, S, D) (the gather not timed) and flash_attn's flash_attn_with_kvcache on the
 same pages where flash_attn is installed (it takes page sizes that are multiples of 256 only).
+Quantised cases (`kv_dtype` fp8 e4m3 / e5m2 or int8, scales per tensor or per token and head; fp16 queries)
+run rt.sdpa_decode(k_scale=..., v_scale=...) against the library path: the cache dequantised to fp16 (timed,
+every step pays it) and then each torch SDPA variant.
 Tree cases (`tree` Q = 1, 4, 8, 16, 64 at 4k and 32k) verify a random draft tree of Q tokens per sequence:
 rt.sdpa_decode(tree_mask=...) against torch's SDPA variants with the same visibility as a bool mask over the
 cache (the mask built beforehand, not timed).
@@ -57,11 +60,13 @@ def _torch_variants(q, k, v, mask=None) -> Dict[str, Callable[[], torch.Tensor]]
     return variants
 
 
-def paged_pool(k: torch.Tensor, v: torch.Tensor, page_size: int):
-    """k/v (B, Hkv, S, D) as shuffled pages (num_pages, Hkv, page_size, D) and the block table (B, pages) int32."""
+def paged_pool(k: torch.Tensor, v: torch.Tensor, page_size: int, table: Optional[torch.Tensor] = None):
+    """k/v (B, Hkv, S, D) as shuffled pages (num_pages, Hkv, page_size, D) and the block table (B, pages) int32
+    (a new shuffle, or `table`'s)."""
     batch, kv_heads, seq_kv, _ = k.shape
     pages = -(-seq_kv // page_size)
-    table = torch.randperm(batch * pages, device=k.device).reshape(batch, pages).to(torch.int32)
+    if table is None:
+        table = torch.randperm(batch * pages, device=k.device).reshape(batch, pages).to(torch.int32)
 
     def pool(x):
         padded = torch.nn.functional.pad(x, (0, 0, 0, pages * page_size - seq_kv))
@@ -85,7 +90,40 @@ def _flash_attn_variant(q, k_pages, v_pages, table) -> Dict[str, Callable[[], to
     return {"flash_attn paged": lambda: flash_attn_with_kvcache(q_fa, k_fa, v_fa, block_table=table)}
 
 
-def split_count(route, q, k, v, block_table=None, tree_mask=None) -> Optional[int]:
+def quantised_cache(x: torch.Tensor, dtype: torch.dtype, kind: str):
+    """(cache, float32 scale) of x in an fp8 / int8 storage: one scale, or one per token and head."""
+    from rlx_triton.kv_quant import quantize, token_head_scales
+
+    scale = token_head_scales(x.reshape(1, -1) if kind == "per_tensor" else x, dtype)
+    return quantize(x, scale, dtype), scale.reshape(1) if kind == "per_tensor" else scale
+
+
+def _dequantized_variants(q, k_cache, v_cache, k_scale, v_scale) -> Dict[str, Callable[[], torch.Tensor]]:
+    """The library path of a quantised cache: each step dequantises it to q's dtype (timed), then torch's SDPA
+    variants on the result."""
+    def dequantized(variant):
+        def run():
+            from rlx_triton.backends.torch_ref.sdpa_decode import dequantized as to_query_dtype
+
+            k, v = to_query_dtype(q, k_cache, v_cache, k_scale, v_scale)
+            return variant(k, v)
+        return run
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    gqa = q.shape[1] != k_cache.shape[1]
+    variants: Dict[str, Callable[[], torch.Tensor]] = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                    SDPBackend.MATH):
+        def attend(k, v, backend=backend):
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, enable_gqa=gqa)
+        variants[f"dequantize + sdpa {backend.name.lower()}"] = dequantized(attend)
+    return variants
+
+
+def split_count(route, q, k, v, block_table=None, tree_mask=None, **scales) -> Optional[int]:
     """KV splits of the Triton launch a route makes for these inputs (its plan, built on meta tensors), or None."""
     if route.backend != "triton":
         return None
@@ -93,7 +131,8 @@ def split_count(route, q, k, v, block_table=None, tree_mask=None) -> Optional[in
 
     meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (q, k, v)]
     options = {name: torch.empty(t.shape, dtype=t.dtype, device="meta")
-               for name, t in (("block_table", block_table), ("tree_mask", tree_mask)) if t is not None}
+               for name, t in (("block_table", block_table), ("tree_mask", tree_mask), *scales.items())
+               if t is not None}
     plan, _ = route.module.sdpa_decode_plan(*meta, candidate=route.candidate, **options,
                                            sm_count=device_facts(q.device).sm_count or 1)
     return plan[0].grid[1]
@@ -136,9 +175,28 @@ def run(quick: bool = False, progress=None) -> List[dict]:
         tree = None if tokens is None else draft_tree(tokens, torch.Generator().manual_seed(0)).to(device)
         mask = None if tree is None else tree_visibility(tree, torch.full((batch,), seq_kv, device=device), tokens,
                                                          seq_kv)[:, None]
-        variants = _torch_variants(q, k, v, mask)
+        kv_dtype = spec.get("kv_dtype")
+        if kv_dtype is not None:   # an fp8 / int8 cache: the library dequantises it to q's dtype each step
+            k_cache, k_scale = quantised_cache(k, kv_dtype, spec["kv_scale"])
+            v_cache, v_scale = quantised_cache(v, kv_dtype, spec["kv_scale"])
+            variants = _dequantized_variants(q, k_cache, v_cache, k_scale, v_scale)
+        else:
+            variants = _torch_variants(q, k, v, mask)
         with rt.use_backend("auto"):
-            if tree is not None:
+            if kv_dtype is not None:
+                cache = (k_cache, v_cache)
+                paging = {}
+                if page_size is not None:
+                    pool_k, pool_v, table = paged_pool(k_cache.view(torch.uint8), v_cache.view(torch.uint8), page_size)
+                    cache, paging = (pool_k.view(kv_dtype), pool_v.view(kv_dtype)), {"block_table": table}
+                    if k_scale.numel() > 1:   # per-token-head scales: the same pages, (num_pages, Hkv, page_size)
+                        k_scale, v_scale, _ = paged_pool(k_scale[..., None], v_scale[..., None], page_size, table)
+                        k_scale, v_scale = k_scale[..., 0], v_scale[..., 0]
+                quant = dict(k_scale=k_scale, v_scale=v_scale, **paging)
+                chosen = rt.explain(rt.sdpa_decode, q, *cache, **quant)
+                splits = split_count(chosen, q, *cache, paging.get("block_table"), k_scale=k_scale, v_scale=v_scale)
+                rlx_us = _time(lambda: rt.sdpa_decode(q, *cache, **quant), device, quick)
+            elif tree is not None:
                 chosen = rt.explain(rt.sdpa_decode, q, k, v, tree_mask=tree)
                 splits = split_count(chosen, q, k, v, tree_mask=tree)
                 rlx_us = _time(lambda: rt.sdpa_decode(q, k, v, tree_mask=tree), device, quick)
@@ -155,10 +213,11 @@ def run(quick: bool = False, progress=None) -> List[dict]:
         baselines = {name: _time(fn, device, quick) for name, fn in variants.items()}
         measured = {name: us for name, us in baselines.items() if us is not None}
         best = min(measured, key=measured.get)
-        moved = (k.numel() + v.numel() + 2 * q.numel()) * q.element_size()
+        moved = (k.numel() + v.numel()) * (1 if kv_dtype is not None else q.element_size()) \
+            + 2 * q.numel() * q.element_size()
         shape = f"{spec['label']} b{batch} h{heads}/{kv_heads} d{dim} kv{seq_kv}"
         del mask
-        if page_size is not None:
+        if page_size is not None and kv_dtype is None:
             del k_pages, v_pages
         results.append(case("sdpa_decode", shape, dtype, rlx_us or float("nan"), best, measured[best],
                             bytes_moved=moved, backend=chosen.backend, candidate=chosen.candidate_tag, splits=splits,

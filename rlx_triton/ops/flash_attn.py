@@ -22,6 +22,7 @@ from typing import Literal, Optional, Tuple, Union, overload
 import torch
 
 from rlx_triton.backends.torch_ref import flash_attn as reference
+from rlx_triton.kv_quant import check_kv_scales, is_quantised, kv_features
 from rlx_triton.ops import _decisions
 from rlx_triton.ops._attention_options import attention_option_features, check_attention_options, values_readable
 from rlx_triton.ops._checks import FLOAT_DTYPES, attention_layout_hint, check_is_tensor, needs_grad
@@ -65,12 +66,16 @@ def _check_number(name: str, value, *, optional: bool = False) -> None:
 
 def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
               block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-              return_softmax_lse) -> None:
+              return_softmax_lse, k_scale=None, v_scale=None) -> None:
     """FlashAttention's argument checks (shapes, dtypes, devices, flags), without reading tensor data."""
     for name, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_is_tensor(name, tensor, op=_OP)
         if tensor.dim() != 4:
             raise _fail(f"{name} must be 4-D, got shape {tuple(tensor.shape)}")
+        if name != "q" and is_quantised(tensor):   # an fp8 / int8 cache beside a floating-point q
+            if tensor.device != q.device:
+                raise _fail(f"{name} must be on q's device {q.device}, got {tensor.device}")
+            continue
         if tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{_OP}: {name} must be a floating-point tensor, got {tensor.dtype}")
         if tensor.dtype != q.dtype:
@@ -157,6 +162,7 @@ def _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, 
     _check_flag("return_softmax_lse", return_softmax_lse)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise _fail(f"num_splits must be an int >= 0 (0: chosen by the kernel), got {num_splits!r}")
+    check_kv_scales(_OP, FlashAttnInputError, k_cache, v_cache, k_scale, v_scale)
 
 
 def _capacity(k_cache: torch.Tensor, block_table: Optional[torch.Tensor]) -> int:
@@ -205,7 +211,7 @@ def _check_values(q, k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cac
 
 
 def _request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table, causal, window_size, softcap,
-             alibi_slopes) -> Request:
+             alibi_slopes, k_scale=None) -> Request:
     """The routing request: the decode kernels' fields, and each FA feature in use as a feature their coverage
     must name (an unnamed feature is refused by name)."""
     batch, seqlen_q, num_heads, head_dim = q.shape
@@ -217,6 +223,7 @@ def _request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table
     features.update(attention_option_features(paged=block_table is not None, local_window=mask.is_local,
                                               softcap=softcap, alibi_slopes=alibi_slopes,
                                               cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad))
+    features.update(kv_features(k_cache, k_scale))
     return Request.make(
         KernelFamily.SDPA_DECODE, _OP, tensor=q,
         fields={"m": seqlen_q * (num_heads // num_kv_heads), "tokens": seqlen_q, "batch": batch,
@@ -230,51 +237,57 @@ def _request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table
 def _explain_request(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                      cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
                      window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                     return_softmax_lse=False) -> Request:
+                     return_softmax_lse=False, *, k_scale=None, v_scale=None) -> Request:
     _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
               block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-              return_softmax_lse)
+              return_softmax_lse, k_scale, v_scale)
     return _request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table, causal, window_size,
-                    softcap, alibi_slopes)
+                    softcap, alibi_slopes, k_scale)
 
 
 def _run(chosen, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-         block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes):
+         block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, k_scale=None,
+         v_scale=None):
     if chosen.backend == "torch":
         return reference.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                                  cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                                                  tuple(window_size), float(softcap), rotary_interleaved,
-                                                 alibi_slopes)
+                                                 alibi_slopes, k_scale, v_scale)
     options = {"route": chosen} if chosen.backend == "triton" else {}
+    if k_scale is not None:   # only a backend whose coverage names the cache's kv_dtype is routed it
+        options.update(k_scale=k_scale, v_scale=v_scale)
     return chosen.module.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                                  cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
                                                  tuple(window_size), float(softcap), rotary_interleaved, alibi_slopes,
                                                  candidate=chosen.candidate, **options)
 
 
-@torch.library.custom_op("rlx_triton::flash_attn_with_kvcache", mutates_args=("k_cache", "v_cache"))
+# per-token-head scales are written for appended tokens, so they are mutated too
+@torch.library.custom_op("rlx_triton::flash_attn_with_kvcache",
+                         mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
 def _flash_attn_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                    v: Optional[torch.Tensor], rotary_cos: Optional[torch.Tensor], rotary_sin: Optional[torch.Tensor],
                    cache_seqlens: Optional[torch.Tensor], cache_batch_idx: Optional[torch.Tensor],
                    cache_leftpad: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                    softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                    rotary_interleaved: bool, alibi_slopes: Optional[torch.Tensor],
+                   k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None,
                    decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     window_size = (window_left, window_right)
     chosen = _decisions.received(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
         chosen = route(_request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table, causal,
-                                window_size, softcap, alibi_slopes))
+                                window_size, softcap, alibi_slopes, k_scale))
     out, lse = _run(chosen, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                     cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                    alibi_slopes)
+                    alibi_slopes, k_scale, v_scale)
     return out.contiguous(), lse.contiguous()
 
 
 @_flash_attn_op.register_fake
 def _flash_attn_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                      cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
-                     rotary_interleaved, alibi_slopes, decision=None):
+                     rotary_interleaved, alibi_slopes, k_scale=None, v_scale=None, decision=None):
     batch, seqlen_q, num_heads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, num_heads, v_cache.shape[-1]))
     return out, q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
@@ -292,7 +305,9 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_table: Optional[torch.Tensor] = ..., softmax_scale: Optional[float] = ...,
                             causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
                             rotary_interleaved: bool = ..., alibi_slopes: Optional[torch.Tensor] = ...,
-                            num_splits: int = ..., return_softmax_lse: Literal[False] = ...) -> torch.Tensor: ...
+                            num_splits: int = ..., return_softmax_lse: Literal[False] = ..., *,
+                            k_scale: Optional[torch.Tensor] = ..., v_scale: Optional[torch.Tensor] = ...
+                            ) -> torch.Tensor: ...
 
 
 @overload
@@ -305,7 +320,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_table: Optional[torch.Tensor] = ..., softmax_scale: Optional[float] = ...,
                             causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
                             rotary_interleaved: bool = ..., alibi_slopes: Optional[torch.Tensor] = ...,
-                            num_splits: int = ..., *, return_softmax_lse: Literal[True]
+                            num_splits: int = ..., *, return_softmax_lse: Literal[True],
+                            k_scale: Optional[torch.Tensor] = ..., v_scale: Optional[torch.Tensor] = ...
                             ) -> Tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -319,7 +335,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_table: Optional[torch.Tensor] = ..., softmax_scale: Optional[float] = ...,
                             causal: bool = ..., window_size: Tuple[int, int] = ..., softcap: float = ...,
                             rotary_interleaved: bool = ..., alibi_slopes: Optional[torch.Tensor] = ...,
-                            num_splits: int = ..., return_softmax_lse: bool = ...
+                            num_splits: int = ..., return_softmax_lse: bool = ..., *,
+                            k_scale: Optional[torch.Tensor] = ..., v_scale: Optional[torch.Tensor] = ...
                             ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
 
 
@@ -333,7 +350,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_table: Optional[torch.Tensor] = None, softmax_scale: Optional[float] = None,
                             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[torch.Tensor] = None,
-                            num_splits: int = 0, return_softmax_lse: bool = False
+                            num_splits: int = 0, return_softmax_lse: bool = False, *,
+                            k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None
                             ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """FlashAttention 2's flash_attn_with_kvcache: attention of q against a KV cache, appending k/v in place.
 
@@ -361,6 +379,13 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             attention, as FA2's kernels do, which leaves the output unchanged and shifts the LSE).
         num_splits: a hint; the kernels choose their own split.
         return_softmax_lse: also return the log-sum-exp of the scores.
+        k_scale, v_scale: the scales of a quantised cache (k_cache / v_cache of dtype torch.float8_e4m3fn,
+            torch.float8_e5m2 or torch.int8, symmetric; q stays floating-point): float32, one element (per
+            tensor) or the cache's shape without D, (B_cache, S_cache, Hkv) or paged (num_pages, page_size, Hkv)
+            (per token and head). Values are dequantised on load, x = q * scale, and computed in float32. New
+            k/v are quantised into the cache (round to nearest, saturating): at the per-tensor scale, or at a
+            scale per new token and head (its largest |x| over the dtype's largest value) that is written into
+            k_scale / v_scale at the token's slot.
 
     Returns:
         out (B, Sq, H, Dv) in q's dtype; with return_softmax_lse=True the tuple (out, softmax_lse), softmax_lse
@@ -379,7 +404,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     """
     _validate(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
               block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-              return_softmax_lse)
+              return_softmax_lse, k_scale, v_scale)
     cache_seqlens = _seqlens_tensor(cache_seqlens, q)
     _check_values(q, k_cache, k, rotary_cos, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, causal,
                   window_size, alibi_slopes)
@@ -388,19 +413,20 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     decided = None
     if not torch.compiler.is_compiling():
         decided = route(_request(q, k_cache, v_cache, k, cache_batch_idx, cache_leftpad, block_table, causal,
-                                 window_size, softcap, alibi_slopes),
+                                 window_size, softcap, alibi_slopes, k_scale),
                         call=lambda: (flash_attn_with_kvcache,
                                       (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                        cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
-                                       softcap, rotary_interleaved, alibi_slopes), {}))
+                                       softcap, rotary_interleaved, alibi_slopes),
+                                      dict(k_scale=k_scale, v_scale=v_scale)))
     if decided is not None and (decided.backend == "torch" or decided is planning_route()):
         # the library path outside the custom op: no custom-op dispatch cost (a speed model's plan: its launches)
         out, lse = _run(decided, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                         cache_leftpad, block_table, softmax_scale, causal, (left, right), softcap,
-                        rotary_interleaved, alibi_slopes)
+                        rotary_interleaved, alibi_slopes, k_scale, v_scale)
     else:
         decision = None if decided is None else _decisions.hand_off(decided)
         out, lse = _flash_attn_op(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                   cache_leftpad, block_table, softmax_scale, causal, left, right, float(softcap),
-                                  rotary_interleaved, alibi_slopes, decision)
+                                  rotary_interleaved, alibi_slopes, k_scale, v_scale, decision)
     return (out, lse) if return_softmax_lse else out

@@ -17,6 +17,7 @@ from typing import Any, Dict, Literal, Optional, Tuple, Union, overload
 
 import torch
 
+from rlx_triton.kv_quant import KV_DTYPES, KV_SCALES, check_kv_scales, is_quantised, kv_features
 from rlx_triton.ops import _decisions
 from rlx_triton.ops._attention_options import (ATTENTION_GIVEN, TOKENS, AttentionInputError,
                                                attention_option_features, check_attention_options,
@@ -44,7 +45,10 @@ SDPA_DECODE_REQUEST = RequestSpec(
      # FlashAttention's options, named only when in use (a backend's coverage must name each one it takes)
      "paged": flag(False, sent_at_default=False), "window": flag(False, sent_at_default=False),
      "softcap": flag(False, sent_at_default=False),
-     "alibi": Feature("none", ("none", "per_head", "per_batch_head"), sent_at_default=False)},
+     "alibi": Feature("none", ("none", "per_head", "per_batch_head"), sent_at_default=False),
+     # a quantised cache: its storage dtype and its scales' layout (rlx_triton/kv_quant.py)
+     "kv_dtype": Feature("none", KV_DTYPES, sent_at_default=False),
+     "kv_scale": Feature("none", KV_SCALES, sent_at_default=False)},
     (heads_divide,),
 )
 
@@ -74,7 +78,7 @@ def _decode_options(window: Tuple[int, int], softcap: float, alibi_slopes: Optio
 
 
 def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=None, window_size=(-1, -1),
-                     softcap=0.0, alibi_slopes=None, tree_mask=None) -> None:
+                     softcap=0.0, alibi_slopes=None, tree_mask=None, k_scale=None, v_scale=None) -> None:
     op = "sdpa_decode"
     paged = block_table is not None
     for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -84,7 +88,14 @@ def _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table=
             layout = "(B, Hq, Lq, D)" if name == "query" else cache.format("D" if name == "k_cache" else "Dv")
             raise AttentionInputError(f"{op}: {name} must be 4-D {layout}, got shape {tuple(tensor.shape)}")
     check_scale(scale, op)
-    check_same_dtype_and_device(op, query=query, k_cache=k_cache, v_cache=v_cache)
+    if is_quantised(k_cache) or is_quantised(v_cache):   # fp8/int8 caches beside a floating-point query
+        check_same_dtype_and_device(op, query=query)
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if cache.device != query.device:
+                raise AttentionInputError(f"{op}: {name} must be on {query.device}, got {cache.device}")
+    else:
+        check_same_dtype_and_device(op, query=query, k_cache=k_cache, v_cache=v_cache)
+    check_kv_scales(op, AttentionInputError, k_cache, v_cache, k_scale, v_scale)
     batch, heads, seq_q, head_dim = query.shape
     if paged:
         check_is_tensor("block_table", block_table, op=op)
@@ -183,13 +194,13 @@ def _check_cache_lengths(cache_seqlens: torch.Tensor, s_max: int) -> None:
 
 def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, return_lse=False,
                     block_table=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, tree_mask=None,
-                    _validate=True) -> Request:
+                    k_scale=None, v_scale=None, _validate=True) -> Request:
     """Validates an sdpa_decode call and reduces it to a routing Request (what explain() shows); a paged
     cache, a local window, a softcap and ALiBi slopes are the features paged, window, softcap and alibi, which
     a backend's coverage must name; a tree mask is mask "tree"."""
     if _validate:
         _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
-                         alibi_slopes, tree_mask)
+                         alibi_slopes, tree_mask, k_scale, v_scale)
     batch, heads, seq_q, head_dim = query.shape
     kv_heads, s_max = k_cache.shape[1], _decode_capacity(k_cache, block_table)
     tree = tree_mask is not None
@@ -198,6 +209,7 @@ def _decode_request(query, k_cache, v_cache, cache_seqlens=None, *, scale=None, 
     features.update(attention_option_features(paged=block_table is not None,
                                               local_window=_decode_window(window_size, s_max, tree) != (-1, -1),
                                               softcap=softcap, alibi_slopes=alibi_slopes))
+    features.update(kv_features(k_cache, k_scale))
     return SDPA_DECODE_REQUEST.make(
         {"batch": batch, "num_heads": heads, "head_dim": head_dim, "seq_q": seq_q, "seq_kv": s_max,
          "num_kv_heads": kv_heads, "head_dim_v": v_cache.shape[-1]}, features, tensor=query)
@@ -208,53 +220,59 @@ def _sdpa_decode_op(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     cache_seqlens: Optional[torch.Tensor], scale: Optional[float],
                     block_table: Optional[torch.Tensor] = None, window_left: int = -1, window_right: int = -1,
                     softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-                    tree_mask: Optional[torch.Tensor] = None,
+                    tree_mask: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                    v_scale: Optional[torch.Tensor] = None,
                     decision: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     window = (window_left, window_right)   # already normalized by the wrapper (`_decode_window`)
     chosen = _decisions.received(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
         chosen = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                                        window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                                       tree_mask=tree_mask, _validate=False))
+                                       tree_mask=tree_mask, k_scale=k_scale, v_scale=v_scale, _validate=False))
     out, lse = _run_decode(chosen, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
-                           alibi_slopes, tree_mask)
+                           alibi_slopes, tree_mask, k_scale, v_scale)
     return out.contiguous(), lse.contiguous()
 
 
 def _run_decode(chosen: Route, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
-                alibi_slopes, tree_mask) -> Tuple[torch.Tensor, torch.Tensor]:
+                alibi_slopes, tree_mask, k_scale=None, v_scale=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a decode call on its route's backend (what the custom op runs)."""
     options: Dict[str, Any] = {"route": chosen} if chosen.backend == "triton" else {}
-    options.update(_backend_options(block_table, window, softcap, alibi_slopes, tree_mask))
+    options.update(_backend_options(block_table, window, softcap, alibi_slopes, tree_mask, k_scale, v_scale))
     backend = chosen.module
     assert backend is not None, "route() names the module that runs the call"
     return backend.sdpa_decode(query, k_cache, v_cache, scale=scale, cache_seqlens=cache_seqlens,
                                candidate=chosen.candidate, **options)
 
 
-def _backend_options(block_table, window, softcap, alibi_slopes, tree_mask) -> Dict[str, Any]:
+def _backend_options(block_table, window, softcap, alibi_slopes, tree_mask, k_scale=None,
+                     v_scale=None) -> Dict[str, Any]:
     """A backend's keywords for a decode call: its causal alignment (bottom-right, or none under a tree mask,
-    which decides the newest keys instead), the block table and the tree mask where given (only backends whose
-    coverage names paged=True or mask "tree" are routed them) and FlashAttention's options in use."""
+    which decides the newest keys instead), the block table, the tree mask and a quantised cache's scales where
+    given (only backends whose coverage names paged=True, mask "tree" or the kv_dtype are routed them) and
+    FlashAttention's options in use."""
     options: Dict[str, Any] = {"causal": "none" if tree_mask is not None else "bottom_right"}
     if block_table is not None:
         options["block_table"] = block_table
     if tree_mask is not None:
         options["tree_mask"] = tree_mask
+    if k_scale is not None:
+        options["k_scale"], options["v_scale"] = k_scale, v_scale
     options.update(_decode_options(window, softcap, alibi_slopes))
     return options
 
 
 @_sdpa_decode_op.register_fake
 def _sdpa_decode_fake(query, k_cache, v_cache, cache_seqlens, scale, block_table=None, window_left=-1,
-                      window_right=-1, softcap=0.0, alibi_slopes=None, tree_mask=None, decision=None):
+                      window_right=-1, softcap=0.0, alibi_slopes=None, tree_mask=None, k_scale=None, v_scale=None,
+                      decision=None):
     batch, heads, seq_q, _ = query.shape
     out = query.new_empty((batch, heads, seq_q, v_cache.shape[-1]))
     return out, query.new_empty((batch, heads, seq_q), dtype=torch.float32)
 
 
 def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
-                      alibi_slopes, tree_mask) -> Optional[tuple]:
+                      alibi_slopes, tree_mask, k_scale=None, v_scale=None) -> Optional[tuple]:
     """What validation (bar the cache lengths' values) and routing read from an sdpa_decode call."""
     try:
         # values and their types: True == 1 hashes alike, but validation tells them apart
@@ -267,7 +285,8 @@ def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table
                                                                       cache_seqlens.device),
                      None if block_table is None else (block_table.shape, block_table.dtype, block_table.device),
                      None if tree_mask is None else (tree_mask.shape, tree_mask.dtype, tree_mask.device),
-                     options)
+                     options, tuple(None if t is None else (type(t), getattr(t, "shape", None), getattr(t, "dtype", None),
+                                                            getattr(t, "device", None)) for t in (k_scale, v_scale)))
         hash(signature)
     except (AttributeError, TypeError):
         return None
@@ -280,8 +299,8 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 cache_seqlens: Optional[torch.Tensor] = ..., *, scale: Optional[float] = ...,
                 return_lse: Literal[False] = ..., block_table: Optional[torch.Tensor] = ...,
                 window_size: Tuple[int, int] = ..., softcap: float = ...,
-                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...
-                ) -> torch.Tensor: ...
+                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...,
+                k_scale: Optional[torch.Tensor] = ..., v_scale: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 
 
 @overload
@@ -289,7 +308,8 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 cache_seqlens: Optional[torch.Tensor] = ..., *, scale: Optional[float] = ...,
                 return_lse: Literal[True], block_table: Optional[torch.Tensor] = ...,
                 window_size: Tuple[int, int] = ..., softcap: float = ...,
-                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...
+                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...,
+                k_scale: Optional[torch.Tensor] = ..., v_scale: Optional[torch.Tensor] = ...
                 ) -> Tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -298,7 +318,8 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 cache_seqlens: Optional[torch.Tensor] = ..., *, scale: Optional[float] = ...,
                 return_lse: bool = ..., block_table: Optional[torch.Tensor] = ...,
                 window_size: Tuple[int, int] = ..., softcap: float = ...,
-                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...
+                alibi_slopes: Optional[torch.Tensor] = ..., tree_mask: Optional[torch.Tensor] = ...,
+                k_scale: Optional[torch.Tensor] = ..., v_scale: Optional[torch.Tensor] = ...
                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]: ...
 
 
@@ -307,7 +328,8 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                 cache_seqlens: Optional[torch.Tensor] = None, *, scale: Optional[float] = None,
                 return_lse: bool = False, block_table: Optional[torch.Tensor] = None,
                 window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                alibi_slopes: Optional[torch.Tensor] = None, tree_mask: Optional[torch.Tensor] = None
+                alibi_slopes: Optional[torch.Tensor] = None, tree_mask: Optional[torch.Tensor] = None,
+                k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None
                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Attention of Lq new tokens against a KV cache, one valid length per sequence.
 
@@ -348,8 +370,14 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             GQA, scale, softcap, alibi_slopes (-slope * |L_b - Lq + i - j|), window_size (counted from each
             token's position L_b - Lq + i, so a window also hides far ancestors) and return_lse. The Triton
             kernel takes Lq <= 64; other calls run torch. On the torch path a call without return_lse runs
-            torch's SDPA with the tree's mask over the (gathered) cache, which reads every cache position: a
-            NaN or Inf stored past a sequence's length reaches its rows there, as in torch.
+            torch's SDPA with the tree's mask over the (gathered) cache, its positions past each length zeroed
+            first (what is stored there never reaches a row, as on the kernel).
+        k_scale, v_scale: the scales of a quantised cache (k_cache / v_cache of dtype torch.float8_e4m3fn,
+            torch.float8_e5m2 or torch.int8, symmetric): float32, one element (per tensor) or the cache's shape
+            without its last dimension, (B, Hkv, S_max) or paged (num_pages, Hkv, page_size) (per token and head).
+            Values are dequantised on load, x = q * scale, and computed in float32; the output is in query's
+            dtype. A quantised cache without scales, scales with a float cache, or scales of another shape, dtype
+            or device: ValueError / TypeError naming k_scale or v_scale.
 
     Returns:
         out (B, Hq, Lq, Dv) in query's dtype; with return_lse=True, (out, lse) with lse (B, Hq, Lq) float32
@@ -388,11 +416,12 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         scale = scale_value(scale, "sdpa_decode")
     compiling = torch.compiler.is_compiling()
     signature = None if compiling else _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table,
-                                                         window_size, softcap, alibi_slopes, tree_mask)
+                                                         window_size, softcap, alibi_slopes, tree_mask, k_scale,
+                                                         v_scale)
     decided = exact_route(signature) if signature is not None else None
     if decided is None:
         _validate_decode(query, k_cache, v_cache, cache_seqlens, scale, block_table, window_size, softcap,
-                         alibi_slopes, tree_mask)
+                         alibi_slopes, tree_mask, k_scale, v_scale)
     else:   # the values change between calls
         if cache_seqlens is not None:
             _check_cache_lengths(cache_seqlens, _decode_capacity(k_cache, block_table))
@@ -405,17 +434,18 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # eager calls (and, under torch.compile, calls autograd records) are routed here, once
         decided = route(_decode_request(query, k_cache, v_cache, cache_seqlens, scale=scale, block_table=block_table,
                                         window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                                        tree_mask=tree_mask, _validate=False),
+                                        tree_mask=tree_mask, k_scale=k_scale, v_scale=v_scale, _validate=False),
                         call=lambda: (sdpa_decode, (query, k_cache, v_cache, cache_seqlens),
                                       dict(scale=scale, block_table=block_table, window_size=window_size,
-                                           softcap=softcap, alibi_slopes=alibi_slopes, tree_mask=tree_mask)))
+                                           softcap=softcap, alibi_slopes=alibi_slopes, tree_mask=tree_mask,
+                                           k_scale=k_scale, v_scale=v_scale)))
         if signature is not None:
             remember_exact_route(signature, decided)
     if decided is not None and decided.backend == "torch":
         # the library fallback outside the custom op: differentiable, and no custom-op dispatch cost
         from rlx_triton.backends.torch_ref import sdpa_decode as library
 
-        options = _backend_options(block_table, window, softcap, alibi_slopes, tree_mask)
+        options = _backend_options(block_table, window, softcap, alibi_slopes, tree_mask, k_scale, v_scale)
         if not return_lse:   # the output alone (a tree mask's: torch's SDPA, `sdpa_decode_output`)
             return library.sdpa_decode_output(query, k_cache, v_cache, scale=scale, cache_seqlens=cache_seqlens,
                                               **options)
@@ -423,9 +453,9 @@ def sdpa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                        candidate=None, **options)
     elif decided is not None and decided is planning_route():   # a speed model's plan: the launches, not the op
         out, lse = _run_decode(decided, query, k_cache, v_cache, cache_seqlens, scale, block_table, window, softcap,
-                               alibi_slopes, tree_mask)
+                               alibi_slopes, tree_mask, k_scale, v_scale)
     else:
         out, lse = _sdpa_decode_op(query, k_cache, v_cache, cache_seqlens, scale, block_table, window[0], window[1],
-                                   softcap, alibi_slopes, tree_mask,
+                                   softcap, alibi_slopes, tree_mask, k_scale, v_scale,
                                    None if decided is None else _decisions.hand_off(decided))
     return (out, lse) if return_lse else out

@@ -5,7 +5,9 @@ flash_attn_varlen_func: q (total_q, H, D) packed by cu_seqlens_q (num_seqs + 1,)
 packed by cu_seqlens_k, or paged (num_pages, page_size, Hkv, D/Dv) with block_table (num_seqs, pages) and
 the key lengths in cu_seqlens_k. flash_attn_func: q (B, Sq, H, D), k/v (B, Sk, Hkv, D/Dv), run as the
 varlen call of its equal-length batch. Beyond FA2: any page size >= 1, float32 (and float64 on the torch
-path), Dv != D, and attention sinks (`s_aux`, per-head logits, as transformers passes them).
+path), Dv != D, attention sinks (`s_aux`, per-head logits, as transformers passes them), and quantised paged
+caches (fp8 e4m3 / e5m2 or int8 k/v with float32 `k_scale` / `v_scale`, per tensor or per key row and head,
+rlx_triton/kv_quant.py), dequantised on load.
 
 Routing: one Triton launch over the whole ragged batch (backends/triton/varlen_attention) where its coverage
 takes the request; what no kernel covers (dropout, autograd, float64, head dims past 256; Metal, whose
@@ -21,6 +23,7 @@ import torch
 
 from rlx_triton.backends.torch_ref import varlen_attention as reference
 from rlx_triton.backends.torch_ref.flash_attn import masking
+from rlx_triton.kv_quant import check_kv_scales, is_quantised, kv_features
 from rlx_triton.ops import _decisions
 from rlx_triton.ops._attention_options import attention_option_features, check_attention_options, values_readable
 from rlx_triton.ops._checks import FLOAT_DTYPES, check_is_tensor, needs_grad
@@ -81,15 +84,24 @@ def _check_options(op: str, q, dropout_p, softmax_scale, causal, window_size, so
                                             f"{tuple(s_aux.shape)} on {s_aux.device}")
 
 
-def check_qkv(op: str, q, k, v, q_dims: int, kv_dims: int, names: Tuple[str, str, str] = ("q", "k", "v")) -> None:
+def check_qkv(op: str, q, k, v, q_dims: int, kv_dims: int, names: Tuple[str, str, str] = ("q", "k", "v"),
+              quantised_kv: bool = False) -> None:
+    """q, k and v: tensors of the given dims, floating point, of q's dtype and device, with matching heads and
+    head dims. quantised_kv: k and v may instead both be of one quantised dtype (fp8 e4m3 / e5m2 or int8, a
+    paged cache whose scales `check_kv_scales` checks)."""
     q_name, k_name, v_name = names
+    quantised = quantised_kv and isinstance(k, torch.Tensor) and is_quantised(k)
     for name, tensor, dims in ((q_name, q, q_dims), (k_name, k, kv_dims), (v_name, v, kv_dims)):
         check_is_tensor(name, tensor, op=op)
         if tensor.dim() != dims:
             raise VarlenAttentionInputError(f"{op}: {name} must be {dims}-D, got shape {tuple(tensor.shape)}")
-        if tensor.dtype not in FLOAT_DTYPES:
+        if quantised and tensor is not q:
+            if tensor.dtype != k.dtype:
+                raise TypeError(f"{op}: {name} must have the dtype of the quantised {k_name} ({k.dtype}), got "
+                                f"{tensor.dtype}")
+        elif tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{op}: {name} must be a floating-point tensor, got {tensor.dtype}")
-        if tensor.dtype != q.dtype:
+        elif tensor.dtype != q.dtype:
             raise TypeError(f"{op}: {name} must have the dtype of {q_name} ({q.dtype}), got {tensor.dtype}")
         if tensor.device != q.device:
             raise VarlenAttentionInputError(f"{op}: {name} must be on {q_name}'s device {q.device}, got "
@@ -139,12 +151,24 @@ def check_block_table(block_table, batch: int, k: torch.Tensor, q: torch.Tensor,
                                         f"shape {tuple(k.shape)}")
 
 
+def check_quantised_paged(op: str, k, v, paged: bool, names: Tuple[str, str] = ("k", "v")) -> None:
+    """A quantised (fp8 or int8) k or v is a paged cache: without a block table, ValueError naming it."""
+    if paged:
+        return
+    for name, tensor in zip(names, (k, v)):
+        if isinstance(tensor, torch.Tensor) and is_quantised(tensor):
+            raise VarlenAttentionInputError(f"{op}: {name} of dtype {tensor.dtype} is a quantised cache, which is "
+                                            f"supported paged only (flash_attn_varlen_func with block_table)")
+
+
 def _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
-                     s_aux) -> None:
+                     s_aux, k_scale=None, v_scale=None) -> None:
     """FlashAttention's argument checks for the varlen call, without reading tensor data."""
     paged = block_table is not None
-    check_qkv(_OP, q, k, v, 3, 4 if paged else 3)
+    check_quantised_paged(_OP, k, v, paged)
+    check_qkv(_OP, q, k, v, 3, 4 if paged else 3, quantised_kv=paged)
+    check_kv_scales(_OP, VarlenAttentionInputError, k, v, k_scale, v_scale)
     check_offsets("cu_seqlens_q", cu_seqlens_q, None, q.device)
     batch = cu_seqlens_q.shape[0] - 1
     check_offsets("cu_seqlens_k", cu_seqlens_k, batch + 1, q.device)
@@ -211,9 +235,11 @@ def check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, b
 
 
 def varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
-             alibi_slopes, block_table, s_aux, layout: str, *, op: str = _OP, seqused: bool = False) -> Request:
+             alibi_slopes, block_table, s_aux, layout: str, *, op: str = _OP, seqused: bool = False,
+             k_scale: Optional[torch.Tensor] = None) -> Request:
     """The routing request: the kernel's fields, and each FA option in use as a feature the coverage must name
-    (seqused: the call gives each sequence's used key count, varlen_attn's seqused_k)."""
+    (seqused: the call gives each sequence's used key count, varlen_attn's seqused_k; a quantised cache: its
+    storage dtype and scale layout, kv_dtype and kv_scale)."""
     total_q, num_heads, head_dim = q.shape
     mask = masking(causal, tuple(window_size), max_seqlen_q, max_seqlen_k, alibi_slopes is not None)
     features = {"dropout": dropout_p > 0, "layout": layout, "causal": "bottom_right" if mask.is_causal else "none",
@@ -224,6 +250,7 @@ def varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
         features["sinks"] = True
     if seqused:
         features["seqused"] = True
+    features.update(kv_features(k, k_scale))
     # a bound of 0 (no sequence has a query token, or a key) routes as 1: the kernel runs it all the same
     fields = {"tokens": total_q, "batch": cu_seqlens_q.shape[0] - 1, "num_heads": num_heads, "head_dim": head_dim,
               "seq_q": max(1, max_seqlen_q), "seq_kv": max(1, max_seqlen_k), "num_kv_heads": k.shape[-2],
@@ -234,10 +261,14 @@ def varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p,
 
 
 def _run(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-         window_size, softcap, alibi_slopes, block_table, s_aux, return_probs=False, varlen_attn=None):
+         window_size, softcap, alibi_slopes, block_table, s_aux, return_probs=False, varlen_attn=None, k_scale=None,
+         v_scale=None):
     """(out, lse, S_dmask) on the route's backend: its flash_attn_varlen_func, or with `varlen_attn` (rt.varlen_attn's
-    seqused_k and num_splits) its varlen_attn."""
+    seqused_k and num_splits) its varlen_attn. A quantised cache's scales are handed over where given (only
+    backends whose coverage names the kv_dtype are routed them)."""
     options: Dict[str, Any] = {"route": chosen} if chosen.backend == "triton" else {}
+    if k_scale is not None:
+        options.update(k_scale=k_scale, v_scale=v_scale)
     run = chosen.module.flash_attn_varlen_func
     if varlen_attn is not None:
         run = chosen.module.varlen_attn
@@ -254,34 +285,39 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
                alibi_slopes: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                s_aux: Optional[torch.Tensor], layout: str, decision: Optional[str] = None,
                seqused_k: Optional[torch.Tensor] = None, num_splits: Optional[int] = None,
-               op: str = _OP) -> Tuple[torch.Tensor, torch.Tensor]:
+               op: str = _OP, k_scale: Optional[torch.Tensor] = None,
+               v_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """One routed varlen call; `op` "varlen_attn" (rt.varlen_attn, with seqused_k and num_splits) runs the
-    backends' varlen_attn, cu_seqlens_k None then standing for a paged call's absent offsets."""
+    backends' varlen_attn, cu_seqlens_k None then standing for a paged call's absent offsets. k_scale / v_scale:
+    a quantised cache's scales."""
     window_size = (window_left, window_right)
     chosen = _decisions.received(decision)
     if chosen is None:  # under torch.compile (or a forgotten decision): route now
         chosen = route(varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, 0.0, causal, window_size,
                                 softcap, alibi_slopes, block_table, s_aux, layout, op=op,
-                                seqused=seqused_k is not None))
+                                seqused=seqused_k is not None, k_scale=k_scale))
     varlen_attn = dict(seqused_k=seqused_k, num_splits=num_splits) if op != _OP else None
     out, lse, _ = _run(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale,
-                       causal, window_size, softcap, alibi_slopes, block_table, s_aux, varlen_attn=varlen_attn)
+                       causal, window_size, softcap, alibi_slopes, block_table, s_aux, varlen_attn=varlen_attn,
+                       k_scale=k_scale, v_scale=v_scale)
     return out.contiguous(), lse.contiguous()
 
 
 @_varlen_op.register_fake
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                  window_right, softcap, alibi_slopes, block_table, s_aux, layout, decision=None, seqused_k=None,
-                 num_splits=None, op=_OP):
+                 num_splits=None, op=_OP, k_scale=None, v_scale=None):
     total_q, num_heads, _ = q.shape
     return q.new_empty((total_q, num_heads, v.shape[-1])), q.new_empty((num_heads, total_q), dtype=torch.float32)
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
               window_size, softcap, alibi_slopes, block_table, s_aux, return_attn_probs, layout: str, *,
-              op: str = _OP, seqused_k: Optional[torch.Tensor] = None, num_splits: Optional[int] = None):
+              op: str = _OP, seqused_k: Optional[torch.Tensor] = None, num_splits: Optional[int] = None,
+              k_scale: Optional[torch.Tensor] = None, v_scale: Optional[torch.Tensor] = None):
     """(out, lse, S_dmask) of a validated varlen call: routed once, the torch path outside the custom op. op
-    "varlen_attn": rt.varlen_attn's call, with its seqused_k and num_splits."""
+    "varlen_attn": rt.varlen_attn's call, with its seqused_k and num_splits; k_scale / v_scale: a quantised
+    paged cache's scales."""
     softmax_scale = None if softmax_scale is None else float(softmax_scale)
     left, right = window_size
     if q.shape[0] == 0:  # no query token: nothing to launch
@@ -291,31 +327,36 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, d
     if not torch.compiler.is_compiling():
         decided = route(varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size,
                                  softcap, alibi_slopes, block_table, s_aux, layout, op=op,
-                                 seqused=seqused_k is not None),
+                                 seqused=seqused_k is not None, k_scale=k_scale),
                         call=lambda: (attention, (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                   dropout_p, softmax_scale, causal, window_size, softcap,
                                                   alibi_slopes, block_table, s_aux, return_attn_probs, layout),
-                                      dict(op=op, seqused_k=seqused_k, num_splits=num_splits)))
+                                      dict(op=op, seqused_k=seqused_k, num_splits=num_splits, k_scale=k_scale,
+                                           v_scale=v_scale)))
     if decided is not None and (decided.backend == "torch" or decided is planning_route()):
         # the library path outside the custom op: no dispatch cost, and autograd through its torch ops (a speed
         # model's plan: its launches)
         return _run(decided, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                     softmax_scale, causal, (left, right), softcap, alibi_slopes, block_table, s_aux,
                     return_probs=return_attn_probs,
-                    varlen_attn=dict(seqused_k=seqused_k, num_splits=num_splits) if op != _OP else None)
+                    varlen_attn=dict(seqused_k=seqused_k, num_splits=num_splits) if op != _OP else None,
+                    k_scale=k_scale, v_scale=v_scale)
     out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                           left, right, float(softcap), alibi_slopes, block_table, s_aux, layout,
-                          None if decided is None else _decisions.hand_off(decided), seqused_k, num_splits, op)
+                          None if decided is None else _decisions.hand_off(decided), seqused_k, num_splits, op,
+                          k_scale, v_scale)
     return out, lse, None
 
 
 def _explain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False, block_table=None, s_aux=None) -> Request:
+                    deterministic=False, return_attn_probs=False, block_table=None, s_aux=None, *, k_scale=None,
+                    v_scale=None) -> Request:
     _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                     causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux)
+                     causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux,
+                     k_scale, v_scale)
     return varlen_request(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size, softcap,
-                    alibi_slopes, block_table, s_aux, "packed")
+                    alibi_slopes, block_table, s_aux, "packed", k_scale=k_scale)
 
 
 # The return type follows return_attn_probs: `out` alone, or (out, softmax_lse, S_dmask) with
@@ -328,7 +369,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            window_size: Tuple[int, int] = ..., softcap: float = ...,
                            alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
                            return_attn_probs: Literal[False] = ..., block_table: Optional[torch.Tensor] = ...,
-                           s_aux: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
+                           s_aux: Optional[torch.Tensor] = ..., *, k_scale: Optional[torch.Tensor] = ...,
+                           v_scale: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 
 
 @overload
@@ -339,7 +381,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            window_size: Tuple[int, int] = ..., softcap: float = ...,
                            alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
                            *, return_attn_probs: Literal[True], block_table: Optional[torch.Tensor] = ...,
-                           s_aux: Optional[torch.Tensor] = ...) -> _WithAttnProbs: ...
+                           s_aux: Optional[torch.Tensor] = ..., k_scale: Optional[torch.Tensor] = ...,
+                           v_scale: Optional[torch.Tensor] = ...) -> _WithAttnProbs: ...
 
 
 @overload
@@ -350,7 +393,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            window_size: Tuple[int, int] = ..., softcap: float = ...,
                            alibi_slopes: Optional[torch.Tensor] = ..., deterministic: bool = ...,
                            return_attn_probs: bool = ..., block_table: Optional[torch.Tensor] = ...,
-                           s_aux: Optional[torch.Tensor] = ...
+                           s_aux: Optional[torch.Tensor] = ..., *, k_scale: Optional[torch.Tensor] = ...,
+                           v_scale: Optional[torch.Tensor] = ...
                            ) -> Union[torch.Tensor, _WithAttnProbs]: ...
 
 
@@ -362,7 +406,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Optional[torch.Tensor] = None, deterministic: bool = False,
                            return_attn_probs: bool = False, block_table: Optional[torch.Tensor] = None,
-                           s_aux: Optional[torch.Tensor] = None
+                           s_aux: Optional[torch.Tensor] = None, *, k_scale: Optional[torch.Tensor] = None,
+                           v_scale: Optional[torch.Tensor] = None
                            ) -> Union[torch.Tensor, _WithAttnProbs]:
     """FlashAttention 2's flash_attn_varlen_func: attention over a ragged batch of sequences.
 
@@ -379,6 +424,13 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     probabilities (the torch path); softmax_scale defaults to D ** -0.5; deterministic is accepted (the
     forward is deterministic). s_aux (beyond FA2): (H,) attention-sink logits, each joining its head's softmax
     denominator.
+    k_scale, v_scale (beyond FA2, keyword only): a quantised paged cache: k/v of dtype torch.float8_e4m3fn,
+    torch.float8_e5m2 or torch.int8 (symmetric), with block_table, and their float32 scales on k's device, one
+    element (per tensor) or of shape (num_blocks, page_block_size, Hkv) (per key row and head). Values are
+    dequantised on load (x = stored * scale) and computed in float32; q stays float16, bfloat16 or float32 and the
+    output is in q's dtype. A quantised cache without scales, scales beside a float cache, or scales of another
+    shape, dtype or device: ValueError / TypeError naming k_scale or v_scale; a quantised k/v without block_table:
+    ValueError naming k.
     Returns out (total_q, H, Dv) in q's dtype; with return_attn_probs=True, (out, softmax_lse (H, total_q)
     float32 natural-log LSE, S_dmask), S_dmask None unless dropout_p > 0 (then (num_seqs, H, max_seqlen_q,
     max_seqlen_k) probabilities with the dropped ones negated, FA's sign encoding). A row that sees no key
@@ -386,17 +438,19 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     """
     max_seqlen_q, max_seqlen_k = _length(max_seqlen_q), _length(max_seqlen_k)
     _validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                     causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux)
+                     causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, s_aux,
+                     k_scale, v_scale)
     check_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table)
     out, lse, s_dmask = attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                    softmax_scale, causal, window_size, softcap, alibi_slopes, block_table, s_aux,
-                                   return_attn_probs, "packed")
+                                   return_attn_probs, "packed", k_scale=k_scale, v_scale=v_scale)
     return (out, lse, s_dmask) if return_attn_probs else out
 
 
 def _validate_batched(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, s_aux) -> None:
     op = "flash_attn_func"
+    check_quantised_paged(op, k, v, False)
     check_qkv(op, q, k, v, 4, 4)
     if k.shape[0] != q.shape[0]:
         raise VarlenAttentionInputError(f"{op}: k must have q's batch size {q.shape[0]}, got shape {tuple(k.shape)}")

@@ -72,8 +72,22 @@ def _sdpa_decode(facts, quick: bool) -> List[PerfCase]:
                                                       ("batch", "heads", "kv_heads", "head_dim", "seq_kv", "dtype"))
 
         def call(batch=batch, heads=heads, kv_heads=kv_heads, dim=dim, seq_kv=seq_kv, dtype=dtype,
-                 page_size=spec.get("page_size"), tree=spec.get("tree")):
+                 page_size=spec.get("page_size"), tree=spec.get("tree"), kv_dtype=spec.get("kv_dtype"),
+                 kv_scale=spec.get("kv_scale")):
             q = _meta(batch, heads, tree or 1, dim, dtype=dtype)
+            if kv_dtype is not None:  # a quantised cache: rt.sdpa_decode with k_scale / v_scale, paged or not
+                pages = None if page_size is None else -(-seq_kv // page_size)
+                rows = (batch, kv_heads, seq_kv) if pages is None else (batch * pages, kv_heads, page_size)
+                k, v = (_meta(*rows, dim, dtype=kv_dtype) for _ in range(2))
+                scales = [_meta(*(rows if kv_scale == "per_token_head" else (1,)), dtype=torch.float32)
+                          for _ in range(2)]
+                paging = {} if pages is None else {"block_table": _meta(batch, pages, dtype=torch.int32)}
+                taken = _taken_by_triton(rt.sdpa_decode, q, k, v, k_scale=scales[0], v_scale=scales[1], **paging)
+                if taken is None:
+                    return None
+                module, candidate = taken
+                return module.sdpa_decode(q, k, v, causal="bottom_right", k_scale=scales[0], v_scale=scales[1],
+                                          candidate=candidate, **paging)
             if tree is not None:  # a draft tree's verification: rt.sdpa_decode with a (Q, Q) tree_mask
                 k = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)
                 v = _meta(batch, kv_heads, seq_kv, dim, dtype=dtype)

@@ -6,7 +6,7 @@ CUDA run measures, gpu=False the CPU's, gpu=None those of the device at hand.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -35,14 +35,17 @@ def draft_tree(tokens: int, generator: Optional[torch.Generator] = None) -> torc
 
 def sdpa_decode_cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
     """Decode attention cases: batch, heads, kv_heads, head_dim, seq_kv, dtype, label (and page_size if paged,
-    tree: the query tokens of a draft tree verified through rt.sdpa_decode's tree_mask)."""
+    tree: the query tokens of a draft tree verified through rt.sdpa_decode's tree_mask, kv_dtype and kv_scale: an
+    fp8 / int8 cache and its scales' layout)."""
     if not _on_gpu(gpu):
         return [dict(label="gqa", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32),
                 dict(label="mha", batch=2, heads=4, kv_heads=4, head_dim=64, seq_kv=128, dtype=torch.float32),
                 dict(label="gqa-paged16", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32,
                      page_size=16),
                 dict(label="gqa-tree4", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256, dtype=torch.float32,
-                     tree=4)]
+                     tree=4),
+                dict(label="gqa-fp8e4m3-per-token-head", batch=1, heads=8, kv_heads=2, head_dim=64, seq_kv=256,
+                     dtype=torch.float32, kv_dtype=torch.float8_e4m3fn, kv_scale="per_token_head")]
     out: List[dict] = []
     dtypes = (torch.float16,) if quick else (torch.float16, torch.bfloat16)
     batches = (1, 16) if quick else (1, 4, 16, 64)
@@ -76,8 +79,24 @@ def sdpa_decode_cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:
             for tokens in (1, 8, 64) if quick else (1, 4, 8, 16, 64):
                 out.append(dict(label=f"llama3-8b-tree{tokens}", batch=batch, heads=32, kv_heads=8, head_dim=128,
                                 seq_kv=seq_kv, dtype=torch.float16, tree=tokens))
-    itemsize = 2
-    return [c for c in out if 2 * c["batch"] * c["kv_heads"] * c["seq_kv"] * c["head_dim"] * itemsize <= KV_BYTES_LIMIT]
+    # quantised caches (fp16 queries): kv_dtype the cache's storage, kv_scale "per_tensor" or "per_token_head"
+    quantised = [(torch.float8_e4m3fn, "per_tensor"), (torch.float8_e4m3fn, "per_token_head"),
+                 (torch.int8, "per_token_head")] + ([] if quick else [(torch.float8_e5m2, "per_tensor"),
+                                                                      (torch.int8, "per_tensor")])
+    shapes: List[Tuple[str, int, int, int, Optional[int]]] = [("llama3-8b-gqa", 1, 8, 65536, None)] + ([] if quick else [
+        ("llama3-8b-gqa", 1, 8, 512, None), ("llama3-8b-gqa", 1, 8, 4096, None), ("llama3-8b-gqa", 16, 8, 4096, None),
+        ("llama3-8b-gqa", 4, 8, 16384, None), ("mqa", 1, 1, 131072, None), ("llama3-8b-gqa-paged16", 16, 8, 4096, 16)])
+    for kv_dtype, kv_scale in quantised:
+        storage = {torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2", torch.int8: "int8"}[kv_dtype]
+        for label, sequences, kv_heads, kv_length, paged in shapes:
+            case = dict(label=f"{label}-{storage}-{kv_scale.replace('_', '-')}", batch=sequences, heads=32,
+                        kv_heads=kv_heads, head_dim=128, seq_kv=kv_length, dtype=torch.float16, kv_dtype=kv_dtype,
+                        kv_scale=kv_scale)
+            if paged is not None:
+                case["page_size"] = paged
+            out.append(case)
+    return [c for c in out if 2 * c["batch"] * c["kv_heads"] * c["seq_kv"] * c["head_dim"] *
+            (1 if "kv_dtype" in c else 2) <= KV_BYTES_LIMIT]
 
 
 def attention_serving_cases(quick: bool, gpu: Optional[bool] = None) -> List[dict]:

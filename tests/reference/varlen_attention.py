@@ -114,3 +114,14 @@ def make_varlen_inputs(seqlen_q: int, seqlen_k: int, head_dim: int, heads=(6, 2)
         kw["s_aux"] = torch.randn(num_heads, generator=gen)
     kw.update(causal=causal, window_size=window, softcap=softcap)
     return kw
+
+
+def assert_out_and_lse_match(out: torch.Tensor, lse: torch.Tensor, ref_out: torch.Tensor, ref_lse: torch.Tensor,
+                             dtype: torch.dtype, tol: float) -> None:
+    """FlashAttention's outputs against the float64 reference: out in `dtype` within tol (atol 4 x tol), the LSE
+    float32 and finite where the reference's is, +inf (a row that sees no key) where it is not."""
+    assert out.dtype == dtype and out.shape == ref_out.shape and lse.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref_out, rtol=tol, atol=tol * 4)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite) and bool((lse[~finite] == math.inf).all())
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], rtol=tol, atol=tol * 4)

@@ -9,11 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import sdpa_decode as tk
 from rlx_triton.backends.triton.sdpa_decode import kernels as tk_kernels
 from rlx_triton.backends.triton.sdpa_decode import launch as tk_launch
+from rlx_triton.backends.triton.sdpa_decode.kernels import _e4m3fn_to_f32
+from rlx_triton.kv_quant import dequantize, quantize, token_head_scales
 from tests.reference.sdpa_decode import (DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs,
                                          tree_reference)
 
@@ -213,6 +217,40 @@ def test_approved_candidates_hold_their_error_bound(dtype):
         out, _ = tk.sdpa_decode(q, k, v, candidate=cand, sm_count=SPLITTING_SMS, **kw)
         ref, _ = attention_reference(q, k, v, **kw)
         assert _relative_error(out, ref) <= approval.error_bound(str(dtype).replace("torch.", "")), tag
+
+
+@pytest.mark.parametrize("storage", [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8], ids=str)
+def test_approved_candidates_hold_their_bound_on_each_quantised_storage(storage):
+    """A quantised cache is approved per storage dtype: each candidate's storage bound, measured against float64
+    attention over the same cache dequantised (per-token-head scales, the kind that multiplies inside the loop),
+    on the query dtype its float bound is measured on."""
+    from rlx_triton.planner import SdpaDecodeCandidate
+
+    name = str(storage).replace("torch.", "")
+    for tag, approval in tk.APPROVALS.items():
+        cand = SdpaDecodeCandidate.from_tag(tag)
+        q, k, v, kw = _sweep_inputs(torch.float16 if cand.use_f16_kv else torch.float32)
+        k_scale, v_scale = token_head_scales(k * 3, storage), token_head_scales(v, storage)
+        k_cache, v_cache = quantize(k * 3, k_scale, storage), quantize(v, v_scale, storage)
+        out, _ = tk.sdpa_decode(q, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale, candidate=cand,
+                                sm_count=SPLITTING_SMS, **kw)
+        ref, _ = attention_reference(q, dequantize(k_cache, k_scale), dequantize(v_cache, v_scale), **kw)
+        assert _relative_error(out, ref) <= approval.for_storage(name).max_rel_err, tag
+
+
+@triton.jit
+def _decode_e4m3_bytes(src_ptr, dst_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(dst_ptr + offs, _e4m3fn_to_f32(tl.load(src_ptr + offs)))
+
+
+def test_the_e4m3_byte_decoder_equals_torch_on_every_byte():
+    """Before sm_89 an e4m3 cache reaches the kernel as bytes: its decoder gives torch's value for each of the 256,
+    subnormals, both zeros and the NaNs included."""
+    raw = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    out = torch.empty(256, dtype=torch.float32)
+    _decode_e4m3_bytes[(1,)](raw, out, BLOCK=256)
+    torch.testing.assert_close(out, raw.view(torch.float8_e4m3fn).to(torch.float32), rtol=0, atol=0, equal_nan=True)
 
 
 def test_fp32_candidate_is_approved_for_high_fidelity_and_f16_kv_ones_are_not():

@@ -15,7 +15,7 @@ import rlx_triton as rt
 from rlx_triton.backends.candidates import plan_candidates
 from rlx_triton.backends.triton import varlen_attention as tk
 from rlx_triton.planner import VarlenAttentionCandidate
-from tests.reference.varlen_attention import make_varlen_inputs, naive_flash_attn_varlen
+from tests.reference.varlen_attention import assert_out_and_lse_match, make_varlen_inputs, naive_flash_attn_varlen
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -52,12 +52,7 @@ def run_kernel(kw: dict):
 def assert_matches_fa(kw: dict, dtype=torch.float32):
     out, lse = run_kernel(kw)
     ref_out, ref_lse = naive_flash_attn_varlen(**kw)
-    tol = TOL[dtype]
-    assert out.dtype == dtype and out.shape == ref_out.shape and lse.dtype == torch.float32
-    torch.testing.assert_close(out.double(), ref_out, rtol=tol, atol=tol * 4)
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite) and bool((lse[~finite] == math.inf).all())
-    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], rtol=tol, atol=tol * 4)
+    assert_out_and_lse_match(out, lse, ref_out, ref_lse, dtype, TOL[dtype])
 
 
 # FA2's test_flash_attn_varlen_output matrix, sampled so every option meets several others; seqlen pairs

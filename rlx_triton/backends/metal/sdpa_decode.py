@@ -130,14 +130,17 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
                 block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                 window: tuple = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
-                tree_mask: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+                tree_mask: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                v_scale: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the torch_ref module.
     The shader reads contiguous (B, Hkv, S, D) caches: a paged cache is gathered into one first, which is why
     COVERAGE does not name the paged feature (the router sends paged requests elsewhere). softcap, window,
-    alibi_slopes and tree_mask are the family's keywords; the shaders implement none of them (UnsupportedFeature;
-    COVERAGE's mask values leave out "tree")."""
+    alibi_slopes, tree_mask and a quantised cache's k_scale / v_scale are the family's keywords; the shaders
+    implement none of them (UnsupportedFeature; COVERAGE's mask values leave out "tree", and it names no
+    kv_dtype)."""
     for name, used in (("softcap", softcap > 0), ("window", tuple(window) != (-1, -1)),
-                       ("alibi", alibi_slopes is not None), ("tree_mask", tree_mask is not None)):
+                       ("alibi", alibi_slopes is not None), ("tree_mask", tree_mask is not None),
+                       ("k_scale", k_scale is not None)):
         if used:
             raise UnsupportedFeature(f"sdpa_decode on Metal: {name} is not implemented by the shaders "
                                      f"({SHAPE_UNIMPLEMENTED}; the router sends such calls to another backend)")

@@ -21,6 +21,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from rlx_triton.kv_quant import dequantize, is_quantised, quantize, token_head_scales
+
 
 @dataclass(frozen=True)
 class Masking:
@@ -125,9 +127,12 @@ def _cache_slots(cache_seqlens: torch.Tensor, seqlen_new: int, cache_batch_idx: 
 def rotate_and_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor],
                       v: Optional[torch.Tensor], rotary_cos, rotary_sin, cache_seqlens: torch.Tensor,
                       cache_batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
-                      interleaved: bool) -> None:
+                      interleaved: bool, k_scale: Optional[torch.Tensor] = None,
+                      v_scale: Optional[torch.Tensor] = None) -> None:
     """Writes k (rotated when rotary is given, new token t at position cache_seqlens + t) and v into the caches
-    in place at cache_seqlens."""
+    in place at cache_seqlens. A quantised cache stores them quantised (round to nearest, saturating): with the
+    per-tensor scale as given, or, with per-token-head scales, each new token and head at the scale that holds
+    its largest value, written into k_scale / v_scale at its slot."""
     if k is None:
         return
     assert v is not None, "k and v come together (the op checks it)"
@@ -137,8 +142,16 @@ def rotate_and_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[
         positions = start[:, None] + torch.arange(seqlen_new, device=k.device)[None, :]
         k = _rotary_at(k, positions, rotary_cos, rotary_sin, interleaved)
     rows, slots = _cache_slots(cache_seqlens, seqlen_new, cache_batch_idx, block_table, k_cache.shape[1])
-    k_cache[rows, slots] = k.to(k_cache.dtype)
-    v_cache[rows, slots] = v.to(v_cache.dtype)
+    for cache, new, scale in ((k_cache, k, k_scale), (v_cache, v, v_scale)):
+        if not is_quantised(cache):
+            cache[rows, slots] = new.to(cache.dtype)
+            continue
+        assert scale is not None, "a quantised cache comes with its scales (the op checks it)"
+        if scale.numel() != 1:   # (rows, slots, Hkv): FlashAttention's layout of the cache without D
+            scale[rows, slots] = token_head_scales(new, cache.dtype)
+            cache[rows, slots] = quantize(new, scale[rows, slots], cache.dtype)
+        else:
+            cache[rows, slots] = quantize(new, scale, cache.dtype)
 
 
 def sequence_view(cache: torch.Tensor, lengths: torch.Tensor, cache_batch_idx: Optional[torch.Tensor],
@@ -155,6 +168,18 @@ def sequence_view(cache: torch.Tensor, lengths: torch.Tensor, cache_batch_idx: O
     if cache_batch_idx is not None:
         return cache[cache_batch_idx.to(torch.int64)]
     return cache
+
+
+def _dequantized_view(cache: torch.Tensor, scale: Optional[torch.Tensor], lengths: torch.Tensor,
+                      cache_batch_idx: Optional[torch.Tensor], block_table: Optional[torch.Tensor]) -> torch.Tensor:
+    """`sequence_view` of a cache, dequantised (float32) when it is quantised; its per-token-head scales are
+    gathered alike (they have the cache's layout without D)."""
+    view = sequence_view(cache, lengths, cache_batch_idx, block_table)
+    if scale is None:
+        return view
+    if scale.numel() != 1:
+        scale = sequence_view(scale, lengths, cache_batch_idx, block_table)
+    return dequantize(view, scale)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
@@ -213,37 +238,40 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: t
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                            rotary_interleaved, alibi_slopes) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The whole op on validated arguments (cache_seqlens a (B,) tensor or None): appends, then attends."""
+                            rotary_interleaved, alibi_slopes, k_scale=None,
+                            v_scale=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The whole op on validated arguments (cache_seqlens a (B,) tensor or None): appends, then attends (a
+    quantised cache dequantised to float32 as it is gathered)."""
     batch, seqlen_q = q.shape[0], q.shape[1]
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
     mask = masking(causal, window_size, seqlen_q, capacity, alibi_slopes is not None)
     if cache_seqlens is None:
         cache_seqlens = torch.full((batch,), capacity, dtype=torch.int64, device=q.device)
     rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, block_table,
-                      rotary_interleaved)
+                      rotary_interleaved, k_scale, v_scale)
     q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved, mask)
     lengths = cache_seqlens.to(torch.int64) + (0 if k is None else k.shape[1])
-    keys = sequence_view(k_cache, lengths, cache_batch_idx, block_table)
-    values = sequence_view(v_cache, lengths, cache_batch_idx, block_table)
+    keys, values = (_dequantized_view(cache, scale, lengths, cache_batch_idx, block_table)
+                    for cache, scale in ((k_cache, k_scale), (v_cache, v_scale)))
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     return attend(q, keys, values, lengths, cache_leftpad, scale, mask, softcap, alibi_slopes)
 
 
 def through_decode(sdpa_decode_fn, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                    cache_leftpad, block_table, softmax_scale, causal, window_size, rotary_interleaved, alibi_slopes,
-                   **options) -> Tuple[torch.Tensor, torch.Tensor]:
+                   k_scale=None, v_scale=None, **options) -> Tuple[torch.Tensor, torch.Tensor]:
     """flash_attn_with_kvcache through a backend's `sdpa_decode` (rt's (B, H, S, D) layout, bottom-right causal):
     the appends and the rotary embedding here, the attention there, on strided views of the caches (a paged
     cache's (num_pages, page_size, Hkv, D) viewed as (num_pages, Hkv, page_size, D)). Empty sequences and rows
     that see no key give 0 and FA2's LSE (+inf) where sdpa_decode's convention is -inf. The softcap and the
     window go to sdpa_decode_fn in `options` (its own form of them); cache_batch_idx, cache_leftpad and
-    alibi_slopes are handed on where given."""
+    alibi_slopes are handed on where given, and a quantised cache's scales, per-token-head ones viewed as
+    (rows, Hkv, slots) like the caches."""
     mask = masking(causal, tuple(window_size), q.shape[1], k_cache.shape[1] * (
         block_table.shape[1] if block_table is not None else 1), alibi_slopes is not None)
     if cache_seqlens is not None:
         rotate_and_append(k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                          block_table, rotary_interleaved)
+                          block_table, rotary_interleaved, k_scale, v_scale)
         q = rotated_query(q, rotary_cos, rotary_sin, cache_seqlens, rotary_interleaved, mask)
     lengths = None if cache_seqlens is None else cache_seqlens.to(torch.int64) + (0 if k is None else k.shape[1])
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
@@ -251,6 +279,9 @@ def through_decode(sdpa_decode_fn, q, k_cache, v_cache, k, v, rotary_cos, rotary
                         ("cache_leftpad", cache_leftpad), ("alibi_slopes", alibi_slopes)):
         if given is not None:
             options[name] = given
+    for name, kv_scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if kv_scale is not None:
+            options[name] = kv_scale if kv_scale.numel() == 1 else kv_scale.transpose(1, 2)
     out, lse = sdpa_decode_fn(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                               causal="bottom_right" if mask.is_causal else "none", scale=float(scale),
                               cache_seqlens=None if lengths is None else lengths.clamp(min=1), **options)

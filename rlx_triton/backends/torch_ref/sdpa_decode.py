@@ -86,12 +86,15 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
                 block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                 window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
-                tree_mask: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
+                tree_mask: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                v_scale: Optional[torch.Tensor] = None, candidate=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Hq, Lq, Dv) in query's dtype, lse (B, Hq, Lq) float32); see the Triton launcher (a paged
     cache with block_table is gathered into (B, Hkv, S, D) first). A softcap, a local window or ALiBi slopes
     (with bottom-right or no causal masking, no mask) run FlashAttention's attention step (`with_fa_options`).
     A tree mask (causal "none", no attn_mask) becomes each row's visible keys (`tree_visibility`), masked as a
-    bool mask is (dropped with FlashAttention's options)."""
+    bool mask is (dropped with FlashAttention's options). A quantised cache (k_scale, v_scale) is dequantised to
+    the query's dtype first (`dequantized`)."""
+    key, value = dequantized(query, key, value, k_scale, v_scale)
     if block_table is not None:
         key, value = gathered_pages(key, block_table), gathered_pages(value, block_table)
     keep = None
@@ -165,24 +168,39 @@ def sdpa_decode_output(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
                        scale: Optional[float] = None, cache_seqlens: Optional[torch.Tensor] = None,
                        block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                        window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
-                       tree_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                       tree_mask: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                       v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The output of `sdpa_decode` alone (a call that returns no LSE). A tree-masked call without FlashAttention's
     options runs torch's own SDPA with the tree's visibility as a bool mask over the (gathered) cache, GQA
-    through enable_gqa, which is what `library_kernels` models: that mask hides every key at or past a
-    sequence's length by adding -inf to its score, so a NaN or Inf stored there reaches the row, as it would
-    in torch's SDPA. Every other call is `sdpa_decode`'s output."""
+    through enable_gqa, which is what `library_kernels` models. Every other call is `sdpa_decode`'s output."""
     if tree_mask is None or _has_fa_options(softcap, window, alibi_slopes):
         return sdpa_decode(query, key, value, causal=causal, scale=scale, cache_seqlens=cache_seqlens,
                            block_table=block_table, softcap=softcap, window=window, alibi_slopes=alibi_slopes,
-                           tree_mask=tree_mask)[0]
+                           tree_mask=tree_mask, k_scale=k_scale, v_scale=v_scale)[0]
+    key, value = dequantized(query, key, value, k_scale, v_scale)
     if causal != "none":
         raise ValueError("sdpa_decode: a tree_mask replaces causal masking (pass causal='none')")
     if block_table is not None:
         key, value = gathered_pages(key, block_table), gathered_pages(value, block_table)
-    keep = tree_visibility(tree_mask, _lengths(query.shape[0], key.shape[2], cache_seqlens, query.device),
-                           query.shape[2], key.shape[2])
+    lengths = _lengths(query.shape[0], key.shape[2], cache_seqlens, query.device)
+    keep = tree_visibility(tree_mask, lengths, query.shape[2], key.shape[2])
+    # keys and values at or past a sequence's length are zeroed, not read: the mask only adds -inf to their
+    # scores, and a NaN stored there would still reach the row (score - inf, 0 x NaN)
+    past = torch.arange(key.shape[2], device=key.device)[None, :] >= lengths.to(key.device)[:, None]
+    key, value = key.masked_fill(past[:, None, :, None], 0), value.masked_fill(past[:, None, :, None], 0)
     return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask=keep[:, None], scale=scale,
                                                      enable_gqa=key.shape[1] != query.shape[1])
+
+
+def dequantized(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_scale: Optional[torch.Tensor],
+                v_scale: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A quantised cache's keys and values in the query's dtype (x = q * scale in float32, then rounded), what a
+    user without the kernel would do before torch's SDPA; a float cache as it is."""
+    from rlx_triton.kv_quant import dequantize
+
+    if k_scale is None:
+        return key, value
+    return dequantize(key, k_scale).to(query.dtype), dequantize(value, v_scale).to(query.dtype)
 
 
 def sdpa_through_decode(sdpa_decode_fn, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -345,8 +363,8 @@ def _tree_visibility(run: _TorchLaunches, f: dict) -> None:
 
 def tree_decode_kernels(request, profile) -> list:
     """rt.sdpa_decode(tree_mask=...)'s torch path where it returns the output alone (`sdpa_decode_output`, the
-    call a user makes without rlx_triton): a paged cache gathered, the tree's visibility built, then torch's own
-    SDPA with it as a bool mask over the cache (GQA by enable_gqa; torch_sdpa picks the backend and prices its
+    call a user makes without rlx_triton): a paged cache gathered, the tree's visibility built, the keys and values
+    past each length zeroed, then torch's own SDPA with it as a bool mask over the cache (GQA by enable_gqa; torch_sdpa picks the backend and prices its
     conversion of the bool mask). With return_lse the torch path runs the decomposed `sdpa_decode` instead
     (`decomposed_decode_kernels`); the request does not say which, so this models the output alone. With a
     softcap, a window or ALiBi it is the decomposed attention step (`attend_kernels`) after the visibility."""
@@ -358,9 +376,41 @@ def tree_decode_kernels(request, profile) -> list:
     b, hq, hkv, lq, s, d, dv = _dims(f)
     _gathered_pages(run, f, feats, size)
     _tree_visibility(run, f)
+    run.small("past = arange(S) >= lengths", 2)
+    run.big("K.masked_fill(past the length)", b * hkv * s * d, b * hkv * s * d)
+    run.big("V.masked_fill(past the length)", b * hkv * s * dv, b * hkv * s * dv)
     shape = Attention(batch=b, heads=hq, kv_heads=hkv, seq_q=lq, seq_kv=s, head_dim=d, head_dim_v=dv, mask="bool")
     dtype = FROM_TORCH_DTYPE.get(request.dtype, request.dtype)
     if dtype not in ("fp16", "bf16", "fp32"):   # float64: math on the fp32 units (no profile states an fp64 rate)
+        return run.kernels + math_sdpa(shape, dtype, profile)
+    return run.kernels + torch_sdpa(shape, dtype, profile)
+
+
+def quantised_cache_kernels(request, profile) -> list:
+    """The library path of a request on an fp8 / int8 cache, as a user without the kernel runs it: each cache
+    dequantised to the query's dtype (a paged cache's pages gathered first, one byte per value), then torch's own
+    SDPA on the 16-bit cache (torch_sdpa picks its backend; GQA by enable_gqa; several query tokens under the
+    bottom-right causal mask as a bool mask). Each dequantisation is priced as one fused pass (read the bytes and
+    the scales, write the 16-bit values): a lower bound on the eager ops, so a kernel that beats this estimate
+    beats what the torch path really launches."""
+    from rlx_triton.perf.library.attention import FROM_TORCH_DTYPE, Attention, math_sdpa, torch_sdpa
+
+    f, feats, size, compute, run = _modelled(request, profile)
+    b, hq, hkv, lq, s, d, dv = _dims(f)
+    rows = b * hkv * s
+    if feats.get("paged"):
+        for cache, width in (("K", d), ("V", dv)):
+            run.small(f"block_table.to(int64).clamp for {cache}", 2)
+            run.big(f"gather {cache} pages (1-byte values)", rows * width, rows * width, 1, 1)
+    scale_bytes = 4 * rows if feats.get("kv_scale") == "per_token_head" else 4
+    for cache, width in (("K", d), ("V", dv)):
+        run.big(f"{cache} dequantised (x * scale) to the query's dtype", rows * width + scale_bytes, rows * width, 1,
+                size)
+    causal = feats.get("causal", "none") == "bottom_right" and lq > 1
+    shape = Attention(batch=b, heads=hq, kv_heads=hkv, seq_q=lq, seq_kv=s, head_dim=d, head_dim_v=dv,
+                      mask="bool" if causal else "none")
+    dtype = FROM_TORCH_DTYPE.get(request.dtype, request.dtype)
+    if dtype not in ("fp16", "bf16", "fp32"):
         return run.kernels + math_sdpa(shape, dtype, profile)
     return run.kernels + torch_sdpa(shape, dtype, profile)
 
@@ -446,7 +496,10 @@ def library_kernels(request, profile) -> list:
     - sdpa_decode: the decomposed fallback above (it does not call torch's SDPA), a paged cache gathered first;
       with a tree mask, torch's SDPA with the tree's mask over the gathered cache (`tree_decode_kernels`);
     - flash_attn_with_kvcache: backends/torch_ref/flash_attn's decomposed attention, pages gathered first.
+    - any of them on an fp8 / int8 cache: the cache dequantised, then torch's SDPA (`quantised_cache_kernels`).
     Pure and cheap: it reads the request's fields and features only."""
+    if request.feature_map.get("kv_dtype", "none") != "none":
+        return quantised_cache_kernels(request, profile)
     if request.op == "sdpa_decode":
         if request.feature_map.get("mask") == "tree":
             return tree_decode_kernels(request, profile)

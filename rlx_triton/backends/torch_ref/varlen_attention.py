@@ -8,7 +8,10 @@ FA2's masking (bottom-right causal, local windows, `torch_ref.flash_attn.masking
 attention sinks (per-head logits joining the softmax's denominator, transformers' s_aux) and dropout on
 the probabilities (scaled by 1 / (1 - p), FA's rule; torch's random numbers, not FA's). Scores are
 computed in float32 (float64 inputs stay float64); every op is differentiable, so autograd calls run here.
-Rows that see no key give 0 and LSE +inf (with sinks, the sink's logit).
+Rows that see no key give 0 and LSE +inf (with sinks, the sink's logit). A quantised paged cache (fp8 e4m3 / e5m2
+or int8 k/v with float32 k_scale / v_scale, per tensor or per key row and head) is dequantised page by page as
+each sequence's keys are gathered (`kv_quant.dequantize`: x = q * scale in float32), then computed as a float
+cache is.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch
 
 from rlx_triton.backends.torch_ref.flash_attn import Masking, masking
 from rlx_triton.backends.torch_ref.library_kernel import LibraryKernel
+from rlx_triton.kv_quant import dequantize
 from rlx_triton.router.coverage import Coverage
 
 COVERAGE = Coverage.everything()
@@ -40,6 +44,18 @@ def sequence_keys(cache: torch.Tensor, start: int, length: int, sequence: int,
     page_size = cache.shape[1]
     pages = block_table[sequence, :(length + page_size - 1) // page_size].to(torch.int64)
     return cache[pages].reshape(-1, *cache.shape[2:])[:length]
+
+
+def sequence_values(cache: torch.Tensor, scale: Optional[torch.Tensor], start: int, length: int, sequence: int,
+                    block_table: Optional[torch.Tensor]) -> torch.Tensor:
+    """`sequence_keys` of a cache, dequantised in float32 where it is quantised (`scale` not None: one element, or
+    one per key row and head, gathered from the same rows)."""
+    keys = sequence_keys(cache, start, length, sequence, block_table)
+    if scale is None:
+        return keys
+    if scale.numel() != 1:
+        scale = sequence_keys(scale, start, length, sequence, block_table)
+    return dequantize(keys, scale)
 
 
 def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, mask: Masking,
@@ -87,11 +103,14 @@ def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale:
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                            window_size, softcap, alibi_slopes, block_table, s_aux, dropout_p=0.0, *,
-                           seqused_k=None, return_probs: bool = False, candidate=None, route=None):
+                           seqused_k=None, k_scale=None, v_scale=None, return_probs: bool = False, candidate=None,
+                           route=None):
     """(out (total_q, H, Dv), lse (H, total_q) float32, S_dmask or None) on validated arguments. S_dmask (when
     return_probs and dropout_p > 0, as in FA2): (num_seqs, H, max_seqlen_q, max_seqlen_k) probabilities,
     the dropped ones negated. seqused_k (num_seqs,): sequence s uses its first seqused_k[s] keys (from
-    cu_seqlens_k[s], or its first page), its length otherwise; a paged call with it may pass cu_seqlens_k None."""
+    cu_seqlens_k[s], or its first page), its length otherwise; a paged call with it may pass cu_seqlens_k None.
+    k_scale / v_scale: a quantised k/v's float32 scales (one element, or the cache's shape without its head dim):
+    each sequence's keys and values are dequantised to float32 as they are gathered."""
     mask = masking(causal, tuple(window_size), max_seqlen_q, max_seqlen_k, alibi_slopes is not None)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     starts_q = cu_seqlens_q.tolist()
@@ -106,8 +125,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     for s in range(num_seqs):
         length_q = starts_q[s + 1] - starts_q[s]
         length_k = used[s] if used is not None else starts_k[s + 1] - starts_k[s]
-        keys = sequence_keys(k, starts_k[s], length_k, s, block_table)
-        values = sequence_keys(v, starts_k[s], length_k, s, block_table)
+        keys = sequence_values(k, k_scale, starts_k[s], length_k, s, block_table)
+        values = sequence_values(v, v_scale, starts_k[s], length_k, s, block_table)
         slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[s])
         out, lse, probs = attend_one(q[starts_q[s]:starts_q[s + 1]], keys, values, scale, mask, float(softcap),
                                      slopes, s_aux, float(dropout_p))
@@ -212,13 +231,20 @@ def library_kernels(request, profile) -> list:
                           chain={"hbm": 1}, note="a synchronising copy: the GPU drains before the host goes on")
             for _ in range(2)]
     run = _TorchLaunches(profile, size, compute)
+    quantised = feats.get("kv_dtype", "none") != "none"   # one byte a stored value, dequantised to float32
+    cache_size = 1 if quantised else size
     if feats.get("paged"):
         run.small("block_table row .to(int64)", 2)
         for cache, width in (("K", d), ("V", dv)):
-            run.big(f"gather {cache} pages", s * hkv * width, s * hkv * width, size, size)
+            run.big(f"gather {cache} pages", s * hkv * width, s * hkv * width, cache_size, cache_size)
+            if quantised and feats.get("kv_scale") == "per_token_head":
+                run.big(f"gather {cache} scale pages", s * hkv, s * hkv, 4, 4)
     for cache, width in (("K", d), ("V", dv)):
-        if size != compute:
-            run.big(f"{cache}.to(compute)", s * hkv * width, s * hkv * width, read_size=size)
+        if quantised:
+            run.big(f"dequantize {cache}: .to(float32)", s * hkv * width, s * hkv * width, cache_size, 4)
+            run.big(f"dequantize {cache}: * scale", s * hkv * width, s * hkv * width, 4, 4)
+        if (4 if quantised else size) != compute:
+            run.big(f"{cache}.to(compute)", s * hkv * width, s * hkv * width, read_size=4 if quantised else size)
         run.big(f"{cache}.repeat_interleave(group)", s * hkv * width, s * hq * width)
     run.small("q.to(compute), einsum's q permute copy", 2)
     run.big("einsum: K to (H, D, Lk)", s * hq * d, s * hq * d)

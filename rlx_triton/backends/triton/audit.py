@@ -60,6 +60,9 @@ class AuditSpec:
     # arguments a real call hands the JIT as multiples of 16 (aligned pointers, strides of padded rows):
     # compiled with triton's divisibility hint, as the JIT specialises them (vector loads, cp.async)
     divisible: Tuple[str, ...] = ()
+    # the oldest architecture (e.g. 89) the launchers compile this variant for: older ones run another variant
+    # (fp8 e4m3 caches are read as bytes and decoded by hand before sm_89)
+    min_arch: int = 0
 
     def mma_expected(self, candidate, dtype: str) -> bool:
         return self.expects_mma(candidate, dtype) if callable(self.expects_mma) else bool(self.expects_mma)
@@ -172,7 +175,8 @@ def _variants(modules: Iterable[str], archs: Sequence[int], families: Optional[S
             for index, _candidate in enumerate(spec.candidates):
                 for dtype in spec.dtypes:
                     for arch in archs:
-                        yield module_name, spec.name, index, dtype, arch
+                        if arch >= spec.min_arch:
+                            yield module_name, spec.name, index, dtype, arch
 
 
 def _worker_init() -> None:

@@ -47,7 +47,8 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
                 block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                 window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
                 cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
-                tree_mask: Optional[torch.Tensor] = None, candidate, route=None,
+                tree_mask: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                v_scale: Optional[torch.Tensor] = None, candidate, route=None,
                 sm_count: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a few query tokens against a KV range; returns (out, lse).
 
@@ -66,6 +67,10 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     tree_mask: (Lq, Lq) or (B, Lq, Lq) bool, with causal "none" and no attn_mask: token i of sequence b sees every
     key before L_b - Lq and key L_b - Lq + t iff tree_mask[b, i, t] (speculative decoding's draft trees); a
     hidden key is masked additively (dropped with the softcap, a window or ALiBi, as FlashAttention masks).
+    k_scale, v_scale: a quantised cache's float32 scales (key and value of dtype float8_e4m3fn, float8_e5m2 or
+    int8): one element, or the cache's shape without its last dimension (a scale per key row and head); the kernel
+    converts the stored values exactly to its dot operands and applies the scales to the scores (K) and to the
+    probabilities (V) in float32.
     route: the router's decision (then the launch goes through the autotune bridge); sm_count: the SMs
     the split rule fills (default: the device's).
     Returns out (B, Hq, Lq, Dv) in query's dtype and lse (B, Hq, Lq) float32 in natural log (-inf and a
@@ -75,8 +80,8 @@ def sdpa_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     plan, outputs = sdpa_decode_plan(query, key, value, attn_mask=attn_mask, causal=causal, scale=scale,
                                      cache_seqlens=cache_seqlens, block_table=block_table, softcap=softcap,
                                      window=window, alibi_slopes=alibi_slopes, cache_batch_idx=cache_batch_idx,
-                                     cache_leftpad=cache_leftpad, tree_mask=tree_mask, candidate=candidate,
-                                     route=route, sm_count=sm_count)
+                                     cache_leftpad=cache_leftpad, tree_mask=tree_mask, k_scale=k_scale,
+                                     v_scale=v_scale, candidate=candidate, route=route, sm_count=sm_count)
     launches.run(plan)
     return outputs
 
@@ -98,7 +103,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
-                            rotary_interleaved, alibi_slopes, *, candidate, route=None):
+                            rotary_interleaved, alibi_slopes, *, candidate, route=None, k_scale=None, v_scale=None):
     """FlashAttention's kv-cache call ((B, S, H, D) layouts, paged or not) through the decode kernel: the
     appends and rotary in torch, the attention in one launch with the softcap, the local window, ALiBi,
     cache_batch_idx and cache_leftpad in the kernel."""
@@ -114,4 +119,4 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
 
     return kvcache_through_decode(attention, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                   cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size,
-                                  rotary_interleaved, alibi_slopes, candidate=candidate, route=route)
+                                  rotary_interleaved, alibi_slopes, k_scale, v_scale, candidate=candidate, route=route)

@@ -12,12 +12,14 @@ from rlx_triton.planner.candidates.sdpa_decode import SdpaDecodeVariant
 
 _AUDIT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "MAX_SPLITS", "MASK_KIND", "CAUSAL", "HAS_SEQLENS",
-               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD", "MERGE_CHUNK", "FIXED_SPLITS")
+               "DOT_LOWP", "PAGED", "SOFTCAP", "WINDOW", "ALIBI", "BATCH_IDX", "LEFTPAD", "MERGE_CHUNK", "FIXED_SPLITS",
+               "KV_QUANT", "KV_E4M3_BITS")
 _SIGNATURE = {name: ("constexpr" if name in _CONSTEXPRS else "i32") for name in _sdpa_decode_kernel.arg_names}
 _SIGNATURE.update({"q_ptr": "*{dt}", "k_ptr": "*{dt}", "v_ptr": "*{dt}", "mask_ptr": "*u8", "seqlens_ptr": "*i32",
                    "block_table_ptr": "*i32", "alibi_ptr": "*fp32", "batch_idx_ptr": "*i32", "leftpad_ptr": "*i32",
                    "o_ptr": "*{dt}", "lse_ptr": "*fp32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
-                   "tickets_ptr": "*i32", "qk_scale": "fp32", "softcap": "fp32"})
+                   "tickets_ptr": "*i32", "qk_scale": "fp32", "softcap": "fp32", "k_scale_ptr": "*fp32",
+                   "v_scale_ptr": "*fp32"})
 
 
 def _audit_meta(rows: int, head_dim: int, **options):
@@ -27,7 +29,7 @@ def _audit_meta(rows: int, head_dim: int, **options):
         m = _meta(candidate, rows=rows, head_dim=head_dim, head_dim_v=head_dim, dtype=_AUDIT_DTYPES[dt])
         m.update(MASK_KIND=MASK_NONE if options else MASK_BOOL, CAUSAL=CAUSAL_BOTTOM_RIGHT, HAS_SEQLENS=True,
                  PAGED=False, SOFTCAP=False, WINDOW=False, ALIBI=ALIBI_NONE, BATCH_IDX=False, LEFTPAD=False,
-                 FIXED_SPLITS=False, stride_mn=1)
+                 FIXED_SPLITS=False, KV_QUANT=0, KV_E4M3_BITS=False, stride_mn=1)
         m.update(options)
         return m
     return meta
@@ -76,4 +78,15 @@ AUDIT_KERNELS = [
               candidates=_CANDIDATES, default=_DEFAULT, dtypes=("fp16", "bf16"), divisible=_DIVISIBLE,
               expects_mma=lambda cand, dt: bool(cand.use_f16_kv))
     for tokens in (8, 16, 64)
+] + [
+    # a quantised cache (fp8 e4m3 / e5m2, int8) read as stored, with per-token-head scales (and per-tensor ones for
+    # e4m3), fp16 queries on the default candidate at the Llama-3-8B decode shape
+    AuditSpec(name=f"sdpa_decode_d128_kv_{storage}_{'per_tensor' if quant == 1 else 'per_token_head'}",
+              family="sdpa_decode", kernel=_sdpa_decode_kernel,
+              signature={**_SIGNATURE, "k_ptr": f"*{storage}", "v_ptr": f"*{storage}"},
+              meta=_audit_meta(rows=4, head_dim=128, KV_QUANT=quant, KV_E4M3_BITS=storage == "u8"),
+              candidates=(_DEFAULT,), default=_DEFAULT, dtypes=("fp16",), divisible=_DIVISIBLE,
+              expects_mma=lambda cand, dt: bool(cand.use_f16_kv), min_arch=89 if storage == "fp8e4nv" else 0)
+    # e4m3 from sm_89 on; before it (no fp8e4nv conversion) the same cache as bytes ("u8"), decoded by hand
+    for storage, quant in (("fp8e4nv", 2), ("fp8e4nv", 1), ("u8", 2), ("fp8e5", 2), ("i8", 2))
 ]

@@ -101,12 +101,15 @@ def _sdpa_decode_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, seqlens_ptr,
     o_ptr, lse_ptr, part_o_ptr, part_lse_ptr, tickets_ptr, block_table_ptr,
     alibi_ptr, batch_idx_ptr, leftpad_ptr,  # read under ALIBI / BATCH_IDX / LEFTPAD only
+    k_scale_ptr, v_scale_ptr,  # a quantised cache's scales, read under KV_QUANT only
     stride_qb, stride_qh, stride_ql,
     stride_kb, stride_kh, stride_kn,  # paged: stride_kb steps pages, stride_kn slots within a page
     stride_vb, stride_vh, stride_vn,
     stride_mb, stride_mh, stride_ml, stride_mn,
     stride_btb,  # block table rows (one per sequence)
     stride_alibi_b,  # ALiBi slopes per (batch, head): 0 for slopes per head
+    stride_ksb, stride_ksh, stride_ksn,  # per-token-head scales (KV_QUANT 2), laid out as the caches' rows
+    stride_vsb, stride_vsh, stride_vsn,
     num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size,
     cache_rows,  # k/v's dim 0: cache rows (BATCH_IDX) or pages (PAGED); an index outside it reads nothing
     qk_scale,  # softmax scale * log2(e)
@@ -118,7 +121,7 @@ def _sdpa_decode_kernel(
     HAS_SEQLENS: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr,
     SOFTCAP: tl.constexpr = False, WINDOW: tl.constexpr = False, ALIBI: tl.constexpr = 0,
     BATCH_IDX: tl.constexpr = False, LEFTPAD: tl.constexpr = False, MERGE_CHUNK: tl.constexpr = 4,
-    FIXED_SPLITS: tl.constexpr = False,
+    FIXED_SPLITS: tl.constexpr = False, KV_QUANT: tl.constexpr = 0, KV_E4M3_BITS: tl.constexpr = False,
 ):
     pid_bhm = tl.program_id(0)
     split = tl.program_id(1)
@@ -177,11 +180,21 @@ def _sdpa_decode_kernel(
     if PAGED:  # the page of each key is looked up per tile
         k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
         v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+        ks_base = k_scale_ptr + kv_head.to(tl.int64) * stride_ksh
+        vs_base = v_scale_ptr + kv_head.to(tl.int64) * stride_vsh
         table_row = block_table_ptr + batch64 * stride_btb
     else:
         k_base = k_ptr + cache_row * stride_kb + kv_head.to(tl.int64) * stride_kh
         v_base = v_ptr + cache_row * stride_vb + kv_head.to(tl.int64) * stride_vh
+        ks_base = k_scale_ptr + cache_row * stride_ksb + kv_head.to(tl.int64) * stride_ksh
+        vs_base = v_scale_ptr + cache_row * stride_vsb + kv_head.to(tl.int64) * stride_vsh
         table_row = block_table_ptr  # not read
+    # a quantised cache's per-tensor scales: K's joins the score scale, V's scales the output at the end
+    if KV_QUANT == 1:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    else:
+        v_scale = 1.0
     if MASK_KIND != 0:
         mask_rows = mask_ptr + batch64 * stride_mb + head64 * stride_mh + tok64 * stride_ml
     else:
@@ -225,13 +238,16 @@ def _sdpa_decode_kernel(
     for part in tl.static_range(2):   # part 0: the whole tiles before edge_start; part 1: the edge tiles
         for start_n in range(lo if part == 0 else edge_start, edge_start if part == 0 else hi, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, start_n, hi, k_base, v_base, table_row, offs_d, offs_dv, d_valid, dv_valid,
-                row_valid, tok, causal_limit, tree_start, tree_low, tree_high, first_key, mask_rows, slopes,
-                page_size, cache_rows, stride_kb, stride_kn, stride_vb, stride_vn, stride_mn, qk_scale, softcap,
-                window_left, window_right, BLOCK_N, MASK_KIND, CAUSAL, DOT_LOWP, PAGED, SOFTCAP, WINDOW, ALIBI,
-                FA_MASKING, part == 1)
+                acc, m_i, l_i, q, start_n, hi, k_base, v_base, ks_base, vs_base, table_row, offs_d, offs_dv,
+                d_valid, dv_valid, row_valid, tok, causal_limit, tree_start, tree_low, tree_high, first_key,
+                mask_rows, slopes, page_size, cache_rows, stride_kb, stride_kn, stride_vb, stride_vn, stride_ksb,
+                stride_ksn, stride_vsb, stride_vsn, stride_mn, qk_scale, softcap, window_left, window_right,
+                BLOCK_N, MASK_KIND, CAUSAL, DOT_LOWP, PAGED, SOFTCAP, WINDOW, ALIBI, FA_MASKING, KV_QUANT,
+                KV_E4M3_BITS, part == 1)
 
     out, no_keys, l_safe = online_softmax.normalise(acc, l_i)
+    if KV_QUANT == 1:
+        out = out * v_scale
     lse2 = tl.where(no_keys, float("-inf"), m_i + tl.log2(l_safe))   # a split that saw no key: -inf, merged as 0
 
     # rows of o / lse / partials are contiguous (batch, head, token)
@@ -283,6 +299,22 @@ def _sdpa_decode_kernel(
 
 
 @triton.jit
+def _e4m3fn_to_f32(raw):
+    """float8_e4m3fn values, given as their bytes, in float32, exactly: sign, 4 exponent bits (bias 7) and 3
+    mantissa bits become float32's fields; exponent 0 is subnormal (m x 2^-9), and exponent 15 with mantissa 7 is
+    the format's only NaN (it has no infinity)."""
+    bits = raw.to(tl.int32) & 255
+    sign = bits >> 7
+    exponent = (bits >> 3) & 15
+    mantissa = bits & 7
+    normal = ((sign << 31) | ((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    subnormal = mantissa.to(tl.float32) * 0.001953125
+    subnormal = tl.where(sign != 0, -subnormal, subnormal)
+    value = tl.where(exponent == 0, subnormal, normal)
+    return tl.where((exponent == 15) & (mantissa == 7), float("nan"), value)
+
+
+@triton.jit
 def _tree_bits(mask_rows, columns, seq_q, stride_mn, row_valid):
     """Columns `columns` (32 consecutive ones from a multiple of 32) of each row's tree mask as the bits of an int32,
     columns past seq_q clear (the bits are disjoint, so their sum is their or)."""
@@ -292,17 +324,27 @@ def _tree_bits(mask_rows, columns, seq_q, stride_mn, row_valid):
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, table_row, offs_d, offs_dv, d_valid, dv_valid,
-                 row_valid, tok, causal_limit, tree_start, tree_low, tree_high, first_key, mask_rows, slopes,
-                 page_size, cache_rows,
-                 stride_kb, stride_kn, stride_vb, stride_vn, stride_mn, qk_scale, softcap, window_left, window_right,
+def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, ks_base, vs_base, table_row, offs_d, offs_dv, d_valid,
+                 dv_valid, row_valid, tok, causal_limit, tree_start, tree_low, tree_high, first_key, mask_rows, slopes,
+                 page_size, cache_rows, stride_kb, stride_kn, stride_vb, stride_vn, stride_ksb, stride_ksn,
+                 stride_vsb, stride_vsn, stride_mn, qk_scale, softcap, window_left, window_right,
                  BLOCK_N: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, DOT_LOWP: tl.constexpr,
                  PAGED: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, ALIBI: tl.constexpr,
-                 FA_MASKING: tl.constexpr, EDGE: tl.constexpr):
+                 FA_MASKING: tl.constexpr, KV_QUANT: tl.constexpr, KV_E4M3_BITS: tl.constexpr,
+                 EDGE: tl.constexpr):
     """(acc, m, l) after the KV tile of keys [start_n, start_n + BLOCK_N): its scores, transforms, masks and the
     online-softmax step. EDGE False: a whole tile inside the range that no mask reaches, so only a paged key's page
     is checked (padding rows compute on zero queries and are never stored); EDGE True: keys past the range,
-    padding rows and every mask of the call are applied."""
+    padding rows and every mask of the call are applied.
+
+    A quantised cache (KV_QUANT 1 per tensor, 2 per token and head) is read as stored; fp8 and int8 values are
+    exact in fp16, bf16 and fp32. K converts exactly to the dot operand and its per-key scales multiply the
+    scores of its column in float32. V's rows are dequantised in float32 and then rounded to the operand, as a
+    16-bit cache would hold them: scaling the probabilities instead would push p x scale (an e5m2 scale is
+    ~1e-4) into fp16's subnormals. A per-tensor pair is applied once per program: K's in the score scale, V's
+    on the output.
+    KV_E4M3_BITS: an e4m3 cache handed over as its bytes (before sm_89, which converts no fp8e4nv), decoded by
+    `_e4m3fn_to_f32`."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_n64 = offs_n.to(tl.int64)
     if EDGE:
@@ -316,18 +358,32 @@ def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, table_row, offs_
         slots = (offs_n % page_size).to(tl.int64)
         k_rows = pages * stride_kb + slots * stride_kn
         v_rows = pages * stride_vb + slots * stride_vn
+        ks_rows = pages * stride_ksb + slots * stride_ksn
+        vs_rows = pages * stride_vsb + slots * stride_vsn
     else:
         k_rows = offs_n64 * stride_kn
         v_rows = offs_n64 * stride_vn
+        ks_rows = offs_n64 * stride_ksn
+        vs_rows = offs_n64 * stride_vsn
 
     if EDGE or PAGED:
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_valid[None, :], other=0.0)
     else:
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=d_valid[None, :], other=0.0)
+    if KV_E4M3_BITS:
+        k = _e4m3fn_to_f32(k)
+    if KV_QUANT != 0:
+        k = k.to(q.dtype)
     if DOT_LOWP:
         scores = tl.dot(q, tl.trans(k))
     else:
         scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    if KV_QUANT == 2:
+        if EDGE or PAGED:
+            k_scales = tl.load(ks_base + ks_rows, mask=n_valid, other=0.0)
+        else:
+            k_scales = tl.load(ks_base + ks_rows)
+        scores = scores * k_scales[None, :]
     scores = scores * qk_scale
     if SOFTCAP:
         # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
@@ -380,6 +436,16 @@ def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, table_row, offs_
                     other=0.0)
     else:
         v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=dv_valid[None, :], other=0.0)
+    if KV_E4M3_BITS:
+        v = _e4m3fn_to_f32(v)
+    if KV_QUANT == 2:   # each row of V dequantised in float32 before it is rounded to the dot operand
+        if EDGE or PAGED:
+            v_scales = tl.load(vs_base + vs_rows, mask=n_valid, other=0.0)
+        else:
+            v_scales = tl.load(vs_base + vs_rows)
+        v = v.to(tl.float32) * v_scales[:, None]
+    if KV_QUANT != 0:
+        v = v.to(q.dtype)
     acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
     return acc, m_new, l_i
 

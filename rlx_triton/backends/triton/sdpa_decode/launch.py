@@ -113,17 +113,18 @@ def fixed_split_tiles(seq_kv: int, block_n: int) -> int:
 
 
 def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d: int, block_dv: int,
-                    element_bytes: int, num_warps: int, lowp: bool) -> int:
+                    element_bytes: int, num_warps: int, lowp: bool, converts_cache: bool = False) -> int:
     """Programs of one config resident per SM on the device the router reads facts from (1 where it has no
     CUDA profile), by the occupancy calculator's rules on the config's estimated resources: shared memory =
     the pipeline's K/V stages plus the fp32 output tile the epilogue stages; registers = the per-thread
-    budget `_meta` keeps the config within (128 with tensor-core dots on 16 rows; all 255 with fp32 operands
-    and on the 32-64 rows of a draft tree's tokens, which ptxas compiles to 170-255 on sm_90)."""
+    budget `_meta` keeps the config within (128 with tensor-core dots on 16 rows, 168 where the loop converts a
+    1-byte cache, which ptxas compiles to 135-152 on sm_90; all 255 with fp32 operands and on the 32-64 rows of
+    a draft tree's tokens, which ptxas compiles to 170-255 on sm_90). element_bytes: the cache's."""
     from rlx_triton import devices
     from rlx_triton.router.device import device_facts
 
     facts = device_facts(device)
-    key = (facts.fingerprint, block_m, block_n, block_d, block_dv, element_bytes, num_warps, lowp)
+    key = (facts.fingerprint, block_m, block_n, block_d, block_dv, element_bytes, num_warps, lowp, converts_cache)
     resident = _resident.get(key)
     if resident is None:
         profile = None
@@ -133,13 +134,41 @@ def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d
         resident = 1
         if profile is not None:
             shared = (NUM_STAGES - 1) * block_n * (block_d + block_dv) * element_bytes + block_m * block_dv * 4
-            registers = 128 if lowp and block_m <= 16 else 255
+            registers = (168 if converts_cache else 128) if lowp and block_m <= 16 else 255
             resident = max(1, occupancy(profile, registers, shared, num_warps).ctas_per_sm)
         _resident[key] = resident
     return resident
 
 
 _resident: Dict[tuple, int] = {}
+
+
+# the KV_QUANT constexpr's codes: a float cache, one scale per tensor, one per key row and head
+KV_QUANT_NONE, KV_QUANT_PER_TENSOR, KV_QUANT_PER_TOKEN_HEAD = 0, 1, 2
+
+
+def _kv_quant_args(key: torch.Tensor, value: torch.Tensor, k_scale: Optional[torch.Tensor],
+                   v_scale: Optional[torch.Tensor], placeholder: torch.Tensor) -> Tuple[int, torch.Tensor, torch.Tensor,
+                                                                                        Tuple[int, ...]]:
+    """(KV_QUANT code, k scale pointer, v scale pointer, their 6 strides (b, h, n of each)) of a call: the scales
+    of a quantised cache laid out as its rows ((B, Hkv, S) or paged (num_pages, Hkv, page_size)), or a
+    placeholder that is never read."""
+    if k_scale is None or v_scale is None:
+        return KV_QUANT_NONE, placeholder, placeholder, (0,) * 6
+    if k_scale.numel() == 1:
+        return KV_QUANT_PER_TENSOR, k_scale.reshape(1), v_scale.reshape(1), (0,) * 6
+    return KV_QUANT_PER_TOKEN_HEAD, k_scale, v_scale, (*k_scale.stride(), *v_scale.stride())
+
+
+def _converts_e4m3(device: torch.device) -> bool:
+    """Whether the kernel can read an fp8 e4m3 cache as fp8 on `device` (the router's facts): CUDA sm_89 and up
+    convert it; older GPUs get its bytes and decode them; the interpreter converts it as numpy does."""
+    from rlx_triton.router.device import device_facts
+
+    facts = device_facts(device)
+    if facts.kind != "cuda" or facts.capability is None:
+        return True
+    return tuple(facts.capability) >= (8, 9)
 
 
 def _deterministic() -> bool:
@@ -329,7 +358,8 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      block_table: Optional[torch.Tensor] = None, softcap: float = 0.0,
                      window: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[torch.Tensor] = None,
                      cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
-                     tree_mask: Optional[torch.Tensor] = None, candidate, route=None,
+                     tree_mask: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                     v_scale: Optional[torch.Tensor] = None, candidate, route=None,
                      sm_count: Optional[int] = None) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
     """The launch of `sdpa_decode` as a record, and the (out, lse) buffers it fills.
 
@@ -391,9 +421,15 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             return row_blocks, triton.cdiv(triton.cdiv(seq_kv, config["BLOCK_N"]), split_tiles)
         resident = programs_per_sm(device, block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
                                    block_d=meta["BLOCK_D"], block_dv=meta["BLOCK_DV"],
-                                   element_bytes=query.element_size(), num_warps=meta["num_warps"],
-                                   lowp=config["DOT_LOWP"]) if sms > 1 else 1
+                                   element_bytes=key.element_size(), num_warps=meta["num_warps"],
+                                   lowp=config["DOT_LOWP"], converts_cache=narrow_cache) if sms > 1 else 1
+        if narrow_cache:
+            # every resident slot of every SM counts as one place to fill: one program per SM converting a
+            # 1-byte cache issues too few instructions per cycle to keep the loads in flight
+            return row_blocks, kv_splits(sms * resident, row_blocks, seq_kv, config["BLOCK_N"], config["MAX_SPLITS"])
         return row_blocks, kv_splits(sms, row_blocks, seq_kv, config["BLOCK_N"], config["MAX_SPLITS"], resident)
+
+    narrow_cache = key.element_size() < query.element_size() and sms > 1
 
     if deterministic:   # every split may be live: the kernel's partial and merge path is compiled in
         meta = dict(meta, MAX_SPLITS=max(meta["MAX_SPLITS"], 2))
@@ -447,7 +483,14 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         part_o, part_lse, tickets = out, lse, lse
 
     size = query.element_size()
-    read = (query.numel() + batch * num_kv_heads * seq_kv * (head_dim + head_dim_v)) * size
+    # a quantised cache's values are read as stored (one byte each), with their scales
+    kv_quant, k_scale, v_scale, scale_strides = _kv_quant_args(key, value, k_scale, v_scale, lse)
+    e4m3_bits = key.dtype == torch.float8_e4m3fn and not _converts_e4m3(device)
+    if e4m3_bits:   # read as bytes and decoded in the kernel (the views share the cache's memory)
+        key, value = key.view(torch.uint8), value.view(torch.uint8)
+    read = query.numel() * size + batch * num_kv_heads * seq_kv * (head_dim + head_dim_v) * key.element_size()
+    if kv_quant == KV_QUANT_PER_TOKEN_HEAD:
+        read += batch * num_kv_heads * seq_kv * 2 * 4
     if attn_mask is not None or tree_mask is not None:
         read += _unique_bytes(mask)
     if cache_seqlens is not None:
@@ -467,18 +510,20 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     unit = _DOT_UNITS.get(query.dtype, "fp32_fma") if meta["DOT_LOWP"] else "fp32_fma"
 
     args = (query, key, value, mask, seqlens, out, lse, part_o, part_lse, tickets, table, slopes, batch_idx, leftpad,
+            k_scale, v_scale,
             query.stride(0), query.stride(1), query.stride(2),
             key.stride(0), key.stride(1), key.stride(2),
             value.stride(0), value.stride(1), value.stride(2),
             *mask_strides,
             table.stride(0) if block_table is not None else 0,
             slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
+            *scale_strides,
             num_kv_heads, group, seq_q, seq_kv, head_dim, head_dim_v, page_size, key.shape[0],
             float(scale) * LOG2E,
             float(softcap) if softcap > 0 else 1.0, int(window[0]), int(window[1]),
             triton.next_power_of_2(seq_q), triton.next_power_of_2(batch), kv_bucket(seq_kv), split_tiles)
     flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], MERGE_CHUNK=meta["MERGE_CHUNK"],
-                 FIXED_SPLITS=deterministic,
+                 FIXED_SPLITS=deterministic, KV_QUANT=kv_quant, KV_E4M3_BITS=e4m3_bits,
                  MASK_KIND=mask_kind, CAUSAL=_CAUSAL_CODES[causal], HAS_SEQLENS=cache_seqlens is not None,
                  PAGED=block_table is not None, SOFTCAP=softcap > 0, WINDOW=tuple(window) != (-1, -1),
                  ALIBI=alibi_mode, BATCH_IDX=cache_batch_idx is not None, LEFTPAD=cache_leftpad is not None)

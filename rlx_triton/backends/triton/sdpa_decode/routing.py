@@ -36,6 +36,9 @@ COVERAGE = Coverage(
         "alibi": frozenset({"per_head", "per_batch_head"}),
         "cache_batch_idx": frozenset({True}),
         "cache_leftpad": frozenset({True}),
+        # a quantised cache (rlx_triton/kv_quant.py), dequantised on load; requests with a float cache carry neither
+        "kv_dtype": frozenset({"float8_e4m3fn", "float8_e5m2", "int8"}),
+        "kv_scale": frozenset({"per_tensor", "per_token_head"}),
     },
 )
 
@@ -49,12 +52,19 @@ COVERAGE = Coverage(
 _WHERE = "interpreter, tests/triton/test_sdpa_decode.py::test_approved_candidates_hold_their_error_bound"
 _F16_KV_PROFILES = frozenset({"ultra_low_latency", "balanced", "deterministic"})
 FP32_MAX_REL_ERR = 1e-5
+# A quantised cache is approved per storage dtype, each bound measured against a float64 reference that
+# dequantises the same cache (so quantisation's own error is the user's choice, not the kernel's): the stored
+# values convert exactly to any dot operand, and the scales multiply in float32, so each candidate keeps its
+# float-cache bound (an f16-KV candidate's on fp16 queries, the fp32 candidate's on fp32 queries).
+_STORAGES = ("float8_e4m3fn", "float8_e5m2", "int8")
 APPROVALS = {
     variant.candidate().tag(): (
         Approval(max_rel_err=1e-3, reference="float64", where=_WHERE, profiles=_F16_KV_PROFILES,
-                 dtype_errors=(("float32", FP32_MAX_REL_ERR),))
+                 dtype_errors=(("float32", FP32_MAX_REL_ERR),),
+                 storage_errors=tuple((storage, 1e-3) for storage in _STORAGES))
         if variant.candidate().use_f16_kv
-        else Approval(max_rel_err=FP32_MAX_REL_ERR, reference="float64", where=_WHERE))
+        else Approval(max_rel_err=FP32_MAX_REL_ERR, reference="float64", where=_WHERE,
+                      storage_errors=tuple((storage, FP32_MAX_REL_ERR) for storage in _STORAGES)))
     for variant in SdpaDecodeVariant
 }
 

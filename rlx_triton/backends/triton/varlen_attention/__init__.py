@@ -34,14 +34,16 @@ def kernel_options(causal: bool, window_size: Tuple[int, int], max_seqlen_q: int
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale_, causal,
                            window_size, softcap, alibi_slopes, block_table, s_aux, dropout_p=0.0, *,
-                           seqused_k=None, return_probs: bool = False, candidate, route=None):
+                           seqused_k=None, k_scale=None, v_scale=None, return_probs: bool = False, candidate,
+                           route=None):
     """The validated call in one launch: (out (total_q, H, Dv), lse (H, total_q), None). dropout_p is 0 (the
-    coverage takes no dropout)."""
+    coverage takes no dropout). k_scale / v_scale: a quantised (fp8 or int8) k/v's float32 scales, one element or
+    one per key row and head (the cache's shape without its head dim), dequantised on load."""
     plan, (out, lse) = varlen_attention_plan(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         scale=softmax_scale(softmax_scale_, q.shape[-1]), softcap=float(softcap), alibi_slopes=alibi_slopes,
         block_table=block_table, sinks=None if s_aux is None else s_aux.float().contiguous(), seqused_k=seqused_k,
-        candidate=candidate, route=route,
+        k_scale=k_scale, v_scale=v_scale, candidate=candidate, route=route,
         **kernel_options(causal, window_size, max_seqlen_q, max_seqlen_k, alibi_slopes))
     launches.run(plan)
     return out, lse, None

@@ -26,6 +26,15 @@ score (a NaN in the query, a visible key, or +inf - inf) is not masked: it makes
 a NaN or Inf in a visible value reaches the output through P @ V, as in torch's math SDPA. A row whose
 keys are all masked writes 0 and LSE +inf (FlashAttention's convention); with sinks its LSE is the sink.
 Offsets are int64; head dims are padded to powers of two with masks.
+
+A quantised cache (KV_QUANT 1: one scale per tensor; 2: one per key row and head; k/v of dtype float8_e4m3fn,
+float8_e5m2 or int8, symmetric) is read as stored and converted exactly to the dot operands (q's dtype: fp8 and
+int8 values are exact in fp16, bf16 and fp32), the scales multiplying in float32 where they cost least, as the
+decode kernel does (sdpa_decode/kernels.py `_attend_tile`): per tensor, K's scale joins the score scale and V's
+scales the output once; per key row and head, K's scale multiplies its score column and V's the probabilities
+that weigh its row before the PV dot (the running sum l stays unscaled). The scales are read with their own
+strides ((num_pages, page_size, Hkv) paged: page, slot, head). KV_E4M3_BITS: an e4m3 cache handed over as its
+bytes (CUDA before sm_89 converts no fp8e4nv), decoded exactly by the decode kernel's `_e4m3fn_to_f32`.
 """
 from __future__ import annotations
 
@@ -33,6 +42,7 @@ import triton
 import triton.language as tl
 
 from rlx_triton.backends.triton import _online_softmax as online_softmax
+from rlx_triton.backends.triton.sdpa_decode.kernels import _e4m3fn_to_f32
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -60,11 +70,14 @@ def _varlen_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
     cu_seqlens_q_ptr, cu_seqlens_k_ptr, block_table_ptr, alibi_ptr, sinks_ptr,  # tables read under PAGED / ALIBI / SINKS only
     seqused_k_ptr,  # keys each sequence uses, read under SEQUSED only
+    k_scale_ptr, v_scale_ptr,  # a quantised cache's float32 scales, read under KV_QUANT only
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_kt, stride_kh,  # paged: pages, slots within a page, heads; contiguous: stride_kp unused
     stride_vp, stride_vt, stride_vh,
     stride_btb, stride_alibi_b,  # block table rows; ALiBi slopes per (sequence, head): 0 for slopes per head
     stride_lse_h,  # lse is (H, total_q)
+    stride_ksp, stride_kst, stride_ksh,  # per-token-head scales (KV_QUANT 2), laid out as the caches' rows
+    stride_vsp, stride_vst, stride_vsh,
     num_seqs, group, head_dim, head_dim_v, page_size,
     qk_scale,  # softmax scale * log2(e)
     softcap, window_left, window_right,
@@ -72,6 +85,7 @@ def _varlen_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, DOT_LOWP: tl.constexpr, PAGED: tl.constexpr, WINDOW: tl.constexpr,
     SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, SEQUSED: tl.constexpr,
+    KV_QUANT: tl.constexpr = 0, KV_E4M3_BITS: tl.constexpr = False,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -119,6 +133,13 @@ def _varlen_attention_kernel(
 
     k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+    if KV_QUANT == 2:
+        ks_base = k_scale_ptr + kv_head.to(tl.int64) * stride_ksh
+        vs_base = v_scale_ptr + kv_head.to(tl.int64) * stride_vsh
+    # a quantised cache's per-tensor scales: K's joins the score scale, V's scales the output at the end
+    if KV_QUANT == 1:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
     if SINKS:  # the sink joins the denominator: running max starts at it, the running sum at exp(0) = 1
         m_i = tl.load(sinks_ptr + head64, mask=row_valid, other=float("-inf")).to(tl.float32) * LOG2E
         l_i = tl.where(row_valid, 1.0, 0.0)
@@ -136,15 +157,27 @@ def _varlen_attention_kernel(
             slots = (offs_n % page_size).to(tl.int64)
             k_rows = pages * stride_kp + slots * stride_kt
             v_rows = pages * stride_vp + slots * stride_vt
+            if KV_QUANT == 2:
+                ks_rows = pages * stride_ksp + slots * stride_kst
+                vs_rows = pages * stride_vsp + slots * stride_vst
         else:
             key_rows = (k_start + offs_n).to(tl.int64)
             k_rows = key_rows * stride_kt
             v_rows = key_rows * stride_vt
+            if KV_QUANT == 2:
+                ks_rows = key_rows * stride_kst
+                vs_rows = key_rows * stride_vst
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        if KV_E4M3_BITS:
+            k = _e4m3fn_to_f32(k)
+        if KV_QUANT != 0:   # the stored values, exactly, as the dot's operand type
+            k = k.to(q.dtype)
         if DOT_LOWP:
             scores = tl.dot(q, tl.trans(k))
         else:
             scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        if KV_QUANT == 2:
+            scores = scores * tl.load(ks_base + ks_rows, mask=n_valid, other=0.0)[None, :]
         scores = scores * qk_scale
         if SOFTCAP:
             # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
@@ -164,10 +197,18 @@ def _varlen_attention_kernel(
         m_new, p, alpha, l_i = online_softmax.rescale(m_i, l_i, scores)
         v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=n_valid[:, None] & dv_valid[None, :],
                     other=0.0)
+        if KV_E4M3_BITS:
+            v = _e4m3fn_to_f32(v)
+        if KV_QUANT != 0:
+            v = v.to(q.dtype)
+        if KV_QUANT == 2:   # the sum of the weights (l) stays unscaled: only the rows of V are
+            p = p * tl.load(vs_base + vs_rows, mask=n_valid, other=0.0)[None, :]
         acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
         m_i = m_new
 
     out, no_keys, l_safe = online_softmax.normalise(acc, l_i)
+    if KV_QUANT == 1:
+        out = out * v_scale
     lse = tl.where(no_keys, float("inf"), (m_i + tl.log2(l_safe)) * LN2)   # FlashAttention's +inf for no key
     tl.store(o_ptr + token64[:, None] * stride_ot + head64[:, None] * stride_oh + offs_dv[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_valid[:, None] & dv_valid[None, :])

@@ -8,6 +8,10 @@ can be captured in a CUDA graph. The counts model the kernel's loop: per query b
 rows' windows reach; the sequences' lengths are data on the device, so the counts take the lengths the
 caller states on the host (`lengths`, the perf cases do), else every sequence at max_seqlen_q x
 max_seqlen_k (an upper bound).
+
+A quantised cache (fp8 e4m3 / e5m2 or int8 k/v with float32 k_scale / v_scale) is read as stored, one byte a
+value (its scales counted too where they are per key row and head); an e4m3 cache on CUDA before sm_89 is handed
+over as its bytes (a uint8 view of the same memory) and decoded in the kernel, as the decode launcher does.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import torch
 import triton
 
 from rlx_triton.backends.triton.launches import Launch
+from rlx_triton.backends.triton.sdpa_decode.launch import (KV_QUANT_NONE, KV_QUANT_PER_TENSOR,
+                                                           KV_QUANT_PER_TOKEN_HEAD, _converts_e4m3)
 from rlx_triton.backends.triton.varlen_attention.kernels import (ALIBI_DISTANCE, ALIBI_KEY_INDEX, ALIBI_NONE,
                                                                  _varlen_attention_kernel)
 from rlx_triton.backends.triton.varlen_attention.routing import APPROVALS
@@ -93,6 +99,20 @@ def tuned_kernel(*, group: int, head_dim: int, head_dim_v: int, dtype: torch.dty
     return tuned
 
 
+def kv_quant_args(paged: bool, k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
+                  placeholder: torch.Tensor) -> Tuple[int, torch.Tensor, torch.Tensor, Tuple[int, ...]]:
+    """(KV_QUANT code, k scale tensor, v scale tensor, their 6 strides (page, slot, head of each)) of a call: a
+    quantised cache's scales, per tensor (one element) or per key row and head, laid out as the cache's rows
+    ((num_pages, page_size, Hkv) paged, (total_k, Hkv) contiguous: no page stride), or a placeholder never read."""
+    if k_scale is None or v_scale is None:
+        return KV_QUANT_NONE, placeholder, placeholder, (0,) * 6
+    if k_scale.numel() == 1:
+        return KV_QUANT_PER_TENSOR, k_scale.reshape(1), v_scale.reshape(1), (0,) * 6
+    if paged:
+        return KV_QUANT_PER_TOKEN_HEAD, k_scale, v_scale, (*k_scale.stride(), *v_scale.stride())
+    return KV_QUANT_PER_TOKEN_HEAD, k_scale, v_scale, (0, *k_scale.stride(), 0, *v_scale.stride())
+
+
 def visited_keys(seqlen_q: int, seqlen_k: int, block_q: int, left: int, right: int) -> int:
     """Keys the kernel's loop visits for one sequence, summed over its query blocks (the loop's bounds:
     the window of the block's first and last rows, clipped to the sequence)."""
@@ -111,7 +131,8 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
                           window: Tuple[int, int] = (-1, -1), alibi: str = "none",
                           alibi_slopes: Optional[torch.Tensor] = None, softcap: float = 0.0,
                           block_table: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None,
-                          seqused_k: Optional[torch.Tensor] = None, candidate, route=None,
+                          seqused_k: Optional[torch.Tensor] = None, k_scale: Optional[torch.Tensor] = None,
+                          v_scale: Optional[torch.Tensor] = None, candidate, route=None,
                           lengths: Optional[Sequence[Tuple[int, int]]] = None
                           ) -> Tuple[List[Launch], Tuple[torch.Tensor, torch.Tensor]]:
     """The launch of one ragged attention call as a record, and the (out, lse) buffers it fills.
@@ -121,7 +142,8 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     paged call too); seqused_k (num_seqs,): the keys each sequence uses instead (then a paged call needs no
     cu_seqlens_k: None). window: FlashAttention's normalized (left, right) (causal is (-1, 0)); alibi: "none",
     "key_index" (the causal form) or "distance"; alibi_slopes (H,) or (num_seqs, H) float32; sinks (H,)
-    float32 logits. Returns out (total_q, H, Dv) in q's dtype and lse (H, total_q) float32."""
+    float32 logits; k_scale / v_scale: a quantised k/v's (float8_e4m3fn, float8_e5m2 or int8) float32 scales,
+    one element or the cache's shape without its head dim. Returns out (total_q, H, Dv) in q's dtype and lse (H, total_q) float32."""
     total_q, num_heads, head_dim = q.shape
     paged = block_table is not None
     num_kv_heads, head_dim_v = k.shape[-2], v.shape[-1]
@@ -147,24 +169,34 @@ def varlen_attention_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     table = block_table if block_table is not None else cu_seqlens_k
     sink_logits = sinks if sinks is not None else lse
     used = seqused_k if seqused_k is not None else cu_seqlens_k
+    kv_quant, k_scales, v_scales, scale_strides = kv_quant_args(paged, k_scale, v_scale, lse)
+    e4m3_bits = k.dtype == torch.float8_e4m3fn and not _converts_e4m3(device)
+    if e4m3_bits:   # read as bytes and decoded in the kernel (the views share the cache's memory)
+        k, v = k.view(torch.uint8), v.view(torch.uint8)
     left, right = window
-    args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, table, slopes, sink_logits, used,
+    args = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, table, slopes, sink_logits, used, k_scales, v_scales,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_strides, *v_strides,
             table.stride(0) if paged else 0,
             slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            lse.stride(0), num_seqs, group, head_dim, head_dim_v, page_size,
+            lse.stride(0), *scale_strides, num_seqs, group, head_dim, head_dim_v, page_size,
             float(scale) * LOG2E, float(softcap) if softcap > 0 else 1.0, int(left), int(right),
             triton.next_power_of_2(max(1, max_seqlen_q)))
     alibi_mode = {"none": ALIBI_NONE, "key_index": ALIBI_KEY_INDEX, "distance": ALIBI_DISTANCE}[alibi]
     flags = dict(BLOCK_D=meta["BLOCK_D"], BLOCK_DV=meta["BLOCK_DV"], PAGED=paged, WINDOW=tuple(window) != (-1, -1),
-                 SOFTCAP=softcap > 0, ALIBI=alibi_mode, SINKS=sinks is not None, SEQUSED=seqused_k is not None)
+                 SOFTCAP=softcap > 0, ALIBI=alibi_mode, SINKS=sinks is not None, SEQUSED=seqused_k is not None,
+                 KV_QUANT=kv_quant, KV_E4M3_BITS=e4m3_bits)
 
     # counts: each element read once (q, the keys and values of the sequences, the tables), out and lse
-    # written once; FLOPs are the two dots as the units execute them (rows padded to BLOCK_M, D to BLOCK_D)
+    # written once; FLOPs are the two dots as the units execute them (rows padded to BLOCK_M, D to BLOCK_D); a
+    # quantised cache's values are one byte each, with a float32 scale per key row and head where it has them
     size = q.element_size()
     pairs = list(lengths) if lengths is not None else [(max_seqlen_q, max_seqlen_k)] * num_seqs
     keys_read = sum(seqlen_k for _, seqlen_k in pairs)
-    read = (q.numel() + keys_read * num_kv_heads * (head_dim + head_dim_v)) * size
+    read = q.numel() * size + keys_read * num_kv_heads * (head_dim + head_dim_v) * k.element_size()
+    if kv_quant == KV_QUANT_PER_TOKEN_HEAD:
+        read += keys_read * num_kv_heads * 2 * 4
+    elif kv_quant == KV_QUANT_PER_TENSOR:
+        read += 2 * 4
     read += sum(t.numel() * t.element_size() for t in (cu_seqlens_q, cu_seqlens_k, block_table, alibi_slopes, sinks,
                                                        seqused_k) if t is not None)
     written = out.numel() * size + lse.numel() * 4

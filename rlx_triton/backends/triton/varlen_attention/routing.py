@@ -28,6 +28,10 @@ COVERAGE = Coverage(
         "alibi": frozenset({"per_head", "per_batch_head"}),
         "sinks": frozenset({True}),
         "seqused": frozenset({True}),   # seqused_k: the keys each sequence uses (varlen_attn)
+        # a quantised paged cache (rlx_triton/kv_quant.py), dequantised on load; requests with a float cache carry
+        # neither
+        "kv_dtype": frozenset({"float8_e4m3fn", "float8_e5m2", "int8"}),
+        "kv_scale": frozenset({"per_tensor", "per_token_head"}),
     },
 )
 
@@ -39,11 +43,20 @@ _WHERE = "interpreter, tests/triton/test_varlen_attention.py::test_approved_cand
 _F16_DOT_PROFILES = frozenset({"ultra_low_latency", "balanced", "deterministic"})
 # an f16-dot candidate keeps fp32 operands on an fp32 request: its fp32 bound is the fp32 candidate's
 FP32_MAX_REL_ERR = 1e-5
+F16_DOT_MAX_REL_ERR = 1e-3
+# A quantised cache is approved per storage dtype, each bound measured against a float64 reference that
+# dequantises the same cache (quantisation's own error is the user's choice, not the kernel's) by
+# tests/ops/test_varlen_kv_quant.py::test_approved_candidates_hold_their_bound_for_each_storage: the stored values
+# convert exactly to any dot operand and the scales multiply in float32, so each candidate keeps its float-cache
+# bound (an f16-dot candidate's on fp16 queries, the fp32 candidate's on fp32 queries).
+STORAGES = ("float8_e4m3fn", "float8_e5m2", "int8")
 APPROVALS = {
-    candidate.tag(): (Approval(max_rel_err=1e-3, reference="float64", where=_WHERE, profiles=_F16_DOT_PROFILES,
-                               dtype_errors=(("float32", FP32_MAX_REL_ERR),))
+    candidate.tag(): (Approval(max_rel_err=F16_DOT_MAX_REL_ERR, reference="float64", where=_WHERE,
+                               profiles=_F16_DOT_PROFILES, dtype_errors=(("float32", FP32_MAX_REL_ERR),),
+                               storage_errors=tuple((storage, F16_DOT_MAX_REL_ERR) for storage in STORAGES))
                       if candidate.use_f16_dot
-                      else Approval(max_rel_err=FP32_MAX_REL_ERR, reference="float64", where=_WHERE))
+                      else Approval(max_rel_err=FP32_MAX_REL_ERR, reference="float64", where=_WHERE,
+                                    storage_errors=tuple((storage, FP32_MAX_REL_ERR) for storage in STORAGES)))
     for candidate in plan_candidates("varlen_attention")
 }
 RECIPES: dict = {}

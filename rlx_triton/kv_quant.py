@@ -82,6 +82,13 @@ def dequantize(cache: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tens
     return values * scale[..., None]
 
 
+def token_head_scales(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The per-token-head scales that store `values` (..., D) in `dtype` without saturating: max |x| of each row
+    over the dtype's largest magnitude (1 for an all-zero row, which stores zeros either way), float32."""
+    largest = values.to(torch.float32).abs().amax(dim=-1)
+    return torch.where(largest > 0, largest / _LIMITS[dtype], torch.ones_like(largest))
+
+
 def quantize(values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """values / scale in `dtype`, rounded to nearest and saturated at the dtype's largest magnitude (int8 at
     +-127: symmetric). `scale` is one element or of values' shape without its last dimension. A NaN stays NaN in
