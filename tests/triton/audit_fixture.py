@@ -1,4 +1,5 @@
-"""Two tiny kernels for the audit's own tests: one that compiles cleanly, one that needs too much shared memory."""
+"""Tiny kernels for the audit's own tests: one that compiles cleanly (and a second spec that compiles to the same
+kernel under other names), one that needs too much shared memory."""
 from types import SimpleNamespace
 
 import triton
@@ -31,13 +32,23 @@ class Tagged(SimpleNamespace):
         return f"block{self.block}"
 
 
-SMALL, LARGE = Tagged(block=128), Tagged(block=256)
+class Twin(Tagged):
+    def tag(self):
+        return f"twin{self.block}"
+
+
+SMALL, LARGE, TWIN = Tagged(block=128), Tagged(block=256), Twin(block=128)
 
 AUDIT_KERNELS = [
     AuditSpec(name="fixture_scale", family="fixture", kernel=scale_kernel,
               signature={"x_ptr": "*{dt}", "y_ptr": "*{dt}", "n": "i32", "BLOCK": "constexpr"},
               meta=lambda cand, dt: {"BLOCK": cand.block, "num_warps": 4, "num_stages": 2},
               candidates=(SMALL,), default=SMALL, dtypes=("fp32",), expects_mma=False),
+    # another name and candidate, the same compile: the audit compiles it once and reports it under both
+    AuditSpec(name="fixture_scale_twin", family="fixture", kernel=scale_kernel,
+              signature={"x_ptr": "*{dt}", "y_ptr": "*{dt}", "n": "i32", "BLOCK": "constexpr"},
+              meta=lambda cand, dt: {"BLOCK": cand.block, "num_warps": 4, "num_stages": 2},
+              candidates=(TWIN,), default=TWIN, dtypes=("fp32",), expects_mma=False),
     AuditSpec(name="fixture_big_dot", family="fixture", kernel=big_dot_kernel,
               signature={"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "BLOCK": "constexpr",
                          "STEPS": "constexpr"},

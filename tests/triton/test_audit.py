@@ -19,7 +19,7 @@ def fixture_records(audit_run):
 
 def test_run_audit_reports_the_number_of_variants_before_compiling_them(audit_run):
     records, totals = audit_run
-    assert totals == [len(records)] == [4]
+    assert totals == [len(records)] == [6]
 
 
 def by(records, kernel, arch):
@@ -29,7 +29,17 @@ def by(records, kernel, arch):
 def test_each_variant_gets_one_record_per_arch(fixture_records):
     assert sorted((r.kernel, r.arch) for r in fixture_records) == [
         ("fixture_big_dot", "sm_80"), ("fixture_big_dot", "sm_90"),
-        ("fixture_scale", "sm_80"), ("fixture_scale", "sm_90")]
+        ("fixture_scale", "sm_80"), ("fixture_scale", "sm_90"),
+        ("fixture_scale_twin", "sm_80"), ("fixture_scale_twin", "sm_90")]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_variants_that_compile_to_the_same_kernel_are_compiled_once_under_each_name(fixture_records, arch):
+    scale, twin = by(fixture_records, "fixture_scale", arch), by(fixture_records, "fixture_scale_twin", arch)
+    assert (twin.candidate, twin.default) == ("twin128", True) and scale.candidate == "block128"
+    # one compile's facts, its timing included, copied under the second name
+    assert (twin.registers, twin.spills, twin.shared_bytes, twin.seconds) == \
+        (scale.registers, scale.spills, scale.shared_bytes, scale.seconds)
 
 
 def test_clean_kernel_reports_registers_no_spills_no_mma(fixture_records):

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from rlx_triton.devices import cuda_profiles
 
@@ -43,6 +43,7 @@ SHARED_LIMIT = {
     for arch in ARCHS.values()
 }
 _MMA = re.compile(r"\b(HMMA|IMMA|HGMMA|QGMMA|IGMMA|BMMA|DMMA)\b")
+_PTX_MMA = re.compile(r"^\s*(@%p\d+\s+)?(mma\.sync|mma\.sp|wgmma\.mma_async)", re.MULTILINE)
 _RES = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 
 
@@ -115,26 +116,34 @@ def compile_spec(spec: AuditSpec, candidate, dtype: str, arch: int = 90):
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def read_cubin(cubin: bytes) -> Tuple[int, int, int, str]:
-    """(registers, spill bytes per thread, static shared bytes, SASS text) read with the wheel's cuobjdump."""
+def read_cubin(cubin: bytes, *, sass: bool = True) -> Tuple[int, int, int, str]:
+    """(registers, spill bytes per thread, static shared bytes, SASS text) read with the wheel's cuobjdump; with
+    sass=False the SASS text is "" (disassembling takes most of the time: ~0.7 s for a decode kernel)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
         usage = subprocess.run([_tool("cuobjdump"), "-res-usage", handle.name], capture_output=True, text=True,
                                check=True).stdout
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", handle.name], capture_output=True, text=True,
-                              check=True).stdout
+        text = subprocess.run([_tool("cuobjdump"), "-sass", handle.name], capture_output=True, text=True,
+                              check=True).stdout if sass else ""
     match = _RES.search(usage)
     if match is None:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{usage}")
     registers, stack, shared, local = (int(group) for group in match.groups())
-    return registers, stack + local, shared, sass
+    return registers, stack + local, shared, text
 
 
 def inspect_cubin(cubin: bytes) -> Tuple[int, int, bool]:
     """(registers, spill bytes per thread, uses tensor-core instructions) read with the wheel's cuobjdump."""
     registers, spills, _shared, sass = read_cubin(cubin)
     return registers, spills, bool(_MMA.search(sass))
+
+
+def inspect_compiled(compiled) -> Tuple[int, int, bool]:
+    """inspect_cubin's facts of a compiled kernel without disassembling it: the tensor-core instructions read
+    from its PTX (mma.sync, wgmma), each of which ptxas turns into the SASS ones `_MMA` names."""
+    registers, spills, _shared, _ = read_cubin(compiled.asm["cubin"], sass=False)
+    return registers, spills, bool(_PTX_MMA.search(compiled.asm["ptx"]))
 
 
 def audit_variant(module_name: str, spec_name: str, candidate_index: int, dtype: str, arch: int) -> AuditRecord:
@@ -148,7 +157,7 @@ def audit_variant(module_name: str, spec_name: str, candidate_index: int, dtype:
     try:
         compiled = compile_spec(spec, candidate, dtype, arch)
         record.shared_bytes = int(compiled.metadata.shared)
-        record.registers, record.spills, record.uses_mma = inspect_cubin(compiled.asm["cubin"])
+        record.registers, record.spills, record.uses_mma = inspect_compiled(compiled)
         record.ok = record.shared_bytes <= SHARED_LIMIT[arch]
         if not record.ok:
             record.error = f"needs {record.shared_bytes} B of shared memory, sm_{arch} allows {SHARED_LIMIT[arch]} B"
@@ -263,12 +272,17 @@ def run_audit(archs: Sequence[int] = (80, 90), modules: Optional[Sequence[str]] 
             variants = _collect(modules, archs, pool, families)
             if on_total is not None:
                 on_total(len(variants))
-            jobs = [pool.submit(audit_variant, *variant) for variant in variants]
+            sharing: Dict[Hashable, List[Tuple[tuple, Dict[str, Any]]]] = {}
+            for variant, (key, names) in zip(variants, pool.submit(_compile_keys, variants).result()):
+                sharing.setdefault(key, []).append((variant, names))
+            jobs = {pool.submit(audit_variant, *same[0][0]): same for same in sharing.values()}
             for job in concurrent.futures.as_completed(jobs):
-                record = job.result()
-                records.append(record)
-                if progress is not None:
-                    progress(record)
+                compiled = job.result()
+                for index, (_variant, names) in enumerate(jobs[job]):
+                    record = compiled if index == 0 else dataclasses.replace(compiled, **names)
+                    records.append(record)
+                    if progress is not None:
+                        progress(record)
     except KeyboardInterrupt as stop:
         raise Interrupted(_sorted(records), len(variants), getattr(stop, "exit_code", 130)) from None
     return _sorted(records)
@@ -285,6 +299,27 @@ def _collect(modules, archs, pool, families=None) -> List[tuple]:
 
 def _list_variants(modules, archs, families=None) -> List[tuple]:
     return list(_variants(modules, archs, families))
+
+
+def _compile_keys(variants: Sequence[tuple]) -> List[Tuple[Hashable, Dict[str, Any]]]:
+    """Per variant: what it hands triton.compile (kernel, signature, constexprs and options, divisibility, arch),
+    and the names its record carries. Specs that differ in name or candidate can compile to the same thing (two
+    candidates whose fields map to the same meta-parameters; draft trees of 16 and 64 tokens, both in 64-row
+    tiles): each such kernel is compiled once and its facts reported under every variant's names."""
+    listed: List[Tuple[Hashable, Dict[str, Any]]] = []
+    for module_name, spec_name, index, dtype, arch in variants:
+        module = importlib.import_module(module_name)
+        spec = next(spec for spec in module.AUDIT_KERNELS if spec.name == spec_name)
+        candidate = spec.candidates[index]
+        fn = _jit_function(spec.kernel).fn
+        key = (f"{fn.__module__}.{fn.__qualname__}",
+               tuple((name, kind.replace("{dt}", dtype)) for name, kind in spec.signature.items()),
+               tuple(sorted((name, repr(value)) for name, value in spec.meta(candidate, dtype).items())),
+               tuple(spec.divisible), arch)
+        names = dict(family=spec.family, kernel=spec.name, candidate=candidate.tag(),
+                     default=candidate == spec.default, mma_expected=spec.mma_expected(candidate, dtype))
+        listed.append((key, names))
+    return listed
 
 
 def failures(records: Iterable[AuditRecord]) -> List[Tuple[AuditRecord, str]]:
