@@ -262,7 +262,7 @@ def cmd_audit(args) -> int:
 
         try:
             records = audit.run_audit(archs, workers=args.workers, progress=advance, on_total=progress.set_total,
-                                      families=args.family)
+                                      families=args.family, every_dtype=args.every_dtype)
         except audit.Interrupted as stop:
             interrupted: Optional[audit.Interrupted] = stop
             records = stop.done
@@ -398,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(audit, "one record per compiled variant")
     audit.add_argument("--workers", type=int, default=None, help="compile processes (default: one per core)")
     audit.add_argument("--quiet", action="store_true", help="print only the summary and failures, no progress")
+    audit.add_argument("--every-dtype", action="store_true",
+                       help="compile every candidate in bf16 too where fp16 is audited (default: bf16 on the default "
+                            "candidate only, as bf16 changes the element type and nothing a candidate sets)")
     audit.set_defaults(run=cmd_audit)
 
     bench = sub.add_parser(

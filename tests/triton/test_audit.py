@@ -1,7 +1,8 @@
 """The ahead-of-time compile audit: records per variant, shared-memory limits, spill accounting."""
 import pytest
 
-from rlx_triton.backends.triton.audit import AuditRecord, failures, format_table, run_audit, triton_family_modules
+from rlx_triton.backends.triton.audit import (AuditRecord, _list_variants, failures, format_table, run_audit,
+                                              triton_family_modules)
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +75,12 @@ def test_audit_covers_every_triton_family_module():
     modules = triton_family_modules()
     for family in ("sdpa_decode", "conv", "fbank", "lstm", "segdense", "conv2d"):
         assert f"rlx_triton.backends.triton.{family}" in modules
+
+
+def test_bf16_beside_fp16_is_listed_for_the_default_candidate_unless_every_dtype_is_asked():
+    listed = _list_variants(["tests.triton.audit_dtype_fixture"], (80,))
+    every = _list_variants(["tests.triton.audit_dtype_fixture"], (80,), every_dtype=True)
+    # (spec, candidate index, dtype): candidate 0 is the default
+    assert sorted(v[1:4] for v in listed) == [("fixture_two_dtypes", 0, "bf16"), ("fixture_two_dtypes", 0, "fp16"),
+                                               ("fixture_two_dtypes", 1, "fp16")]
+    assert len(every) == 4

@@ -5,7 +5,9 @@ signature with a "{dt}" placeholder, the constexprs and launch options per candi
 compiles each (kernel, candidate, dtype, arch) with `triton.compile(ASTSource(...), target=GPUTarget(...))`
 and the ptxas shipped in the triton wheel, then reads the cubin with the wheel's cuobjdump:
 registers, stack and local memory per thread (spills; LOCAL:0 can still hide STACK), shared memory
-from the kernel's metadata, and whether tensor-core (MMA) instructions appear in the SASS.
+from the kernel's metadata, and whether tensor-core (MMA) instructions appear (read from the PTX: its
+mma.sync / wgmma become the SASS's HMMA / HGMMA). Variants that hand triton.compile the same thing are
+compiled once; bf16 beside fp16 is compiled on the default candidate (every one with every_dtype).
 
 A variant is not ok when it fails to compile or needs more shared memory than one block may have
 on that architecture. `run_audit` reports failures; the CLI exits non-zero on any failure and on
@@ -64,6 +66,8 @@ class AuditSpec:
     # the oldest architecture (e.g. 89) the launchers compile this variant for: older ones run another variant
     # (fp8 e4m3 caches are read as bytes and decoded by hand before sm_89)
     min_arch: int = 0
+    # bf16 beside fp16 changes the element type and nothing else a candidate sets (tiles, stages, warps, the
+    # loop): every candidate compiles in fp16 and the default in bf16 too, unless every_dtype asks for all
 
     def mma_expected(self, candidate, dtype: str) -> bool:
         return self.expects_mma(candidate, dtype) if callable(self.expects_mma) else bool(self.expects_mma)
@@ -175,14 +179,17 @@ def triton_family_modules() -> List[str]:
     return [f"{backend.__name__}.{name}" for name in dict.fromkeys(names)]
 
 
-def _variants(modules: Iterable[str], archs: Sequence[int], families: Optional[Sequence[str]] = None):
+def _variants(modules: Iterable[str], archs: Sequence[int], families: Optional[Sequence[str]] = None,
+              every_dtype: bool = False):
     for module_name in modules:
         module = importlib.import_module(module_name)
         for spec in getattr(module, "AUDIT_KERNELS", ()):
             if families and spec.family not in families:
                 continue
-            for index, _candidate in enumerate(spec.candidates):
+            for index, candidate in enumerate(spec.candidates):
                 for dtype in spec.dtypes:
+                    if not every_dtype and dtype == "bf16" and "fp16" in spec.dtypes and candidate != spec.default:
+                        continue   # AuditSpec: bf16 beside fp16 on the default candidate
                     for arch in archs:
                         if arch >= spec.min_arch:
                             yield module_name, spec.name, index, dtype, arch
@@ -257,7 +264,7 @@ def compile_workers(workers: int) -> Iterator[concurrent.futures.ProcessPoolExec
 def run_audit(archs: Sequence[int] = (80, 90), modules: Optional[Sequence[str]] = None,
               workers: Optional[int] = None, progress: Optional[Callable[[AuditRecord], None]] = None,
               on_total: Optional[Callable[[int], None]] = None,
-              families: Optional[Sequence[str]] = None) -> List[AuditRecord]:
+              families: Optional[Sequence[str]] = None, every_dtype: bool = False) -> List[AuditRecord]:
     """Compiles every variant of every listed module (default: the whole triton backend), or of the kernels of
     `families` only. `on_total` is told the number of variants once they are listed, `progress` gets each
     record as its compile ends.
@@ -269,7 +276,7 @@ def run_audit(archs: Sequence[int] = (80, 90), modules: Optional[Sequence[str]] 
     variants: List[tuple] = []
     try:
         with compile_workers(workers or max(1, os.cpu_count() or 1)) as pool:
-            variants = _collect(modules, archs, pool, families)
+            variants = _collect(modules, archs, pool, families, every_dtype)
             if on_total is not None:
                 on_total(len(variants))
             sharing: Dict[Hashable, List[Tuple[tuple, Dict[str, Any]]]] = {}
@@ -292,13 +299,13 @@ def _sorted(records: List[AuditRecord]) -> List[AuditRecord]:
     return sorted(records, key=lambda r: (r.family, r.kernel, r.candidate, r.dtype, r.arch))
 
 
-def _collect(modules, archs, pool, families=None) -> List[tuple]:
+def _collect(modules, archs, pool, families=None, every_dtype=False) -> List[tuple]:
     # enumerate variants in a worker too: the parent's modules may hold interpreted kernels
-    return pool.submit(_list_variants, modules, tuple(archs), families).result()
+    return pool.submit(_list_variants, modules, tuple(archs), families, every_dtype).result()
 
 
-def _list_variants(modules, archs, families=None) -> List[tuple]:
-    return list(_variants(modules, archs, families))
+def _list_variants(modules, archs, families=None, every_dtype=False) -> List[tuple]:
+    return list(_variants(modules, archs, families, every_dtype))
 
 
 def _compile_keys(variants: Sequence[tuple]) -> List[Tuple[Hashable, Dict[str, Any]]]:
