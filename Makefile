@@ -41,11 +41,8 @@ demo: $(DEMO_STAMP)
 # The interpreter runs kernels on one core: tests spread over every core (pytest-xdist), a test
 # module's tests stay on one worker so its module-scoped fixtures (compiled plans, wheels) build once.
 # The slowest tests are listed at the end, so a growing suite shows where its time goes.
-# One torch (OpenMP) thread per worker: the workers already take every core, and more threads than cores
-# spin at OpenMP barriers (a pipeline test that overlaps two stages in threads then takes minutes, not seconds).
 PYTEST_WORKERS ?= auto
-PYTEST := TRITON_INTERPRET=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) \
-	--dist loadscope --durations=15
+PYTEST := TRITON_INTERPRET=1 $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
 # mypy (one process) runs beside the audit's compile workers; the target fails if either does
 test: $(STAMP)
