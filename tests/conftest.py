@@ -13,6 +13,9 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 # tests never read or write the user's winner table
 os.environ.setdefault("RLX_TRITON_TUNE_CACHE_LOAD", "0")
 os.environ.setdefault("RLX_TRITON_TUNE_CACHE_PERSIST", "0")
+# pyannote.audio posts telemetry by default (a background exporter to its endpoint) unless this is set before
+# its first import, whichever test module imports it first
+os.environ.setdefault("PYANNOTE_METRICS_ENABLED", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
