@@ -285,8 +285,8 @@ def _decode_signature(query, k_cache, v_cache, cache_seqlens, scale, block_table
                                                                       cache_seqlens.device),
                      None if block_table is None else (block_table.shape, block_table.dtype, block_table.device),
                      None if tree_mask is None else (tree_mask.shape, tree_mask.dtype, tree_mask.device),
-                     options, tuple(None if t is None else (type(t), getattr(t, "shape", None), getattr(t, "dtype", None),
-                                                            getattr(t, "device", None)) for t in (k_scale, v_scale)))
+                     options, None if k_scale is None else (k_scale.shape, k_scale.dtype, k_scale.device),
+                     None if v_scale is None else (v_scale.shape, v_scale.dtype, v_scale.device))
         hash(signature)
     except (AttributeError, TypeError):
         return None

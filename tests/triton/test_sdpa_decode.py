@@ -14,9 +14,9 @@ import triton.language as tl
 
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton import sdpa_decode as tk
+from rlx_triton.backends.triton._kv_dequant import e4m3fn_to_f32
 from rlx_triton.backends.triton.sdpa_decode import kernels as tk_kernels
 from rlx_triton.backends.triton.sdpa_decode import launch as tk_launch
-from rlx_triton.backends.triton.sdpa_decode.kernels import _e4m3fn_to_f32
 from rlx_triton.kv_quant import dequantize, quantize, token_head_scales
 from tests.reference.sdpa_decode import (DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs,
                                          tree_reference)
@@ -241,7 +241,7 @@ def test_approved_candidates_hold_their_bound_on_each_quantised_storage(storage)
 @triton.jit
 def _decode_e4m3_bytes(src_ptr, dst_ptr, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
-    tl.store(dst_ptr + offs, _e4m3fn_to_f32(tl.load(src_ptr + offs)))
+    tl.store(dst_ptr + offs, e4m3fn_to_f32(tl.load(src_ptr + offs)))
 
 
 def test_the_e4m3_byte_decoder_equals_torch_on_every_byte():

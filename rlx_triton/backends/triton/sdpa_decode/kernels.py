@@ -52,6 +52,7 @@ import triton
 import triton.language as tl
 
 from rlx_triton.backends.triton import _online_softmax as online_softmax
+from rlx_triton.backends.triton._kv_dequant import dequantized_rows, stored_as_operand
 
 # the codes of the CAUSAL, MASK_KIND and ALIBI constexprs
 CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
@@ -299,22 +300,6 @@ def _sdpa_decode_kernel(
 
 
 @triton.jit
-def _e4m3fn_to_f32(raw):
-    """float8_e4m3fn values, given as their bytes, in float32, exactly: sign, 4 exponent bits (bias 7) and 3
-    mantissa bits become float32's fields; exponent 0 is subnormal (m x 2^-9), and exponent 15 with mantissa 7 is
-    the format's only NaN (it has no infinity)."""
-    bits = raw.to(tl.int32) & 255
-    sign = bits >> 7
-    exponent = (bits >> 3) & 15
-    mantissa = bits & 7
-    normal = ((sign << 31) | ((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
-    subnormal = mantissa.to(tl.float32) * 0.001953125
-    subnormal = tl.where(sign != 0, -subnormal, subnormal)
-    value = tl.where(exponent == 0, subnormal, normal)
-    return tl.where((exponent == 15) & (mantissa == 7), float("nan"), value)
-
-
-@triton.jit
 def _tree_bits(mask_rows, columns, seq_q, stride_mn, row_valid):
     """Columns `columns` (32 consecutive ones from a multiple of 32) of each row's tree mask as the bits of an int32,
     columns past seq_q clear (the bits are disjoint, so their sum is their or)."""
@@ -337,14 +322,8 @@ def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, ks_base, vs_base
     is checked (padding rows compute on zero queries and are never stored); EDGE True: keys past the range,
     padding rows and every mask of the call are applied.
 
-    A quantised cache (KV_QUANT 1 per tensor, 2 per token and head) is read as stored; fp8 and int8 values are
-    exact in fp16, bf16 and fp32. K converts exactly to the dot operand and its per-key scales multiply the
-    scores of its column in float32. V's rows are dequantised in float32 and then rounded to the operand, as a
-    16-bit cache would hold them: scaling the probabilities instead would push p x scale (an e5m2 scale is
-    ~1e-4) into fp16's subnormals. A per-tensor pair is applied once per program: K's in the score scale, V's
-    on the output.
-    KV_E4M3_BITS: an e4m3 cache handed over as its bytes (before sm_89, which converts no fp8e4nv), decoded by
-    `_e4m3fn_to_f32`."""
+    A quantised cache (KV_QUANT 1 per tensor, 2 per token and head; KV_E4M3_BITS an e4m3 cache as bytes) becomes
+    dot operands as backends/triton/_kv_dequant.py describes; K's per-key scales multiply the scores here."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_n64 = offs_n.to(tl.int64)
     if EDGE:
@@ -370,10 +349,7 @@ def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, ks_base, vs_base
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_valid[None, :], other=0.0)
     else:
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=d_valid[None, :], other=0.0)
-    if KV_E4M3_BITS:
-        k = _e4m3fn_to_f32(k)
-    if KV_QUANT != 0:
-        k = k.to(q.dtype)
+    k = stored_as_operand(k, q, KV_QUANT, KV_E4M3_BITS)
     if DOT_LOWP:
         scores = tl.dot(q, tl.trans(k))
     else:
@@ -436,16 +412,13 @@ def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, ks_base, vs_base
                     other=0.0)
     else:
         v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=dv_valid[None, :], other=0.0)
-    if KV_E4M3_BITS:
-        v = _e4m3fn_to_f32(v)
-    if KV_QUANT == 2:   # each row of V dequantised in float32 before it is rounded to the dot operand
+    if KV_QUANT == 2:
         if EDGE or PAGED:
-            v_scales = tl.load(vs_base + vs_rows, mask=n_valid, other=0.0)
+            v = dequantized_rows(v, tl.load(vs_base + vs_rows, mask=n_valid, other=0.0), q, KV_E4M3_BITS)
         else:
-            v_scales = tl.load(vs_base + vs_rows)
-        v = v.to(tl.float32) * v_scales[:, None]
-    if KV_QUANT != 0:
-        v = v.to(q.dtype)
+            v = dequantized_rows(v, tl.load(vs_base + vs_rows), q, KV_E4M3_BITS)
+    else:
+        v = stored_as_operand(v, q, KV_QUANT, KV_E4M3_BITS)
     acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
     return acc, m_new, l_i
 

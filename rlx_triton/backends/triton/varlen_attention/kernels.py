@@ -28,13 +28,11 @@ keys are all masked writes 0 and LSE +inf (FlashAttention's convention); with si
 Offsets are int64; head dims are padded to powers of two with masks.
 
 A quantised cache (KV_QUANT 1: one scale per tensor; 2: one per key row and head; k/v of dtype float8_e4m3fn,
-float8_e5m2 or int8, symmetric) is read as stored and converted exactly to the dot operands (q's dtype: fp8 and
-int8 values are exact in fp16, bf16 and fp32), the scales multiplying in float32 where they cost least, as the
-decode kernel does (sdpa_decode/kernels.py `_attend_tile`): per tensor, K's scale joins the score scale and V's
-scales the output once; per key row and head, K's scale multiplies its score column and V's the probabilities
-that weigh its row before the PV dot (the running sum l stays unscaled). The scales are read with their own
-strides ((num_pages, page_size, Hkv) paged: page, slot, head). KV_E4M3_BITS: an e4m3 cache handed over as its
-bytes (CUDA before sm_89 converts no fp8e4nv), decoded exactly by the decode kernel's `_e4m3fn_to_f32`.
+float8_e5m2 or int8, symmetric; KV_E4M3_BITS: an e4m3 cache as bytes) becomes dot operands as
+backends/triton/_kv_dequant.py describes, except V's per-row scales: they multiply the probabilities before
+the PV dot (the running sum l stays unscaled), since dequantising V's rows in float32 spills the paged default
+candidate on sm_80's e4m3 byte path. The scales are read with their own strides ((num_pages, page_size, Hkv)
+paged: page, slot, head).
 """
 from __future__ import annotations
 
@@ -42,7 +40,7 @@ import triton
 import triton.language as tl
 
 from rlx_triton.backends.triton import _online_softmax as online_softmax
-from rlx_triton.backends.triton.sdpa_decode.kernels import _e4m3fn_to_f32
+from rlx_triton.backends.triton._kv_dequant import stored_as_operand
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -168,10 +166,7 @@ def _varlen_attention_kernel(
                 ks_rows = key_rows * stride_kst
                 vs_rows = key_rows * stride_vst
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        if KV_E4M3_BITS:
-            k = _e4m3fn_to_f32(k)
-        if KV_QUANT != 0:   # the stored values, exactly, as the dot's operand type
-            k = k.to(q.dtype)
+        k = stored_as_operand(k, q, KV_QUANT, KV_E4M3_BITS)
         if DOT_LOWP:
             scores = tl.dot(q, tl.trans(k))
         else:
@@ -197,10 +192,7 @@ def _varlen_attention_kernel(
         m_new, p, alpha, l_i = online_softmax.rescale(m_i, l_i, scores)
         v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=n_valid[:, None] & dv_valid[None, :],
                     other=0.0)
-        if KV_E4M3_BITS:
-            v = _e4m3fn_to_f32(v)
-        if KV_QUANT != 0:
-            v = v.to(q.dtype)
+        v = stored_as_operand(v, q, KV_QUANT, KV_E4M3_BITS)
         if KV_QUANT == 2:   # the sum of the weights (l) stays unscaled: only the rows of V are
             p = p * tl.load(vs_base + vs_rows, mask=n_valid, other=0.0)[None, :]
         acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
