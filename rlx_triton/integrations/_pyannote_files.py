@@ -319,9 +319,9 @@ def _check_speakers(kwargs: Dict[str, Any]) -> Tuple[Tuple[str, Optional[int]], 
     for name, value in kwargs.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"diarize_files: {name} must be None or an int >= 1, got {value!r}")
-    from rlx_triton.integrations._pyannote_streaming import number_of_speakers
+    from pyannote.audio.pipelines.utils.diarization import set_num_speakers   # its ValueError for min > max
 
-    number_of_speakers(kwargs.get("num_speakers"), kwargs.get("min_speakers"), kwargs.get("max_speakers"))
+    set_num_speakers(kwargs.get("num_speakers"), kwargs.get("min_speakers"), kwargs.get("max_speakers"))
     return tuple((name, kwargs[name]) for name in SPEAKER_KEYWORDS if name in kwargs)
 
 

@@ -49,18 +49,6 @@ class Diarization:
     seconds: Dict[str, float] = field(default_factory=dict)
 
 
-def number_of_speakers(num_speakers: Optional[int] = None, min_speakers: Optional[int] = None,
-                       max_speakers: Optional[int] = None):
-    """(num_speakers, min_speakers, max_speakers) as pyannote's set_num_speakers settles them: num_speakers
-    fixes both bounds; min defaults to 1 and max to infinity; equal bounds fix the number."""
-    low = num_speakers or min_speakers or 1
-    high = num_speakers or max_speakers or np.inf
-    if low > high:
-        raise ValueError(f"min_speakers must be smaller than (or equal to) max_speakers "
-                         f"(here: min_speakers={low:g} and max_speakers={high:g}).")
-    return (low if low == high else num_speakers), low, high
-
-
 @contextlib.contextmanager
 def _segmentation_batch(pipeline, batch_size: Optional[int]) -> Iterator[None]:
     inference = pipeline._segmentation
@@ -199,9 +187,10 @@ def diarize(pipeline, file: dict, *, num_speakers: Optional[int] = None, min_spe
         batch_size: chunks per segmentation batch (None: the pipeline's segmentation_batch_size).
         release_audio: drop file["waveform"] once the embeddings are computed.
     """
+    from pyannote.audio.pipelines.utils.diarization import set_num_speakers
     from pyannote.audio.utils.signal import binarize
 
-    num_speakers, min_speakers, max_speakers = number_of_speakers(num_speakers, min_speakers, max_speakers)
+    num_speakers, min_speakers, max_speakers = set_num_speakers(num_speakers, min_speakers, max_speakers)
     if pipeline._expects_num_speakers and num_speakers is None:
         if "annotation" not in file:
             raise ValueError(f"num_speakers must be provided when using {pipeline.klustering} clustering")
@@ -258,4 +247,4 @@ def diarize(pipeline, file: dict, *, num_speakers: Optional[int] = None, min_spe
     return result
 
 
-__all__ = ["Diarization", "STAGES", "clustered_activations", "diarize", "discrete_diarization", "number_of_speakers"]
+__all__ = ["Diarization", "STAGES", "clustered_activations", "diarize", "discrete_diarization"]
