@@ -190,6 +190,51 @@ def test_per_token_head_scales_of_appended_tokens_are_written():
         assert k_cache[b, slot].abs().amax(-1).tolist() == [127, 127]   # each row's largest value uses the range
 
 
+# --- the conditions users create: inference mode, silence, NaN ------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantised_caches_under_inference_mode_give_the_reference(backend):
+    """pyannote-style inference tensors: the caches, scales and query made and appended inside inference_mode."""
+    with torch.inference_mode():
+        q, k_cache, v_cache, k_scale, v_scale, new_k, new_v, table, lengths = _fa_case(torch.int8, "per_token_head", 5)
+        out = _run(backend, rt.flash_attn_with_kvcache, q, k_cache, v_cache, new_k, new_v, cache_seqlens=lengths,
+                   block_table=table, k_scale=k_scale, v_scale=v_scale)
+        reference = rt.flash_attn_with_kvcache(q.double(), dequantize(k_cache, k_scale).double(),
+                                               dequantize(v_cache, v_scale).double(), cache_seqlens=lengths + 1,
+                                               block_table=table)
+    assert _relative_error(out, reference) <= REL_TOL[q.dtype]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("storage", STORAGES, ids=str)
+def test_silent_tokens_append_as_zeros_with_unit_scales_and_constant_values_stay_constant(storage, backend):
+    q, k_cache, v_cache, k_scale, v_scale, new_k, new_v, _, lengths = _fa_case(storage, "per_token_head", None)
+    v_cache.zero_()
+    v_scale.fill_(1.0)
+    out = _run(backend, rt.flash_attn_with_kvcache, q, k_cache, v_cache, torch.zeros_like(new_k),
+               torch.zeros_like(new_v), cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
+    for b, slot in enumerate(lengths.tolist()):
+        assert k_scale[b, slot].tolist() == [1.0, 1.0] and not k_cache[b, slot].to(torch.float32).any()
+    assert bool((out == 0).all())   # every value row is zero: the output is exactly zero, not NaN
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_nan_stored_in_an_fp8_cache_reaches_the_rows_that_read_it_as_in_float64(backend, monkeypatch):
+    """On the kernel, the e4m3 cache is read through the byte decoder: Triton's interpreter converts fp8e4nv's NaN
+    (0x7f) to 480, where a GPU's conversion and the decoder give NaN (bench/gpu_check.sh's gpu-tests run the
+    native conversion on CUDA)."""
+    from rlx_triton.backends.triton.sdpa_decode import launch
+
+    monkeypatch.setattr(launch, "_converts_e4m3", lambda device: False)
+    q, k_cache, v_cache, k_scale, v_scale, lengths = _decode_case(torch.float8_e4m3fn, "per_tensor")
+    v_cache[1, 0, 0, 3] = float("nan")      # sequence 1 (length 1) reads it through KV head 0; no other does
+    out = _run(backend, rt.sdpa_decode, q, k_cache, v_cache, lengths, k_scale=k_scale, v_scale=v_scale)
+    ref, _ = attention_reference(q, dequantize(k_cache, k_scale), dequantize(v_cache, v_scale),
+                                 causal="bottom_right", cache_seqlens=lengths)
+    assert torch.equal(out.isnan(), ref.isnan()) and bool(out[1, :2, 1, 3].isnan().all())
+    finite = ~ref.isnan()
+    assert ((out.double() - ref)[finite].abs().max() / ref[finite].abs().max()).item() <= REL_TOL[q.dtype]
+
+
 # --- refusals --------------------------------------------------------------------------------------------------
 def _bad_scale_calls(k_scale, v_scale, k_cache=None):
     q, cache, v_cache, good_k, good_v, lengths = _decode_case(torch.int8, "per_tensor")
@@ -276,3 +321,8 @@ def test_on_cuda_the_kernel_reads_quantised_caches_as_the_reference(storage, kin
     paged = _run("triton", rt.sdpa_decode, q, k_pages, v_pages, lengths, block_table=table.cuda(),
                  k_scale=k_page_scale, v_scale=v_page_scale)
     assert _relative_error(paged.cpu(), ref) <= REL_TOL[q.dtype]
+    if storage != torch.int8:   # fp8 holds NaN: the GPU's own conversion keeps it (the interpreter's does not)
+        v_long[1, 0, 0, 3] = float("nan")
+        with_nan = _run("triton", rt.sdpa_decode, q, k_long, v_long, lengths, k_scale=k_long_scale,
+                        v_scale=v_long_scale)
+        assert bool(with_nan[1, :2, :, 3].isnan().all()) and not bool(with_nan[0].isnan().any())
