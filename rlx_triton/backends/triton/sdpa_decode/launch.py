@@ -113,18 +113,20 @@ def fixed_split_tiles(seq_kv: int, block_n: int) -> int:
 
 
 def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d: int, block_dv: int,
-                    element_bytes: int, num_warps: int, lowp: bool, converts_cache: bool = False) -> int:
+                    element_bytes: int, num_warps: int, lowp: bool, converts_cache: bool = False,
+                    paged: bool = False) -> int:
     """Programs of one config resident per SM on the device the router reads facts from (1 where it has no
     CUDA profile), by the occupancy calculator's rules on the config's estimated resources: shared memory =
     the pipeline's K/V stages plus the fp32 output tile the epilogue stages; registers = the per-thread
     budget `_meta` keeps the config within (128 with tensor-core dots on 16 rows, 168 where the loop converts a
-    1-byte cache, which ptxas compiles to 135-152 on sm_90; all 255 with fp32 operands and on the 32-64 rows of
+    1-byte cache, which ptxas compiles to 135-152 on sm_90, and 200 for a paged one, compiled to 191-196; all 255 with fp32 operands and on the 32-64 rows of
     a draft tree's tokens, which ptxas compiles to 170-255 on sm_90). element_bytes: the cache's."""
     from rlx_triton import devices
     from rlx_triton.router.device import device_facts
 
     facts = device_facts(device)
-    key = (facts.fingerprint, block_m, block_n, block_d, block_dv, element_bytes, num_warps, lowp, converts_cache)
+    key = (facts.fingerprint, block_m, block_n, block_d, block_dv, element_bytes, num_warps, lowp, converts_cache,
+           paged)
     resident = _resident.get(key)
     if resident is None:
         profile = None
@@ -134,7 +136,8 @@ def programs_per_sm(device: torch.device, *, block_m: int, block_n: int, block_d
         resident = 1
         if profile is not None:
             shared = (NUM_STAGES - 1) * block_n * (block_d + block_dv) * element_bytes + block_m * block_dv * 4
-            registers = (168 if converts_cache else 128) if lowp and block_m <= 16 else 255
+            converting = 200 if paged else 168
+            registers = (converting if converts_cache else 128) if lowp and block_m <= 16 else 255
             resident = max(1, occupancy(profile, registers, shared, num_warps).ctas_per_sm)
         _resident[key] = resident
     return resident
@@ -422,7 +425,8 @@ def sdpa_decode_plan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         resident = programs_per_sm(device, block_m=config["BLOCK_M"], block_n=config["BLOCK_N"],
                                    block_d=meta["BLOCK_D"], block_dv=meta["BLOCK_DV"],
                                    element_bytes=key.element_size(), num_warps=meta["num_warps"],
-                                   lowp=config["DOT_LOWP"], converts_cache=narrow_cache) if sms > 1 else 1
+                                   lowp=config["DOT_LOWP"], converts_cache=narrow_cache,
+                                   paged=block_table is not None) if sms > 1 else 1
         if narrow_cache:
             # every resident slot of every SM counts as one place to fill: one program per SM converting a
             # 1-byte cache issues too few instructions per cycle to keep the loads in flight
