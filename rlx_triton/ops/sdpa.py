@@ -39,6 +39,18 @@ from rlx_triton.router.speed import Call
 _FAMILY = KernelFamily.SDPA_DECODE.value
 # torch's op, bound once: the library route of a repeated call calls it without looking it up
 _library_sdpa = torch._C._nn.scaled_dot_product_attention
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+# a tensor's sizes as a plain tuple (what a signature holds): torch's C helper where it has one, a third cheaper
+# than building a torch.Size; it raises RuntimeError on a nested or symbolic tensor, as .shape does on a nested one
+_sizes = getattr(torch._C, "_non_sym_sizes", None) or (lambda tensor: tuple(tensor.shape))
+_compiler = torch.compiler
+
+
+def _is_compiling() -> bool:
+    """torch.compiler.is_compiling(), as the wrapper reads it inline: dynamo folds is_dynamo_compiling() to True
+    while tracing, and the flag covers export's tracing without dynamo (torch's own test costs two frames more,
+    a tenth of a repeated call's overhead)."""
+    return _is_dynamo_compiling() or _compiler._is_compiling_flag
 
 
 def _batched_heads_divide(fields, features) -> Optional[str]:
@@ -92,10 +104,18 @@ def _causal_bias(attn_mask, is_causal: bool, query, key) -> Tuple[Optional[torch
 
 
 # A call's remembered signature: (query, key and value shapes, query's dtype and device, dropout_p, is_causal,
-# the scale's type, enable_gqa, lower_right, the mask's (shape, dtype, device, requires_grad) or None), and
-# NEEDS_GRAD after it where autograd records the call (those calls are remembered apart: see the wrapper)
-_MASK_FIELD = 10
+# the scale's type, enable_gqa, the mask's `_mask_signature` or None), all as given, and NEEDS_GRAD after it
+# where autograd records the call (those calls are remembered apart: see the wrapper)
+_MASK_FIELD = 9
 NEEDS_GRAD = "needs-grad"
+
+
+def _mask_signature(attn_mask) -> tuple:
+    """What a call's signature holds of its mask: a CausalBias's variant and sizes (it stands for an
+    alignment, not for data), or a tensor's shape, dtype, device and whether it requires grad."""
+    if isinstance(attn_mask, CausalBias):
+        return (CausalBias, attn_mask.variant, attn_mask.seq_len_q, attn_mask.seq_len_kv)
+    return (_sizes(attn_mask), attn_mask.dtype, attn_mask.device, attn_mask.requires_grad)
 
 
 def _kv_bucket_signature(signature: tuple) -> Optional[tuple]:
@@ -109,7 +129,9 @@ def _kv_bucket_signature(signature: tuple) -> Optional[tuple]:
     if seq_kv < 1:
         return None
     mask = signature[_MASK_FIELD]
-    if mask is not None:  # its last dim is S or 1
+    if mask is not None and mask[0] is CausalBias:   # what the alignment depends on: whether L equals S
+        mask = mask[:3] + (mask[3] == mask[2],)
+    elif mask is not None:  # its last dim is S or 1
         mask = (mask[0][:-1], mask[0][-1] == 1) + mask[1:]
     return ("kv-bucket", q_shape, k_shape[:-2], k_shape[-1], v_shape[:-2], v_shape[-1], (seq_kv - 1).bit_length(),
             signature[3:_MASK_FIELD], mask, signature[_MASK_FIELD + 1:])
@@ -285,6 +307,23 @@ def _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
                                                      is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+def _library_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> torch.Tensor:
+    """torch's own op on a call's arguments as given (it takes a CausalBias and a 0-dim tensor scale itself):
+    no argument torch would take as its default (its parser pays for each one given), and positional where
+    torch allows (it is slower on keywords)."""
+    if enable_gqa:
+        return _library_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True)
+    if attn_mask is None and not is_causal and not dropout_p:
+        return _library_sdpa(query, key, value) if scale is None else _library_sdpa(query, key, value, scale=scale)
+    return _library_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+
+
+def _public_call(*args) -> Call:
+    """The public call with these arguments, for a new decision's speed estimate. A closure made here and not
+    in the wrapper: the arguments a closure captures would cost every call of the wrapper a cell each."""
+    return lambda: (scaled_dot_product_attention, args, {})
+
+
 def _decide_sdpa(signature, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                  lower_right, call: Call) -> Route:
     """The route of an eager call whose exact signature is new: its KV-length bucket's, or validated and routed
@@ -339,6 +378,33 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         >>> rt.scaled_dot_product_attention(q, k, v, enable_gqa=True).shape
         torch.Size([2, 32, 1, 128])
     """
+    compiling = _is_dynamo_compiling() or _compiler._is_compiling_flag   # _is_compiling(), inline
+    signature: Optional[tuple] = None
+    decided = None
+    if not compiling:
+        # a signature seen before is neither validated nor routed again (nested tensors are never remembered).
+        # Built inline from the arguments as given, as this is what every repeated call pays, it holds what
+        # routing reads (the scale's type, not its value) and what validation reads, except what torch's op
+        # checks itself and only a kernel route needs checked here: key's and value's dtype and device
+        # (query's), and whether autograd records the call (it then goes to torch's op, remembered under the
+        # signature with NEEDS_GRAD)
+        try:
+            signature = (_sizes(query), _sizes(key), _sizes(value), query.dtype, query.device, dropout_p, is_causal,
+                         type(scale), enable_gqa, None if attn_mask is None else _mask_signature(attn_mask))
+            decided = exact_route(signature)
+        except (AttributeError, RuntimeError):  # not tensors (validation will say so), or a strided nested tensor
+            signature = None
+        except TypeError:  # an unhashable value: validation will say what is wrong
+            signature = None
+        if decided is not None and decided.backend == "torch":
+            # the repeated call's whole cost: torch's own op on the arguments as given (inline, as
+            # `_library_call` spells it: a call frame is a tenth of what is left to save here)
+            sdpa = _library_sdpa
+            if enable_gqa:
+                return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True)
+            if attn_mask is None and not is_causal and not dropout_p:
+                return sdpa(query, key, value) if scale is None else sdpa(query, key, value, scale=scale)
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
     given_mask, given_causal, given_scale = attn_mask, is_causal, scale   # what a new decision plans
     if attn_mask is not None:
         attn_mask, is_causal, lower_right = _causal_bias(attn_mask, is_causal, query, key)
@@ -346,42 +412,25 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         lower_right = False
     if scale is not None and not isinstance(scale, float):
         scale = scale_value(scale, "scaled_dot_product_attention")
-    compiling = torch.compiler.is_compiling()
-    signature: Optional[tuple] = None
-    decided = None
-    if not compiling:
-        # a signature seen before is neither validated nor routed again (nested tensors are never remembered).
-        # Built inline, as this is what every repeated call pays, it holds what routing reads (the scale's type,
-        # not its value) and what validation reads, except what torch's op checks itself and only a kernel
-        # route needs checked here: key's and value's dtype and device (query's), and whether autograd records
-        # the call (it then goes to torch's op, remembered under the signature with NEEDS_GRAD)
+    if signature is not None:   # not remembered, or remembered on a kernel
         try:
-            signature = (query.shape, key.shape, value.shape, query.dtype, query.device, dropout_p, is_causal,
-                         type(scale), enable_gqa, lower_right,
-                         None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device,
-                                                         attn_mask.requires_grad))
-            decided = exact_route(signature)
-            if decided is None or decided.backend != "torch":
-                if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-                    if decided is not None:
-                        unrecord(decided)   # the kernel route of the same call without autograd
-                    signature = signature + (NEEDS_GRAD,)
-                    decided = exact_route(signature)
-                if decided is not None and decided.backend != "torch" and \
-                        not _same_dtype_and_device(query, key, value):
-                    signature = decided = None   # validated below: the error names the argument
-        except (AttributeError, RuntimeError):  # not tensors (validation will say so), or a strided nested tensor
-            signature = None
-        except TypeError:  # an unhashable value: validation will say what is wrong
-            signature = None
+            if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+                if decided is not None:
+                    unrecord(decided)   # the kernel route of the same call without autograd
+                signature = signature + (NEEDS_GRAD,)
+                decided = exact_route(signature)
+            if decided is not None and decided.backend != "torch" and not _same_dtype_and_device(query, key, value):
+                signature = decided = None   # validated below: the error names the argument
+        except AttributeError:   # not tensors: validation will say so
+            signature = decided = None
     if decided is None and _is_nested(query, key, value, attn_mask):
         _validate_nested(query, key, value, attn_mask, dropout_p, scale)
         route(_nested_request(query, key, value, attn_mask, dropout_p))  # torch, or strict mode's refusal
         return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False)
     if decided is None and not compiling:  # first call with this signature
         decided = _decide_sdpa(signature, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                               lower_right, lambda: (scaled_dot_product_attention, (query, key, value, given_mask,
-                                                     dropout_p, given_causal, given_scale, enable_gqa), {}))
+                               lower_right, _public_call(query, key, value, given_mask, dropout_p, given_causal,
+                                                         given_scale, enable_gqa))
     elif compiling:
         _validate_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         # under torch.compile the custom op routes when it runs; calls it cannot express (dropout, autograd)
@@ -389,17 +438,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         if needs_grad(query, key, value, attn_mask) or dropout_p > 0.0:
             decided = route(_build_sdpa_request(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
                                                 lower_right))
-    if decided is not None and decided.backend == "torch":   # torch's op takes the scale as a number of any type
-        if not lower_right:  # the common case without the extra frame: this is the repeated call's cost
-            # no argument torch would take as its default (its parser pays for each one given), and positional
-            # where torch allows (it is slower on keywords)
-            sdpa = _library_sdpa
-            if enable_gqa:
-                return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True)
-            if attn_mask is None and not is_causal and not dropout_p:
-                return sdpa(query, key, value) if scale is None else sdpa(query, key, value, scale=scale)
-            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
-        return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, lower_right)
+    if decided is not None and decided.backend == "torch":
+        return _library_call(query, key, value, given_mask, dropout_p, given_causal, given_scale, enable_gqa)
     scale = None if scale is None else float(scale)
     if decided is not None and decided is planning_route():   # a speed model's plan: the launches, not the op
         return _run_sdpa(decided, query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa), lower_right)

@@ -21,7 +21,7 @@ import contextlib
 import contextvars
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from rlx_triton.caches import BoundedCache
 from rlx_triton.planner.policy import PrecisionProfile
@@ -212,9 +212,9 @@ forget_on(Change.DEVICE_VIEW, clear_route_cache)
 def exact_route(signature: tuple) -> Optional[Route]:
     """The route remembered for an op call with exactly this signature under the current choice, if any.
     A route found here is the call's route (the op does not route again), so `recording_routes` records it."""
-    forced = _forced.get()
-    if forced is not None:
-        return forced
+    watched = _watched.get()
+    if watched is not None and watched.forced is not None:
+        return watched.forced
     # the thread's last hit holds if its signature is equal, within the same generation (settings changes start a
     # new one, so outside use_backend blocks the choice is the same) and under the same use_backend block
     block = choice_in_block()
@@ -231,16 +231,16 @@ def exact_route(signature: tuple) -> Optional[Route]:
         if decided is None:
             return None
         _last_hit.entry = (generation, signature, block, decided)
-    sink = _recording.get()
-    if sink is not None:
-        sink.append(decided)
+    if watched is not None and watched.sink is not None:
+        watched.sink.append(decided)
     return decided
 
 
 def unrecord(decided: Route) -> None:
     """Takes back the last route `exact_route` recorded, where it is `decided`: an op that looked up a route
     and then found the call is not the one it was remembered for (it looks again under another signature)."""
-    sink = _recording.get()
+    watched = _watched.get()
+    sink = None if watched is None else watched.sink
     if sink and sink[-1] is decided:
         sink.pop()
 
@@ -260,7 +260,7 @@ def routed_call(signature: Optional[tuple], build_request: Callable[[], Request]
     builds it); the backend choice (use_backend, strict mode, a pinned candidate) is added here, and
     settings or device changes clear the remembered routes with the bucketed ones. `call` (the public op and its
     arguments) lets a new decision estimate the kernel's time (router/speed.py)."""
-    forced = _forced.get()
+    forced = planning_route()
     if forced is not None:
         return forced
     if signature is not None:
@@ -287,8 +287,16 @@ def _range_checks(decided: Route) -> Tuple[Tuple[Coverage, str, bool], ...]:
     return tuple(checks)
 
 
-_recording: contextvars.ContextVar[Optional[List[Route]]] = contextvars.ContextVar("rlx_triton_routes",
-                                                                                  default=None)
+class _Watch(NamedTuple):
+    """What a block watching the routes holds: the route a speed model plans calls under (`planning_with`),
+    and the list `recording_routes` fills. One context variable for both, as every repeated call reads it."""
+    forced: Optional[Route]
+    sink: Optional[List[Route]]
+
+
+# None outside both blocks (the common case: one read tells a repeated call that nothing watches)
+_watched: contextvars.ContextVar[Optional[_Watch]] = contextvars.ContextVar("rlx_triton_watched_routes",
+                                                                           default=None)
 
 
 @contextlib.contextmanager
@@ -296,40 +304,36 @@ def recording_routes() -> Iterator[List[Route]]:
     """Collects, in call order, the route of every op call inside the with-block, one per call (decided, or
     remembered for the call's exact signature), and the route of every explain."""
     sink: List[Route] = []
-    token = _recording.set(sink)
+    outer = _watched.get()
+    token = _watched.set(_Watch(None if outer is None else outer.forced, sink))
     try:
         yield sink
     finally:
-        _recording.reset(token)
-
-
-# the route a speed model plans a call under (planning_with): every route lookup of that op returns it
-_forced: contextvars.ContextVar[Optional[Route]] = contextvars.ContextVar("rlx_triton_forced_route", default=None)
+        _watched.reset(token)
 
 
 @contextlib.contextmanager
 def planning_with(decided: Route) -> Iterator[None]:
     """Inside the block, the op calls of `decided`'s family and op take `decided` without routing, and no route is
     recorded: how a speed model plans a call's launches on a candidate the router is weighing."""
-    forced_token = _forced.set(decided)
-    recording_token = _recording.set(None)
+    token = _watched.set(_Watch(decided, None))
     try:
         yield
     finally:
-        _recording.reset(recording_token)
-        _forced.reset(forced_token)
+        _watched.reset(token)
 
 
 def planning_route() -> Optional[Route]:
     """The route `planning_with` holds, or None: an op whose launcher sits behind a custom op calls the launcher
     directly while it is set (a custom op on meta tensors would only reach its fake, which launches nothing)."""
-    return _forced.get()
+    watched = _watched.get()
+    return None if watched is None else watched.forced
 
 
 def route(request: Request, choice: Optional[BackendChoice] = None, call: Optional[Call] = None) -> Route:
     """The route for a request under the current backend choice (recorded by `recording_routes`). `call`: the
     public op and its arguments, from which a speed model plans the kernel's launches (router/speed.py)."""
-    forced = _forced.get()
+    forced = planning_route()
     if forced is not None and forced.family == request.family and forced.op == request.op:
         return forced
     decided = _route(request, choice, call)
@@ -338,9 +342,9 @@ def route(request: Request, choice: Optional[BackendChoice] = None, call: Option
 
 
 def _record(decided: Route) -> None:
-    sink = _recording.get()
-    if sink is not None:
-        sink.append(decided)
+    watched = _watched.get()
+    if watched is not None and watched.sink is not None:
+        watched.sink.append(decided)
 
 
 def _route(request: Request, choice: Optional[BackendChoice] = None, call: Optional[Call] = None) -> Route:

@@ -576,3 +576,57 @@ def test_torch_compile_on_gpu():
         out = compiled(q, k, v)
     assert_like_torch(out.cpu(), q.cpu(), k.cpu(), v.cpu(), enable_gqa=True)
 
+
+
+# --- a repeated call: remembered under its arguments as given --------------------------------------
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("variant", ["upper_left", "lower_right"])
+def test_a_repeated_causal_bias_call_gives_torchs_values(variant, backend):
+    bias = _causal_biases()[variant](1, 80)
+    q, k, v = qkv(1, 4, 1, 16, kv_heads=2, seq_kv=80)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    with rt.use_backend(backend, strict=backend == "triton"):
+        first = rt.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+        routes, again = _routes_of(lambda: rt.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True))
+    assert routes[0].backend == backend
+    torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_lower_right_causal_bias_decode_steps_give_torchs_values_and_check_the_bias_sizes(backend):
+    causal_lower_right = _causal_biases()["lower_right"]
+    q, cache = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 64, 16)
+    with rt.use_backend(backend, strict=backend == "triton"):
+        for length in (33, 34, 47, 64):   # one KV bucket: the steps after the first reuse its route
+            k = v = cache[:, :, :length]
+            expected = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(1, length))
+            out = rt.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(1, length))
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="CausalBias"):
+            rt.scaled_dot_product_attention(q, cache[:, :, :40], cache[:, :, :40], attn_mask=causal_lower_right(1, 41))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_a_repeated_call_with_a_tensor_scale_reads_each_calls_scale(backend):
+    q, k, v = qkv(1, 2, 1, 16, seq_kv=7)
+    with rt.use_backend(backend, strict=backend == "triton"):
+        for scale in (torch.tensor(0.3), torch.tensor(1.5), torch.tensor(0.3)):
+            expected = F.scaled_dot_product_attention(q, k, v, scale=scale)
+            torch.testing.assert_close(rt.scaled_dot_product_attention(q, k, v, scale=scale), expected,
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_first_seen_under_autograd_still_takes_the_kernel_without_it():
+    from rlx_triton.router import clear_route_cache
+
+    clear_route_cache()
+    q, k, v = qkv(1, 2, 1, 16, seq_kv=9)
+    leaf = q.clone().requires_grad_()
+    with rt.use_backend("triton"):
+        recorded, out = _routes_of(lambda: rt.scaled_dot_product_attention(leaf, k, v))
+        plain, _ = _routes_of(lambda: rt.scaled_dot_product_attention(q, k, v))
+        with torch.no_grad():
+            under_no_grad, _ = _routes_of(lambda: rt.scaled_dot_product_attention(leaf, k, v))
+    assert out.requires_grad and recorded[0].backend == "torch"
+    assert plain[0].backend == "triton" and under_no_grad[0].backend == "triton"
