@@ -260,6 +260,13 @@ def is_sinc_filter_bank(filters: torch.Tensor) -> bool:
     return entry[2] is None or (not filters.is_inference() and entry[2] == filters._version)
 
 
+def mark_copy_of_sinc_bank(original: torch.Tensor, copy: torch.Tensor) -> None:
+    """Registers `copy` as a sinc_filters bank where `original` is one: a speed model plans a call on meta
+    copies of its arguments, and the plan must take the kernel the call itself takes (the symmetric one)."""
+    if is_sinc_filter_bank(original):
+        _remember_sinc_bank(copy)
+
+
 # ------------------------------------------------------------------------------------ sincnet
 
 

@@ -29,10 +29,15 @@ _FROM_HOST_DATA = {torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.ne
 
 
 def meta_copy(value: Any) -> Any:
-    """A meta copy of a call argument: tensors keep shape, strides and dtype (no data); lists, tuples and dicts are
-    copied through; anything else is returned as is."""
+    """A meta copy of a call argument: tensors keep shape, strides and dtype (no data), and what the ops know of
+    them by identity (a sinc_filters bank stays one); lists, tuples and dicts are copied through; anything else
+    is returned as is."""
     if isinstance(value, torch.Tensor):
-        return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta")
+        from rlx_triton.ops.conv import mark_copy_of_sinc_bank
+
+        copy = torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta")
+        mark_copy_of_sinc_bank(value, copy)
+        return copy
     if isinstance(value, list):
         return [meta_copy(item) for item in value]
     if type(value) is tuple:

@@ -78,3 +78,20 @@ def test_every_bench_case_traces_on_meta_tensors_as_on_an_h200(bench):
         routed = [r for r in result.routes if r.backend == "triton"]
         if routed or case.pinned:
             assert result.launches > 0, case.case
+
+
+def test_a_speed_model_plans_a_sinc_filter_bank_on_the_kernel_the_call_takes():
+    """The router prices a call on meta copies of its arguments: a sinc_filters bank's copy is still one, so the
+    plan holds the symmetric sinc kernel the call itself launches, not the direct convolution."""
+    from rlx_triton.backends.triton import conv as tconv
+    from rlx_triton.ops.conv import is_sinc_filter_bank
+    from rlx_triton.perf.trace import meta_copy
+    from tests.reference.conv import random_sincnet
+    from tests.triton.test_conv import GPU_RECIPE, _sincnet_args
+
+    args = _sincnet_args(random_sincnet(), torch.randn(2, 1, 4000))
+    copied = meta_copy(args)
+    assert is_sinc_filter_bank(args[1]) and is_sinc_filter_bank(copied[1])
+    assert not is_sinc_filter_bank(meta_copy(args[1].clone()))
+    plan, _ = tconv.sincnet_plan(*copied, candidate=GPU_RECIPE)
+    assert [record.name for record in plan].count("_sinc_conv_kernel") == 1
