@@ -144,7 +144,7 @@ def test_tag_spec_refuses_words_that_read_as_integers():
 def test_variants_table(family):
     spec, module = FAMILIES[family], MODULES[family]
     variants = spec.variants
-    assert 3 <= len(variants.ALL) <= 6
+    assert 3 <= len(variants.ALL) <= 8   # a short table: each variant is a routed recipe or a measured alternative
     assert variants.ALL == tuple(variants)  # aliases FP32 / DEFAULT are not listed twice
     assert len(set(variants.ALL)) == len({v.candidate() for v in variants.ALL})
     assert module.FP32_VARIANT is variants.FP32 and module.DEFAULT_VARIANT is variants.DEFAULT

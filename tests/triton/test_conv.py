@@ -164,6 +164,28 @@ def test_the_symmetric_sinc_kernel_halves_the_taps_and_gives_the_direct_conv():
     assert rel_err(out, ref) <= 1e-5 and rel_err(direct, ref) <= 1e-5
 
 
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
+@pytest.mark.parametrize("tile_co", [16, 32, 64])
+@pytest.mark.parametrize("pairs", [8, 24, 40])
+def test_the_symmetric_sinc_kernel_holds_any_share_of_the_filters_per_program(pairs, tile_co, precision):
+    """16, 48 or 80 filters in programs of up to 16, 32 or 64 lanes per parity (sinc_filter_block): filter lanes
+    past the bank are masked, and every filter equals float64's conv."""
+    module, wav = random_sincnet(), torch.randn(1, 1, 1500)
+    fb = module.conv1d[0].filterbank
+    with torch.no_grad():
+        filters = sinc_filters(fb.low_hz_[:pairs], fb.band_hz_[:pairs], window_=fb.window_, n_=fb.n_)
+        norm = tconv_launch._row_norm(wav, module.wav_norm1d.weight, module.wav_norm1d.bias, eps=1e-5)
+        candidate = tconv.make_candidate(tile_pos=32, tile_co=tile_co, tile_k=128, tg_size=256, precision=precision)
+        (sym,), out = tconv_launch._conv_block_plan(wav, filters, None, stride=10, padding=0, dilation=1, pool=3,
+                                                    abs_=True, out_slope=None, out_dtype=torch.float32,
+                                                    in_norm=norm, candidate=candidate, symmetric=True)
+        launches.run([sym])
+    block_f = tconv_launch.sinc_filter_block(2 * pairs, candidate)
+    assert sym.name == "_sinc_conv_kernel" and sym.grid[1] == -(-pairs // block_f)
+    ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
+    assert out.shape == ref.shape and rel_err(out, ref) <= 1e-5
+
+
 def test_only_unchanged_sinc_filter_banks_take_the_symmetric_kernel():
     module = random_sincnet()
     filters = _sincnet_args(module, torch.zeros(1, 1, 1))[1]
@@ -565,9 +587,10 @@ def test_sincnet_plan_is_the_hand_count():
     norm = dict(HAS_AFFINE=True, APPLY=False)
     assert [_summary(r) for r in plan] == [
         ("_row_norm_kernel", (2,), dict(norm, BLOCK_R=1, BLOCK_L=1024), 4, 3),
-        # the symmetric sinc conv: 80 filters as 5 programs of 8 even + 8 odd
-        ("_sinc_conv_kernel", (2, 5, 2), dict(HALF=125, POOL=3, ABS=True, BLOCK_P=64, BLOCK_K=k, DOT_K=k,
-                                              PRECISION="ieee"), 4, 2),
+        # the symmetric sinc conv: 40 even + 40 odd filters in 5 programs of 8 + 8 lanes (what 64 positions
+        # over 4 warps hold in registers on the FMA path)
+        ("_sinc_conv_kernel", (2, 5, 2), dict(HALF=125, POOL=3, ABS=True, BLOCK_F=8, BLOCK_P=64, BLOCK_K=k,
+                                              DOT_K=k, PRECISION="ieee"), 4, 2),
         ("_row_norm_kernel", (10,), dict(norm, BLOCK_R=16, BLOCK_L=128), 4, 3),
         ("_conv1d_kernel", (1, 2, 2), dict(TAPS=5, HAS_BIAS=True, IN_AFFINE=True, IN_LEAKY=True, ABS=False,
                                            OUT_LEAKY=False, **conv), 4, 2),
@@ -577,7 +600,7 @@ def test_sincnet_plan_is_the_hand_count():
         ("_row_norm_kernel", (8,), dict(HAS_AFFINE=True, APPLY=True, BLOCK_R=16, BLOCK_L=16), 4, 3),
     ]
     sinc = plan[1]
-    # 20 programs x 3 phases x 128 pre-added tap pairs (126 padded) x 64 positions x 16 filters: 51% of the
+    # 20 programs x 3 phases x 128 pre-added tap pairs (126 padded) x 64 positions x 16 filter lanes: 51% of the
     # direct convolution's 2 x 2 x 375 x 80 x 251 multiply-adds
     assert sinc.flops == 2 * (2 * 5 * 2) * 3 * 128 * 64 * 16
     assert sinc.bytes_read == 4 * (2 * 4000 + 126 * 80 + 80 + 3 * 2) and sinc.bytes_written == 4 * 2 * 80 * 125

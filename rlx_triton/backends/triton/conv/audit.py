@@ -5,7 +5,7 @@ from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.backends.triton.conv.kernels import (_conv1d_kernel, _epilogue_kernel, _row_combine_stats_kernel,
                                                      _row_norm_kernel, _row_partial_stats_kernel, _sinc_conv_kernel)
 from rlx_triton.backends.triton.conv.launch import (_STATS_BLOCK, _STATS_CHUNK, _meta, _sinc_meta, all_candidates,
-                                                    default_candidate)
+                                                    default_candidate, sinc_filter_block)
 
 
 def aligned_pointers(signature: dict) -> tuple:
@@ -36,7 +36,7 @@ def _audit_kernels() -> list:
         "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32", "conv_stride": "i32",
         "batch_bucket": "i32", "length_bucket": "i32",
         "HALF": "constexpr", "POOL": "constexpr", "ABS": "constexpr", "PRECISION": "constexpr",
-        "BLOCK_P": "constexpr", "BLOCK_K": "constexpr", "DOT_K": "constexpr",
+        "BLOCK_P": "constexpr", "BLOCK_F": "constexpr", "BLOCK_K": "constexpr", "DOT_K": "constexpr",
     }
     norm_signature = {
         "x_ptr": "*fp32", "gamma_ptr": "*fp32", "beta_ptr": "*fp32", "center_ptr": "*fp32",
@@ -68,7 +68,7 @@ def _audit_kernels() -> list:
             expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(conv_signature)),
         AuditSpec(
             name="conv1d_sinc_symmetric", family="conv", kernel=_sinc_conv_kernel, signature=sinc_signature,
-            meta=lambda c, dt: dict(HALF=125, POOL=3, ABS=True, **_sinc_meta(c)),
+            meta=lambda c, dt: dict(HALF=125, POOL=3, ABS=True, BLOCK_F=sinc_filter_block(80, c), **_sinc_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
             expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(sinc_signature)),
         AuditSpec(

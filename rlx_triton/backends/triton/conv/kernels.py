@@ -235,6 +235,7 @@ def _sinc_conv_kernel(
     ABS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    BLOCK_F: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_K: tl.constexpr,
 ):
@@ -243,8 +244,11 @@ def _sinc_conv_kernel(
     # them so), so with L_t = x[c + HALF - t] and R_t = x[c + HALF + t] around conv position c
     #   even filter: sum_t w[HALF - t] (L_t + R_t),   odd filter: sum_t w[HALF - t] (L_t - R_t),
     # t = 0..HALF (the centre once: R_0 := 0): HALF + 1 multiply-adds per output instead of 2 HALF + 1.
-    # A program owns BLOCK_P pooled positions and 8 even + 8 odd filters (program 1 = g: filters g*8..+8
-    # and C_out/2 + g*8..+8; 80 = 5 x 16). The weights come packed (HALF + 1, C_out), w[c, HALF - t] at
+    # A program owns BLOCK_P pooled positions and BLOCK_F even + BLOCK_F odd filters (program 1 = g: filters
+    # g*BLOCK_F.. and C_out/2 + g*BLOCK_F..; the launcher makes BLOCK_F cover every filter of a parity where it
+    # can: 40 + 40 of SincNet's 80 in 64 + 64 lanes). The samples' loads, normalisation, mirrored sums and
+    # TF32 splits, not the MMAs, are what each output costs, so every filter a program holds shares them.
+    # The weights come packed (HALF + 1, C_out), w[c, HALF - t] at
     # row t, and for tf32x3 as split terms (C_out, 4 (HALF + 1)); tap_sum[c] = sum over all taps.
     # The waveform norm is applied to each loaded sample as (x - center) * scale, exactly 0 where
     # x == center, and its shift enters once as shift * tap_sum (the design of _conv1d_kernel).
@@ -254,23 +258,23 @@ def _sinc_conv_kernel(
     HALF_C = C_out // 2
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     p_mask = offs_p < L_out
-    chan = tl.arange(0, 8)
-    even = pid_g * 8 + chan                               # symmetric filters
+    even = pid_g * BLOCK_F + tl.arange(0, BLOCK_F)        # symmetric filters
+    f_mask = even < HALF_C
     odd = HALF_C + even                                   # antisymmetric filters
     x_base = x_ptr + pid_b.to(tl.int64) * stride_xb
     center = tl.load(in_center_ptr + pid_b)
     scale = tl.load(in_scale_ptr + pid_b)
     shift = tl.load(in_shift_ptr + pid_b)
-    offset_even = shift * tl.load(tap_sum_ptr + even)
-    offset_odd = shift * tl.load(tap_sum_ptr + odd)
+    offset_even = shift * tl.load(tap_sum_ptr + even, mask=f_mask, other=0.0)
+    offset_odd = shift * tl.load(tap_sum_ptr + odd, mask=f_mask, other=0.0)
     K = HALF + 1
 
-    result_even = tl.full((BLOCK_P, 8), float("-inf"), dtype=tl.float32)
-    result_odd = tl.full((BLOCK_P, 8), float("-inf"), dtype=tl.float32)
+    result_even = tl.full((BLOCK_P, BLOCK_F), float("-inf"), dtype=tl.float32)
+    result_odd = tl.full((BLOCK_P, BLOCK_F), float("-inf"), dtype=tl.float32)
     for j in tl.static_range(POOL):
         mid = (offs_p * POOL + j) * conv_stride + HALF    # centre sample of each conv position
-        acc_even = tl.zeros((BLOCK_P, 8), dtype=tl.float32)
-        acc_odd = tl.zeros((BLOCK_P, 8), dtype=tl.float32)
+        acc_even = tl.zeros((BLOCK_P, BLOCK_F), dtype=tl.float32)
+        acc_odd = tl.zeros((BLOCK_P, BLOCK_F), dtype=tl.float32)
         for t0 in range(0, K, BLOCK_K):
             for kk in tl.static_range(0, BLOCK_K, DOT_K):
                 t = t0 + kk + tl.arange(0, DOT_K)
@@ -287,7 +291,7 @@ def _sinc_conv_kernel(
                 diffs = left - right
                 if PRECISION == "tf32x3":
                     terms = 4 * (t0 + kk) + tl.arange(0, 4 * DOT_K)
-                    term_mask = (terms < 4 * K)[:, None]
+                    term_mask = (terms < 4 * K)[:, None] & f_mask[None, :]
                     w_even = tl.load(w_split_ptr + even.to(tl.int64)[None, :] * (4 * K) + terms[:, None],
                                      mask=term_mask, other=0.0)
                     w_odd = tl.load(w_split_ptr + odd.to(tl.int64)[None, :] * (4 * K) + terms[:, None],
@@ -296,8 +300,9 @@ def _sinc_conv_kernel(
                     acc_odd = dot_split(diffs, w_odd, acc_odd, BLOCK_P, DOT_K)
                 else:
                     w_rows = w_ptr + t[:, None] * C_out
-                    w_even = tl.load(w_rows + even[None, :], mask=t_mask[:, None], other=0.0).to(tl.float32)
-                    w_odd = tl.load(w_rows + odd[None, :], mask=t_mask[:, None], other=0.0).to(tl.float32)
+                    w_mask = t_mask[:, None] & f_mask[None, :]
+                    w_even = tl.load(w_rows + even[None, :], mask=w_mask, other=0.0).to(tl.float32)
+                    w_odd = tl.load(w_rows + odd[None, :], mask=w_mask, other=0.0).to(tl.float32)
                     acc_even += tl.dot(sums, w_even, input_precision=PRECISION)
                     acc_odd += tl.dot(diffs, w_odd, input_precision=PRECISION)
         acc_even += offset_even[None, :]
@@ -309,7 +314,7 @@ def _sinc_conv_kernel(
         result_odd = tl.maximum(result_odd, acc_odd, propagate_nan=tl.PropagateNan.ALL)
 
     out_rows = out_ptr + pid_b.to(tl.int64) * stride_ob + offs_p.to(tl.int64)[:, None] * stride_ol
-    out_mask = p_mask[:, None]
+    out_mask = p_mask[:, None] & f_mask[None, :]
     tl.store(out_rows + even.to(tl.int64)[None, :] * stride_oc, result_even.to(out_ptr.dtype.element_ty),
              mask=out_mask)
     tl.store(out_rows + odd.to(tl.int64)[None, :] * stride_oc, result_odd.to(out_ptr.dtype.element_ty),
