@@ -147,6 +147,20 @@ def test_sinc_conv_abs_pool_block_with_the_waveform_norm_folded_in():
     assert rel_err(out, ref) <= 2e-5
 
 
+@pytest.mark.parametrize("precision, tile_pos, tile_co, tg_size, expected", [
+    ("tf32x3", 32, 64, 256, (32, 64)),    # the GPU recipe: all 40 + 40 filters, 4 x 32 rows
+    ("tf32x3", 64, 64, 128, (16, 64)),    # 4 warps hold 4 x 16 rows of 64 + 64 filters
+    ("ieee", 64, 32, 128, (8, 32)),       # the FMA path keeps 16 accumulator registers a thread
+    ("ieee", 64, 16, 128, (16, 16)),
+])
+def test_the_sinc_tile_keeps_the_accumulators_within_the_register_budget(precision, tile_pos, tile_co, tg_size,
+                                                                          expected):
+    candidate = tconv.make_candidate(tile_pos=tile_pos, tile_co=tile_co, tile_k=16, tg_size=tg_size,
+                                     precision=precision)
+    assert tconv_launch.sinc_tile(80, 3, candidate) == expected
+    assert tconv_launch.sinc_tile(80, 3, candidate, interpret=True) == (tile_pos, min(tile_co, 64))
+
+
 def test_the_symmetric_sinc_kernel_halves_the_taps_and_gives_the_direct_conv():
     """sinc_filters' banks run _sinc_conv_kernel (pre-added mirrored samples); the direct kernel on the same
     filters and float64 agree."""
@@ -168,8 +182,8 @@ def test_the_symmetric_sinc_kernel_halves_the_taps_and_gives_the_direct_conv():
 @pytest.mark.parametrize("tile_co", [16, 32, 64])
 @pytest.mark.parametrize("pairs", [8, 24, 40])
 def test_the_symmetric_sinc_kernel_holds_any_share_of_the_filters_per_program(pairs, tile_co, precision):
-    """16, 48 or 80 filters in programs of up to 16, 32 or 64 lanes per parity (sinc_filter_block): filter lanes
-    past the bank are masked, and every filter equals float64's conv."""
+    """16, 48 or 80 filters in programs of up to 16, 32 or 64 lanes per parity (sinc_tile): filter lanes past
+    the bank are masked, and every filter equals float64's conv."""
     module, wav = random_sincnet(), torch.randn(1, 1, 1500)
     fb = module.conv1d[0].filterbank
     with torch.no_grad():
@@ -180,7 +194,7 @@ def test_the_symmetric_sinc_kernel_holds_any_share_of_the_filters_per_program(pa
                                                     abs_=True, out_slope=None, out_dtype=torch.float32,
                                                     in_norm=norm, candidate=candidate, symmetric=True)
         launches.run([sym])
-    block_f = tconv_launch.sinc_filter_block(2 * pairs, candidate)
+    _, block_f = tconv_launch.sinc_tile(2 * pairs, 3, candidate, interpret=True)
     assert sym.name == "_sinc_conv_kernel" and sym.grid[1] == -(-pairs // block_f)
     ref = conv1d_float64(_normalized(wav, norm), filters, None, 10, abs_=True, pool=3)
     assert out.shape == ref.shape and rel_err(out, ref) <= 1e-5
@@ -587,10 +601,10 @@ def test_sincnet_plan_is_the_hand_count():
     norm = dict(HAS_AFFINE=True, APPLY=False)
     assert [_summary(r) for r in plan] == [
         ("_row_norm_kernel", (2,), dict(norm, BLOCK_R=1, BLOCK_L=1024), 4, 3),
-        # the symmetric sinc conv: 40 even + 40 odd filters in 5 programs of 8 + 8 lanes (what 64 positions
-        # over 4 warps hold in registers on the FMA path)
-        ("_sinc_conv_kernel", (2, 5, 2), dict(HALF=125, POOL=3, ABS=True, BLOCK_F=8, BLOCK_P=64, BLOCK_K=k,
-                                              DOT_K=k, PRECISION="ieee"), 4, 2),
+        # the symmetric sinc conv: 40 even + 40 odd filters in 2 programs of 32 + 32 lanes (the channel tile),
+        # the pool's 3 phases as rows of one tile (4 x 64: the interpreter takes the candidate's 64 positions)
+        ("_sinc_conv_kernel", (2, 2, 2), dict(HALF=125, POOL=3, PHASES=4, ABS=True, BLOCK_P=64, BLOCK_F=32,
+                                              BLOCK_K=k, DOT_K=k, PRECISION="ieee"), 4, 2),
         ("_row_norm_kernel", (10,), dict(norm, BLOCK_R=16, BLOCK_L=128), 4, 3),
         ("_conv1d_kernel", (1, 2, 2), dict(TAPS=5, HAS_BIAS=True, IN_AFFINE=True, IN_LEAKY=True, ABS=False,
                                            OUT_LEAKY=False, **conv), 4, 2),
@@ -600,9 +614,8 @@ def test_sincnet_plan_is_the_hand_count():
         ("_row_norm_kernel", (8,), dict(HAS_AFFINE=True, APPLY=True, BLOCK_R=16, BLOCK_L=16), 4, 3),
     ]
     sinc = plan[1]
-    # 20 programs x 3 phases x 128 pre-added tap pairs (126 padded) x 64 positions x 16 filter lanes: 51% of the
-    # direct convolution's 2 x 2 x 375 x 80 x 251 multiply-adds
-    assert sinc.flops == 2 * (2 * 5 * 2) * 3 * 128 * 64 * 16
+    # 8 programs x 128 pre-added tap pairs (126 padded) x 4 x 64 rows x 64 filter lanes (80 of 128 used)
+    assert sinc.flops == 2 * (2 * 2 * 2) * 128 * 4 * 64 * 64
     assert sinc.bytes_read == 4 * (2 * 4000 + 126 * 80 + 80 + 3 * 2) and sinc.bytes_written == 4 * 2 * 80 * 125
     assert sinc.unit == "fp32_fma" and out.shape == (2, 60, 12)
 

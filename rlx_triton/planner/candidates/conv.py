@@ -52,9 +52,9 @@ ConvVariant = base.define_variants(
         ("TF32X3_P64_CO32", ConvCandidate(64, 32, 16, 128, 3, "tf32x3", True)),
         ("TF32X3_P64_CO64", ConvCandidate(64, 64, 16, 128, 3, "tf32x3", True)),
         # SincNet on GPUs: 64 channel lanes hold all 40 + 40 sinc filters (and a block's 60 channels) in one
-        # program, so each sample's preparation is shared by every filter; 32 positions over 8 warps keep the
-        # accumulators off local memory
-        ("TF32X3_P32_CO64_W8", ConvCandidate(32, 64, 16, 256, 2, "tf32x3", True)),
+        # program, so each sample's preparation is shared by every filter; 32 positions over 8 warps, one stage
+        # (the gathered samples are not staged through shared memory: a deeper pipeline only holds registers)
+        ("TF32X3_P32_CO64_W8", ConvCandidate(32, 64, 16, 256, 1, "tf32x3", True)),
         ("TF32_P128_CO64", ConvCandidate(128, 64, 32, 256, 3, "tf32", True)),
         # few output channels (SincNet's first layers): small tiles, epilogue as its own pass
         ("IEEE_P64_CO16_UNFUSED", ConvCandidate(64, 16, 16, 128, 2, "ieee", False)),

@@ -5,7 +5,13 @@ from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.backends.triton.conv.kernels import (_conv1d_kernel, _epilogue_kernel, _row_combine_stats_kernel,
                                                      _row_norm_kernel, _row_partial_stats_kernel, _sinc_conv_kernel)
 from rlx_triton.backends.triton.conv.launch import (_STATS_BLOCK, _STATS_CHUNK, _meta, _sinc_meta, all_candidates,
-                                                    default_candidate, sinc_filter_block)
+                                                    default_candidate, sinc_tile)
+
+
+def _sinc_tile_meta(candidate) -> dict:
+    """The sinc kernel's tiles for SincNet's 80 filters and pool of 3, as a GPU launch takes them."""
+    block_p, block_f = sinc_tile(80, 3, candidate)
+    return dict(BLOCK_P=block_p, BLOCK_F=block_f)
 
 
 def aligned_pointers(signature: dict) -> tuple:
@@ -35,7 +41,7 @@ def _audit_kernels() -> list:
         "L_in": "i32", "C_out": "i32", "L_out": "i32", "stride_xb": "i64", "stride_xl": "i32",
         "stride_ob": "i64", "stride_oc": "i32", "stride_ol": "i32", "conv_stride": "i32",
         "batch_bucket": "i32", "length_bucket": "i32",
-        "HALF": "constexpr", "POOL": "constexpr", "ABS": "constexpr", "PRECISION": "constexpr",
+        "HALF": "constexpr", "POOL": "constexpr", "PHASES": "constexpr", "ABS": "constexpr", "PRECISION": "constexpr",
         "BLOCK_P": "constexpr", "BLOCK_F": "constexpr", "BLOCK_K": "constexpr", "DOT_K": "constexpr",
     }
     norm_signature = {
@@ -68,7 +74,7 @@ def _audit_kernels() -> list:
             expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(conv_signature)),
         AuditSpec(
             name="conv1d_sinc_symmetric", family="conv", kernel=_sinc_conv_kernel, signature=sinc_signature,
-            meta=lambda c, dt: dict(HALF=125, POOL=3, ABS=True, BLOCK_F=sinc_filter_block(80, c), **_sinc_meta(c)),
+            meta=lambda c, dt: dict(HALF=125, POOL=3, PHASES=4, ABS=True, **_sinc_tile_meta(c), **_sinc_meta(c)),
             candidates=candidates, default=default_candidate(), dtypes=("fp32", "fp16", "bf16"),
             expects_mma=lambda c, dt: c.precision != "ieee", divisible=aligned_pointers(sinc_signature)),
         AuditSpec(

@@ -232,6 +232,7 @@ def _sinc_conv_kernel(
     batch_bucket, length_bucket,  # powers of two of batch and L_in: the autotune key, unused by the body
     HALF: tl.constexpr,
     POOL: tl.constexpr,
+    PHASES: tl.constexpr,
     ABS: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -252,12 +253,18 @@ def _sinc_conv_kernel(
     # row t, and for tf32x3 as split terms (C_out, 4 (HALF + 1)); tap_sum[c] = sum over all taps.
     # The waveform norm is applied to each loaded sample as (x - center) * scale, exactly 0 where
     # x == center, and its shift enters once as shift * tap_sum (the design of _conv1d_kernel).
+    # The pool's POOL conv positions of each pooled position are rows of one tile, phase j of pooled position
+    # p in row j * BLOCK_P + p (PHASES = POOL rounded up to a power of two; rows of the extra phases are masked
+    # off): each weight tile then feeds every phase's MMA, and the pool is a max over the tile's phases.
     pid_p = tl.program_id(0)
     pid_g = tl.program_id(1)
     pid_b = tl.program_id(2)
     HALF_C = C_out // 2
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    p_mask = offs_p < L_out
+    rows = tl.arange(0, PHASES * BLOCK_P)
+    phase = rows // BLOCK_P
+    row_p = pid_p * BLOCK_P + rows % BLOCK_P              # the pooled position of each row
+    row_mask = (phase < POOL) & (row_p < L_out)
+    mid = (row_p * POOL + phase) * conv_stride + HALF     # centre sample of each row's conv position
     even = pid_g * BLOCK_F + tl.arange(0, BLOCK_F)        # symmetric filters
     f_mask = even < HALF_C
     odd = HALF_C + even                                   # antisymmetric filters
@@ -269,56 +276,62 @@ def _sinc_conv_kernel(
     offset_odd = shift * tl.load(tap_sum_ptr + odd, mask=f_mask, other=0.0)
     K = HALF + 1
 
-    result_even = tl.full((BLOCK_P, BLOCK_F), float("-inf"), dtype=tl.float32)
-    result_odd = tl.full((BLOCK_P, BLOCK_F), float("-inf"), dtype=tl.float32)
-    for j in tl.static_range(POOL):
-        mid = (offs_p * POOL + j) * conv_stride + HALF    # centre sample of each conv position
-        acc_even = tl.zeros((BLOCK_P, BLOCK_F), dtype=tl.float32)
-        acc_odd = tl.zeros((BLOCK_P, BLOCK_F), dtype=tl.float32)
-        for t0 in range(0, K, BLOCK_K):
-            for kk in tl.static_range(0, BLOCK_K, DOT_K):
-                t = t0 + kk + tl.arange(0, DOT_K)
-                t_mask = t < K
-                mask = p_mask[:, None] & t_mask[None, :]
-                # the mirrored samples pre-added: S = n(L) + n(R), D = n(L) - n(R), n(x) = (x - center) * scale
-                left = tl.load(x_base + (mid[:, None] - t[None, :]).to(tl.int64) * stride_xl, mask=mask,
-                               other=0.0).to(tl.float32)
-                right = tl.load(x_base + (mid[:, None] + t[None, :]).to(tl.int64) * stride_xl,
-                                mask=mask & (t > 0)[None, :], other=0.0).to(tl.float32)
-                left = tl.where(mask & (left != center), (left - center) * scale, 0.0)
-                right = tl.where(mask & (t > 0)[None, :] & (right != center), (right - center) * scale, 0.0)
-                sums = left + right
-                diffs = left - right
-                if PRECISION == "tf32x3":
-                    terms = 4 * (t0 + kk) + tl.arange(0, 4 * DOT_K)
-                    term_mask = (terms < 4 * K)[:, None] & f_mask[None, :]
-                    w_even = tl.load(w_split_ptr + even.to(tl.int64)[None, :] * (4 * K) + terms[:, None],
-                                     mask=term_mask, other=0.0)
-                    w_odd = tl.load(w_split_ptr + odd.to(tl.int64)[None, :] * (4 * K) + terms[:, None],
-                                    mask=term_mask, other=0.0)
-                    acc_even = dot_split(sums, w_even, acc_even, BLOCK_P, DOT_K)
-                    acc_odd = dot_split(diffs, w_odd, acc_odd, BLOCK_P, DOT_K)
-                else:
-                    w_rows = w_ptr + t[:, None] * C_out
-                    w_mask = t_mask[:, None] & f_mask[None, :]
-                    w_even = tl.load(w_rows + even[None, :], mask=w_mask, other=0.0).to(tl.float32)
-                    w_odd = tl.load(w_rows + odd[None, :], mask=w_mask, other=0.0).to(tl.float32)
-                    acc_even += tl.dot(sums, w_even, input_precision=PRECISION)
-                    acc_odd += tl.dot(diffs, w_odd, input_precision=PRECISION)
-        acc_even += offset_even[None, :]
-        acc_odd += offset_odd[None, :]
-        if ABS:
-            acc_even = tl.abs(acc_even)
-            acc_odd = tl.abs(acc_odd)
-        result_even = tl.maximum(result_even, acc_even, propagate_nan=tl.PropagateNan.ALL)
-        result_odd = tl.maximum(result_odd, acc_odd, propagate_nan=tl.PropagateNan.ALL)
+    acc_even = tl.zeros((PHASES * BLOCK_P, BLOCK_F), dtype=tl.float32)
+    acc_odd = tl.zeros((PHASES * BLOCK_P, BLOCK_F), dtype=tl.float32)
+    for t0 in range(0, K, BLOCK_K):
+        for kk in tl.static_range(0, BLOCK_K, DOT_K):
+            t = t0 + kk + tl.arange(0, DOT_K)
+            t_mask = t < K
+            mask = row_mask[:, None] & t_mask[None, :]
+            # the mirrored samples pre-added: S = n(L) + n(R), D = n(L) - n(R), n(x) = (x - center) * scale
+            left = tl.load(x_base + (mid[:, None] - t[None, :]).to(tl.int64) * stride_xl, mask=mask,
+                           other=0.0).to(tl.float32)
+            right = tl.load(x_base + (mid[:, None] + t[None, :]).to(tl.int64) * stride_xl,
+                            mask=mask & (t > 0)[None, :], other=0.0).to(tl.float32)
+            left = tl.where(mask & (left != center), (left - center) * scale, 0.0)
+            right = tl.where(mask & (t > 0)[None, :] & (right != center), (right - center) * scale, 0.0)
+            sums = left + right
+            diffs = left - right
+            if PRECISION == "tf32x3":
+                terms = 4 * (t0 + kk) + tl.arange(0, 4 * DOT_K)
+                term_mask = (terms < 4 * K)[:, None] & f_mask[None, :]
+                w_even = tl.load(w_split_ptr + even.to(tl.int64)[None, :] * (4 * K) + terms[:, None],
+                                 mask=term_mask, other=0.0)
+                w_odd = tl.load(w_split_ptr + odd.to(tl.int64)[None, :] * (4 * K) + terms[:, None],
+                                mask=term_mask, other=0.0)
+                acc_even = dot_split(sums, w_even, acc_even, PHASES * BLOCK_P, DOT_K)
+                acc_odd = dot_split(diffs, w_odd, acc_odd, PHASES * BLOCK_P, DOT_K)
+            else:
+                w_rows = w_ptr + t[:, None] * C_out
+                w_mask = t_mask[:, None] & f_mask[None, :]
+                w_even = tl.load(w_rows + even[None, :], mask=w_mask, other=0.0).to(tl.float32)
+                w_odd = tl.load(w_rows + odd[None, :], mask=w_mask, other=0.0).to(tl.float32)
+                acc_even += tl.dot(sums, w_even, input_precision=PRECISION)
+                acc_odd += tl.dot(diffs, w_odd, input_precision=PRECISION)
+    acc_even += offset_even[None, :]
+    acc_odd += offset_odd[None, :]
+    if ABS:
+        acc_even = tl.abs(acc_even)
+        acc_odd = tl.abs(acc_odd)
+    # the pool: a max over the phases that NaN propagates through, as torch's max_pool1d
+    in_pool = (phase < POOL)[:, None]
+    result_even = tl.reduce(tl.reshape(tl.where(in_pool, acc_even, float("-inf")), (PHASES, BLOCK_P, BLOCK_F)), 0,
+                            _nan_max)
+    result_odd = tl.reduce(tl.reshape(tl.where(in_pool, acc_odd, float("-inf")), (PHASES, BLOCK_P, BLOCK_F)), 0,
+                           _nan_max)
 
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     out_rows = out_ptr + pid_b.to(tl.int64) * stride_ob + offs_p.to(tl.int64)[:, None] * stride_ol
-    out_mask = p_mask[:, None] & f_mask[None, :]
+    out_mask = (offs_p < L_out)[:, None] & f_mask[None, :]
     tl.store(out_rows + even.to(tl.int64)[None, :] * stride_oc, result_even.to(out_ptr.dtype.element_ty),
              mask=out_mask)
     tl.store(out_rows + odd.to(tl.int64)[None, :] * stride_oc, result_odd.to(out_ptr.dtype.element_ty),
              mask=out_mask)
+
+
+@triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit

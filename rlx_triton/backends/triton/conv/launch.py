@@ -8,7 +8,7 @@ minimum traffic (each input, weight and output byte once) and the FLOPs the dots
 (masked lanes included; the elementwise prologue and epilogue are not counted).
 
 Candidate mapping (ConvCandidate): tile_pos -> BLOCK_P output positions per program (pooled
-positions when a pool is fused), tile_co -> BLOCK_CO (not the sinc kernel's: `sinc_filter_block`), tile_k ->
+positions when a pool is fused), tile_co -> BLOCK_CO (the sinc kernel: `sinc_tile`), tile_k ->
 BLOCK_K (reduction per loop iteration, issued as 16-wide tl.dots on GPUs: DOT_K), tg_size // 32 ->
 num_warps, stages -> num_stages, precision -> tl.dot input_precision ("ieee", "tf32") or dot_split
 ("tf32x3"), fuse_epilogue -> abs/pool/leaky in the conv kernel (True) or in a separate `_epilogue_kernel`
@@ -17,7 +17,7 @@ batch and length buckets, channels, stride, taps, pool).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 import torch
 import triton
@@ -71,10 +71,11 @@ def _meta(candidate, interpret: bool = False) -> dict:
 
 
 def _sinc_meta(candidate, interpret: bool = False) -> dict:
-    """ConvCandidate -> meta-parameters of `_sinc_conv_kernel` (its filter tile follows the bank:
-    `sinc_filter_block`)."""
+    """ConvCandidate -> meta-parameters of `_sinc_conv_kernel` that the candidate alone sets (its position and
+    filter tiles follow the bank and the pool too: `sinc_tile`, given at launch)."""
     meta = _meta(candidate, interpret)
     meta.pop("BLOCK_CO")
+    meta.pop("BLOCK_P")
     return meta
 
 
@@ -191,28 +192,36 @@ def _conv_record(x, w2d, w_split, bias, out, *, taps, stride, padding, dilation,
                    flags, counts, lambda grid, meta: conv_flops(grid, meta, C_in * taps, pool))
 
 
-def sinc_filter_block(c_out: int, candidate) -> int:
-    """BLOCK_F of `_sinc_conv_kernel`: the filters of each parity (symmetric, antisymmetric) one program holds.
-    As many as fit, up to the candidate's channel tile: all of them where they can (SincNet's 40 + 40 in
-    64 + 64 lanes: one program per position tile shares each sample's preparation among all 80 filters),
-    while its four BLOCK_P x BLOCK_F fp32 arrays (the phase's sums and the pooled maxima of each parity) take
-    at most 32 registers of a thread on tensor cores, 16 on the FMA path (its dot holds broadcast operand rows
-    beside them), past which they spill (the compile audit's sm_80 and sm_90 counts); at least the 8 lanes
-    of a TF32 MMA's N."""
-    per_thread = 32 if candidate.precision != "ieee" else 16
-    register_bound = per_thread * candidate.tg_size // (4 * candidate.tile_pos)
-    wanted = triton.next_power_of_2(max(1, c_out // 2))
-    return max(8, min(candidate.tile_co, register_bound, wanted))
+def sinc_tile(c_out: int, pool: int, candidate, interpret: bool = False) -> Tuple[int, int]:
+    """(BLOCK_P, BLOCK_F) of `_sinc_conv_kernel`: pooled positions and filters of each parity (symmetric,
+    antisymmetric) one program holds.
+
+    Filters: as many as the candidate's channel tile allows, all of them where they fit (SincNet's 40 + 40
+    in 64 + 64 lanes: each sample's preparation, not the MMAs, is what an output costs, and every filter a
+    program holds shares it); at least the 8 lanes of a TF32 MMA's N. Positions: the candidate's tile_pos,
+    halved while the two accumulators (PHASES x BLOCK_P rows by BLOCK_F, fp32) would take more than 64
+    registers of a thread on tensor cores or 16 on the FMA path (its dot holds broadcast operand rows beside
+    them), past which they spill (the compile audit's sm_80 and sm_90 counts). The interpreter has no
+    registers to spare: it takes the candidate's tile, where fewer programs cost less."""
+    block_f = max(8, min(candidate.tile_co, triton.next_power_of_2(max(1, c_out // 2))))
+    block_p = candidate.tile_pos
+    if not interpret:
+        budget = (64 if candidate.precision != "ieee" else 16) * candidate.tg_size
+        rows = triton.next_power_of_2(pool)
+        while 2 * rows * block_p * block_f > budget and rows * block_p > 16:
+            block_p //= 2
+    return block_p, block_f
 
 
-def sinc_flops(grid, meta, half: int, pool: int, block_f: int) -> int:
-    """FLOPs the dots of a `_sinc_conv_kernel` launch execute: POOL phases of HALF + 1 pre-added taps in
-    BLOCK_K steps on BLOCK_P positions x 2 BLOCK_F filters per program (masked lanes included)."""
+def sinc_flops(grid, meta, half: int, pool: int, block_p: int, block_f: int) -> int:
+    """FLOPs the dots of a `_sinc_conv_kernel` launch execute: HALF + 1 pre-added taps in BLOCK_K steps on
+    PHASES x BLOCK_P rows (POOL rounded up to a power of two) x 2 BLOCK_F filters per program (masked lanes
+    and rows included)."""
     programs = 1
     for g in grid:
         programs *= g
     steps = triton.cdiv(half + 1, meta["BLOCK_K"]) * meta["BLOCK_K"]
-    return 2 * programs * pool * steps * meta["BLOCK_P"] * 2 * block_f
+    return 2 * programs * triton.next_power_of_2(pool) * steps * block_p * 2 * block_f
 
 
 def _sinc_record(x, bank, out, *, stride, pool, abs_, in_norm, candidate, route=None) -> Launch:
@@ -230,14 +239,15 @@ def _sinc_record(x, bank, out, *, stride, pool, abs_, in_norm, candidate, route=
     counts = dict(bytes_read=_nbytes(x) + weight_bytes + _nbytes(tap_sum) + 3 * B * 4, bytes_written=_nbytes(out),
                   unit=UNIT_OF_PRECISION[candidate.precision])
 
-    block_f = sinc_filter_block(C_out, candidate)
+    block_p, block_f = sinc_tile(C_out, pool, candidate, interpret=settings().interpret)
 
     def grid_for(meta):
-        return (triton.cdiv(L_out, meta["BLOCK_P"]), triton.cdiv(C_out // 2, block_f), B)
+        return (triton.cdiv(L_out, block_p), triton.cdiv(C_out // 2, block_f), B)
 
     return _record(_sinc_conv_kernel, _tuned_or_none("sinc", candidate, route), candidate, route, grid_for, args,
-                   dict(HALF=half, POOL=pool, ABS=bool(abs_), BLOCK_F=block_f), counts,
-                   lambda grid, meta: sinc_flops(grid, meta, half, pool, block_f))
+                   dict(HALF=half, POOL=pool, PHASES=triton.next_power_of_2(pool), ABS=bool(abs_), BLOCK_P=block_p,
+                        BLOCK_F=block_f), counts,
+                   lambda grid, meta: sinc_flops(grid, meta, half, pool, block_p, block_f))
 
 
 def _epilogue_record(y, bias, out, *, pool, abs_, out_slope) -> Launch:

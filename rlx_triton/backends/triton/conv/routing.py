@@ -35,15 +35,16 @@ CONV1D_MAX_REL_ERR = 1e-5
 _WHERE = "interpreter, tests/triton/test_conv.py (conv1d + SincNet blocks vs float64)"
 APPROVALS = approvals_by_precision("conv", {"ieee": CONV1D_MAX_REL_ERR, "tf32x3": CONV1D_MAX_REL_ERR}, _WHERE)
 # Device class -> candidate tag. sm_90 / sm_80: true fp32 on TF32 tensor cores, 32 positions x 64 channel
-# lanes over 8 warps, chosen on rlx-triton perf's estimates until bench/sincnet.py measures a GPU. The convs
-# are issue-bound (preparing each sample: loads, normalisation, mirrored sums, TF32 splits), so the widest
-# channel tile shares that work most: all 40 + 40 sinc filters and a block's 60 channels in one program. At
-# the bench shape (32 x 10 s) SincNet est. 1929 -> 797 us on an H200 (the sinc conv 1365 -> 476 us at 186
-# registers, the blocks 381 + 129 -> 201 + 66 us) against the library's 997 us, and 1587 -> 1273 us on an
-# A100 (library 2835 us), no spills on either (64 x 32 tiles spilled 64 B on sm_80 once the sinc conv held
-# 32 filters per parity; 64 x 64 tiles 160-656 B). In the interpreter the cost is per program, so the widest
-# ieee tile wins (measured on SincNet, 2 x 2000 samples, on a loaded 2-core machine: 64x32 tiles 5.8-10 s,
-# 128x64 tiles 3.3-5 s per forward).
+# lanes over 8 warps, one stage, chosen on rlx-triton perf's estimates until bench/sincnet.py measures a GPU.
+# The convs are issue-bound on preparing each sample (loads, normalisation, mirrored sums, TF32 splits), so
+# the widest channel tile shares that work most: all 40 + 40 sinc filters and a block's 60 channels in one
+# program; the sinc kernel also takes the pool's three phases as rows of one tile (each weight tile feeds
+# all of them). At the bench shape (32 x 10 s) SincNet est. 1929 -> 533 us on an H200 (library 997 us; the
+# sinc conv 1365 -> 269 us at 216 registers, the blocks 381 + 129 -> 164 + 46 us, no spills) and 1587 ->
+# 1195 us on an A100 (library 2835 us), where the sinc kernel spills 24 B a thread (255 registers: sm_80's
+# MMAs take their A operand from registers). In the interpreter the cost is per program, so the widest ieee
+# tile wins (measured on SincNet, 2 x 2000 samples, on a loaded 2-core machine: 64x32 tiles 5.8-10 s, 128x64
+# tiles 3.3-5 s per forward).
 RECIPES = {"interpreter": ConvVariant["IEEE_P128_CO64"].tag(), "sm90": ConvVariant["TF32X3_P32_CO64_W8"].tag(),
            "sm80": ConvVariant["TF32X3_P32_CO64_W8"].tag()}
 SPEED_EVIDENCE: dict = {}
