@@ -11,10 +11,11 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   tf32x3 candidates (true fp32 on TF32 tensor cores) run `_igemm_tf32x3` instead: pixels x channels
   (the pixels on the MMA's M side, the channel tile on N, fitted to the layer: 32 or 64), the input
   patch split into TF32 halves in registers and the weights split once per weight version
-  (split_weights), one 4-term TF32 dot per step (conv.dot_split), so each step's MMA group stays in
-  flight while the next tiles load through cp.async. sm_90: both tiles keep one wgmma group in flight
-  in the loop (WARPGROUP.DEPBAR.LE gsb0, 0x1 in the SASS); at the trunk's shapes the 64 x 64 x 16 tile
-  holds 170-192 registers (2 CTAs/SM) and the 64 x 32 x 16 tile of the 32-channel layers 104 (4 CTAs/SM).
+  (split_weights), one 4-term TF32 dot per step (conv.dot_split): one MMA group per step. The trunk's
+  tiles run one stage: the patch is a gathered load (masks for the padding), not a cp.async copy, so a
+  deeper pipeline only held the next step's operands in registers; with one stage the 64 x 64 x 16 tile
+  holds 166-170 registers (3 CTAs/SM on sm_90) and the 64 x 32 x 16 tile of the 32-channel layers 110-128
+  (4 CTAs/SM), and the issue-bound layers run more warps per scheduler.
 - `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
   time, optionally weighted by per-frame weights exactly as pyannote's `StatsPool` computes them.
 - The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`
