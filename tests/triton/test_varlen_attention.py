@@ -204,3 +204,12 @@ def test_a_routed_call_is_one_launch():
         rt.flash_attn_varlen_func(**kw)
     assert log.kernels == ["_varlen_attention_kernel"]
 
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (40, 0), (17, 9), (-1, 33), (70, -1)], ids=str)
+def test_key_tiles_every_row_sees_skip_the_mask_and_give_fa2s_values(window):
+    """Long sequences under causal and sliding windows: the tiles inside every row's window run unmasked, the
+    tiles at the window's edges masked, and together they give FA2's output and lse."""
+    kw = make_varlen_inputs(0, 0, 32, (4, 2), lengths_q=[130, 1, 77], lengths_k=[300, 64, 77],
+                            causal=window[1] == 0, window=window)
+    assert_matches_fa(kw)

@@ -16,7 +16,8 @@ seqused_k[s] (FlashAttention's seqused_k: the used part of a larger slot; a page
 offset). Masking is FlashAttention 2's, aligned bottom-right within each sequence: key n is in query row
 i's window when diagonal - left <= n <= diagonal + right, diagonal = i + seqlen_k - seqlen_q (-1: that side
 unbounded; causal is the window (-1, 0)), and the loop visits only the key tiles some row of the block can
-see. Scores: scale, then softcap * tanh(s / softcap), then ALiBi (slope x key index under the causal window,
+see: first the tiles every row of the block sees whole, with no mask (on a causal prefill all but the
+diagonal's), then the tiles at the window's edges and the last partial tile, masked. Scores: scale, then softcap * tanh(s / softcap), then ALiBi (slope x key index under the causal window,
 -slope x |distance to the diagonal| otherwise), in base 2.
 Attention sinks (per-head logits, transformers' s_aux) start each row's running max at the sink and its
 sum at 1, so they join the softmax's denominator and no value.
@@ -121,11 +122,20 @@ def _varlen_attention_kernel(
     diagonal = tok + seqlen_k - seqlen_q
     lo = seqlen_k * 0
     hi = seqlen_k
+    # the tiles of [full_lo, full_hi) hold only keys every row of the block sees: they skip the mask (on causal
+    # prefill every tile but the diagonal's); a tile is full when it ends by hi and by the first row's right
+    # window edge and starts at or past the last row's left edge. Tiles start at lo + i * BLOCK_N.
+    full_lo = lo
+    full_end = hi
     if WINDOW:
         first_diagonal = local_block * BLOCK_Q + seqlen_k - seqlen_q
         last_diagonal = tl.minimum(local_block * BLOCK_Q + BLOCK_Q, seqlen_q) - 1 + seqlen_k - seqlen_q
         lo = tl.where(window_left >= 0, tl.maximum(first_diagonal - window_left, 0), 0)
         hi = tl.where(window_right >= 0, tl.minimum(last_diagonal + window_right + 1, seqlen_k), seqlen_k)
+        full_lo = tl.where(window_left >= 0, tl.maximum(last_diagonal - window_left, lo), lo)
+        full_end = tl.where(window_right >= 0, tl.minimum(first_diagonal + window_right + 1, hi), hi)
+    full_lo = tl.maximum(tl.minimum(lo + tl.cdiv(full_lo - lo, BLOCK_N) * BLOCK_N, hi), lo)   # hi < lo: none
+    full_hi = tl.maximum(lo + (tl.maximum(full_end - lo, 0) // BLOCK_N) * BLOCK_N, full_lo)
     if ALIBI != 0:  # slopes in base-2 units, as the scores are
         slopes = tl.load(alibi_ptr + seq64 * stride_alibi_b + head64, mask=row_valid, other=0.0) * LOG2E
 
@@ -146,57 +156,71 @@ def _varlen_attention_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < hi
-        if PAGED:
-            pages = tl.load(block_table_ptr + seq64 * stride_btb + offs_n // page_size, mask=n_valid,
-                            other=0).to(tl.int64)
-            slots = (offs_n % page_size).to(tl.int64)
-            k_rows = pages * stride_kp + slots * stride_kt
-            v_rows = pages * stride_vp + slots * stride_vt
-            if KV_QUANT == 2:
-                ks_rows = pages * stride_ksp + slots * stride_kst
-                vs_rows = pages * stride_vsp + slots * stride_vst
+    # two passes over the key tiles: the unmasked ones, [full_lo, full_hi), then the masked ones at the window's
+    # edges, [lo, full_lo) and [full_hi, hi), as one loop (a third copy of the body costs registers)
+    left_tiles = tl.cdiv(full_lo - lo, BLOCK_N)   # full_lo is hi where no tile is full: a partial last tile
+    edge_tiles = left_tiles + tl.cdiv(hi - full_hi, BLOCK_N)
+    for masked in tl.static_range(2):
+        if masked:
+            tile_count = edge_tiles
         else:
-            key_rows = (k_start + offs_n).to(tl.int64)
-            k_rows = key_rows * stride_kt
-            v_rows = key_rows * stride_vt
+            tile_count = (full_hi - full_lo) // BLOCK_N
+        for tile in range(0, tile_count):
+            if masked:
+                start_n = tl.where(tile < left_tiles, lo + tile * BLOCK_N, full_hi + (tile - left_tiles) * BLOCK_N)
+            else:
+                start_n = full_lo + tile * BLOCK_N
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_valid = offs_n < hi
+            if PAGED:
+                pages = tl.load(block_table_ptr + seq64 * stride_btb + offs_n // page_size, mask=n_valid,
+                                other=0).to(tl.int64)
+                slots = (offs_n % page_size).to(tl.int64)
+                k_rows = pages * stride_kp + slots * stride_kt
+                v_rows = pages * stride_vp + slots * stride_vt
+                if KV_QUANT == 2:
+                    ks_rows = pages * stride_ksp + slots * stride_kst
+                    vs_rows = pages * stride_vsp + slots * stride_vst
+            else:
+                key_rows = (k_start + offs_n).to(tl.int64)
+                k_rows = key_rows * stride_kt
+                v_rows = key_rows * stride_vt
+                if KV_QUANT == 2:
+                    ks_rows = key_rows * stride_kst
+                    vs_rows = key_rows * stride_vst
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+            k = stored_as_operand(k, q, KV_QUANT, KV_E4M3_BITS)
+            if DOT_LOWP:
+                scores = tl.dot(q, tl.trans(k))
+            else:
+                scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
             if KV_QUANT == 2:
-                ks_rows = key_rows * stride_kst
-                vs_rows = key_rows * stride_vst
-        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        k = stored_as_operand(k, q, KV_QUANT, KV_E4M3_BITS)
-        if DOT_LOWP:
-            scores = tl.dot(q, tl.trans(k))
-        else:
-            scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        if KV_QUANT == 2:
-            scores = scores * tl.load(ks_base + ks_rows, mask=n_valid, other=0.0)[None, :]
-        scores = scores * qk_scale
-        if SOFTCAP:
-            # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
-            capped = 2.0 * tl.sigmoid(scores * (2.0 * LN2 / softcap)) - 1.0
-            scores = capped * (softcap * LOG2E)
-        if ALIBI == 1:
-            scores += slopes[:, None] * offs_n.to(tl.float32)[None, :]
-        if ALIBI == 2:
-            scores -= slopes[:, None] * tl.abs((diagonal[:, None] - offs_n[None, :]).to(tl.float32))
+                scores = scores * tl.load(ks_base + ks_rows, mask=n_valid, other=0.0)[None, :]
+            scores = scores * qk_scale
+            if SOFTCAP:
+                # softcap * tanh(s / softcap) of the natural-log score s, with tanh(x) = 2 * sigmoid(2x) - 1
+                capped = 2.0 * tl.sigmoid(scores * (2.0 * LN2 / softcap)) - 1.0
+                scores = capped * (softcap * LOG2E)
+            if ALIBI == 1:
+                scores += slopes[:, None] * offs_n.to(tl.float32)[None, :]
+            if ALIBI == 2:
+                scores -= slopes[:, None] * tl.abs((diagonal[:, None] - offs_n[None, :]).to(tl.float32))
 
-        keep = row_valid[:, None] & n_valid[None, :]
-        if WINDOW:
-            keep = keep & ((window_left < 0) | (offs_n[None, :] >= diagonal[:, None] - window_left)) \
-                & ((window_right < 0) | (offs_n[None, :] <= diagonal[:, None] + window_right))
-        scores = tl.where(keep, scores, float("-inf"))
+            if masked:
+                keep = row_valid[:, None] & n_valid[None, :]
+                if WINDOW:
+                    keep = keep & ((window_left < 0) | (offs_n[None, :] >= diagonal[:, None] - window_left)) \
+                        & ((window_right < 0) | (offs_n[None, :] <= diagonal[:, None] + window_right))
+                scores = tl.where(keep, scores, float("-inf"))
 
-        m_new, p, alpha, l_i = online_softmax.rescale(m_i, l_i, scores)
-        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=n_valid[:, None] & dv_valid[None, :],
-                    other=0.0)
-        v = stored_as_operand(v, q, KV_QUANT, KV_E4M3_BITS)
-        if KV_QUANT == 2:   # the sum of the weights (l) stays unscaled: only the rows of V are
-            p = p * tl.load(vs_base + vs_rows, mask=n_valid, other=0.0)[None, :]
-        acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
-        m_i = m_new
+            m_new, p, alpha, l_i = online_softmax.rescale(m_i, l_i, scores)
+            v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=n_valid[:, None] & dv_valid[None, :],
+                        other=0.0)
+            v = stored_as_operand(v, q, KV_QUANT, KV_E4M3_BITS)
+            if KV_QUANT == 2:   # the sum of the weights (l) stays unscaled: only the rows of V are
+                p = p * tl.load(vs_base + vs_rows, mask=n_valid, other=0.0)[None, :]
+            acc = online_softmax.accumulate(acc, alpha, p, v, DOT_LOWP)
+            m_i = m_new
 
     out, no_keys, l_safe = online_softmax.normalise(acc, l_i)
     if KV_QUANT == 1:
