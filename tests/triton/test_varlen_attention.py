@@ -213,3 +213,16 @@ def test_key_tiles_every_row_sees_skip_the_mask_and_give_fa2s_values(window):
     kw = make_varlen_inputs(0, 0, 32, (4, 2), lengths_q=[130, 1, 77], lengths_k=[300, 64, 77],
                             causal=window[1] == 0, window=window)
     assert_matches_fa(kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [(-1, 0), (40, 0), (17, 9)], ids=str)
+def test_on_cuda_unmasked_and_edge_tiles_give_fa2s_values(window):
+    """fp16 on a GPU, the compiled kernel's two passes over the key tiles (every row's tiles unmasked, the window's
+    edges masked) against the float64 reading of FA2."""
+    kw = make_varlen_inputs(0, 0, 64, (8, 2), dtype=torch.float16, lengths_q=[130, 1, 77], lengths_k=[300, 64, 77],
+                            causal=window[1] == 0, window=window)
+    ref_out, ref_lse = naive_flash_attn_varlen(**kw)
+    out, lse = run_kernel({name: value.cuda() if isinstance(value, torch.Tensor) else value
+                           for name, value in kw.items()})
+    assert_out_and_lse_match(out.cpu(), lse.cpu(), ref_out, ref_lse, torch.float16, TOL[torch.float16])
