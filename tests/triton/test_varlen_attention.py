@@ -226,3 +226,22 @@ def test_on_cuda_unmasked_and_edge_tiles_give_fa2s_values(window):
     out, lse = run_kernel({name: value.cuda() if isinstance(value, torch.Tensor) else value
                            for name, value in kw.items()})
     assert_out_and_lse_match(out.cpu(), lse.cpu(), ref_out, ref_lse, torch.float16, TOL[torch.float16])
+
+
+def test_on_long_windows_a_nan_key_reaches_only_the_rows_that_see_it_under_inference_mode():
+    """130 tokens over 300 keys, window (40, 0): row i sees keys i + 130 .. i + 170. A NaN at key 200 of KV head 1
+    (inside tiles every row of later blocks sees whole, so unmasked there) reaches rows 30..70 of its query heads
+    only; a NaN at key 135 of KV head 0 (in the first block's left edge tile, masked) reaches rows 0..5 only; the
+    other rows average constant values to that constant."""
+    kw = make_varlen_inputs(0, 0, 32, (4, 2), lengths_q=[130], lengths_k=[300], causal=True, window=(40, 0))
+    kw["v"] = torch.full_like(kw["v"], 0.75)
+    kw["k"][200, 1, 3] = float("nan")
+    kw["k"][135, 0, 0] = float("nan")
+    with torch.inference_mode():
+        out, _ = run_kernel(kw)
+    expected_nan = torch.zeros(130, 4, dtype=torch.bool)
+    expected_nan[30:71, 2:] = True     # query heads 2 and 3 share KV head 1
+    expected_nan[0:6, :2] = True
+    assert torch.equal(out.isnan().any(-1), expected_nan)
+    seen = ~expected_nan
+    torch.testing.assert_close(out[seen].double(), torch.full_like(out[seen], 0.75).double(), rtol=1e-6, atol=1e-6)
