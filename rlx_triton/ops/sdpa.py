@@ -46,13 +46,6 @@ _sizes = getattr(torch._C, "_non_sym_sizes", None) or (lambda tensor: tuple(tens
 _compiler = torch.compiler
 
 
-def _is_compiling() -> bool:
-    """torch.compiler.is_compiling(), as the wrapper reads it inline: dynamo folds is_dynamo_compiling() to True
-    while tracing, and the flag covers export's tracing without dynamo (torch's own test costs two frames more,
-    a tenth of a repeated call's overhead)."""
-    return _is_dynamo_compiling() or _compiler._is_compiling_flag
-
-
 def _batched_heads_divide(fields, features) -> Optional[str]:
     """Grouped heads divide where the layout is batched (otherwise torch's op broadcasts them)."""
     return heads_divide(fields, features) if features["layout"] == "batched" else None
@@ -378,7 +371,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         >>> rt.scaled_dot_product_attention(q, k, v, enable_gqa=True).shape
         torch.Size([2, 32, 1, 128])
     """
-    compiling = _is_dynamo_compiling() or _compiler._is_compiling_flag   # _is_compiling(), inline
+    # torch.compiler.is_compiling(), two frames cheaper: dynamo folds is_dynamo_compiling() to True while it
+    # traces, and the flag covers export's tracing without dynamo
+    compiling = _is_dynamo_compiling() or _compiler._is_compiling_flag
     signature: Optional[tuple] = None
     decided = None
     if not compiling:

@@ -8,13 +8,23 @@ exponentials, so -inf - -inf never makes a NaN). A NaN score makes l NaN whether
 torch's are. l is exactly 0 at the end only when every score was -inf (the largest score contributes
 exp2(0) = 1), so `normalise` tests l == 0, not l > 0.
 
-The three steps are split where the kernels load V between them, so a kernel reads: scores, `rescale`,
-load V, `accumulate`, and after the last block `normalise`.
+The steps are split where the kernels load and mask between them, so a kernel reads: load K, `scores`, scale
+and mask, `rescale`, load V, `accumulate`, and after the last block `normalise`.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def scores(q, k, DOT_LOWP: tl.constexpr):
+    """q @ k^T (rows x keys, fp32): on the 16-bit operands' tensor cores when DOT_LOWP, else fp32 ieee dots."""
+    if DOT_LOWP:
+        qk = tl.dot(q, tl.trans(k))
+    else:
+        qk = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    return qk
 
 
 @triton.jit

@@ -350,10 +350,7 @@ def _attend_tile(acc, m_i, l_i, q, start_n, hi, k_base, v_base, ks_base, vs_base
     else:
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=d_valid[None, :], other=0.0)
     k = stored_as_operand(k, q, KV_QUANT, KV_E4M3_BITS)
-    if DOT_LOWP:
-        scores = tl.dot(q, tl.trans(k))
-    else:
-        scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    scores = online_softmax.scores(q, k, DOT_LOWP)
     if KV_QUANT == 2:
         if EDGE or PAGED:
             k_scales = tl.load(ks_base + ks_rows, mask=n_valid, other=0.0)

@@ -190,10 +190,7 @@ def _varlen_attention_kernel(
                     vs_rows = key_rows * stride_vst
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_valid[None, :], other=0.0)
             k = stored_as_operand(k, q, KV_QUANT, KV_E4M3_BITS)
-            if DOT_LOWP:
-                scores = tl.dot(q, tl.trans(k))
-            else:
-                scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            scores = online_softmax.scores(q, k, DOT_LOWP)
             if KV_QUANT == 2:
                 scores = scores * tl.load(ks_base + ks_rows, mask=n_valid, other=0.0)[None, :]
             scores = scores * qk_scale
