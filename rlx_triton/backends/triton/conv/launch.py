@@ -202,7 +202,7 @@ def sinc_tile(c_out: int, pool: int, candidate, interpret: bool = False) -> Tupl
     halved while the two accumulators (PHASES x BLOCK_P rows by BLOCK_F, fp32) would take more than 64
     registers of a thread on tensor cores or 16 on the FMA path (its dot holds broadcast operand rows beside
     them), past which they spill (the compile audit's sm_80 and sm_90 counts). The interpreter has no
-    registers to spare: it takes the candidate's tile, where fewer programs cost less."""
+    register file to outgrow: it takes the candidate's tile, where fewer programs cost less."""
     block_f = max(8, min(candidate.tile_co, triton.next_power_of_2(max(1, c_out // 2))))
     block_p = candidate.tile_pos
     if not interpret:
