@@ -1,8 +1,11 @@
-"""Small decode and LSTM launches for compute-sanitizer (bench/gpu_check.sh's `sanitizer` check).
+"""Small decode, varlen, SincNet and LSTM launches for compute-sanitizer (bench/gpu_check.sh's `sanitizer` check).
 
 Runs, on CUDA tensors, a split decode launch whose splits merge in one and in two levels (ragged lengths,
-a paged cache, a length of 0), then the on-chip LSTM recurrence (a cooperative launch whose programs meet
-at a barrier every step), and checks the outputs against float64. Under `compute-sanitizer --tool memcheck`
+a paged cache, a length of 0), the varlen kernel's two passes over key tiles (unmasked tiles, then the window's
+edges and last partial tile) under causal and sliding windows on contiguous and paged caches, the symmetric
+sinc conv (the pool's phases as tile rows, filter lanes past the bank masked) with SincNet's blocks, then the
+on-chip LSTM recurrence (a cooperative launch whose programs meet at a barrier every step), and checks the
+outputs against float64. Under `compute-sanitizer --tool memcheck`
 (with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every tensor is its own allocation and a read past one is seen)
 and `--tool racecheck` any out-of-bounds access or shared-memory hazard is reported by the tool; this
 script exits non-zero on a wrong value.
@@ -37,6 +40,31 @@ def decode() -> None:
     torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
 
 
+def varlen() -> None:
+    from tests.reference.varlen_attention import make_varlen_inputs, naive_flash_attn_varlen
+
+    for window, page_size in (((-1, 0), None), ((40, 0), 16), ((17, 9), None)):
+        kw = make_varlen_inputs(0, 0, 64, (8, 2), dtype=torch.float16, lengths_q=[130, 1, 77],
+                                lengths_k=[300, 64, 77], causal=window[1] == 0, window=window, page_size=page_size)
+        ref, _ = naive_flash_attn_varlen(**kw)
+        with rt.use_backend("triton", strict=True):
+            out = rt.flash_attn_varlen_func(**{name: value.cuda() if isinstance(value, torch.Tensor) else value
+                                               for name, value in kw.items()})
+        torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-3, atol=8e-3)
+
+
+def sincnet() -> None:
+    from rlx_triton.nn.conv import SincNet
+    from tests.reference.conv import random_sincnet, sincnet_float64
+
+    module = random_sincnet().cuda()
+    wav = torch.randn(2, 1, 4000, device="cuda")
+    with torch.no_grad(), rt.use_backend("triton", strict=True):
+        out = SincNet.from_pyannote(module)(wav)
+    ref = sincnet_float64(module.cpu(), wav.cpu())
+    assert ((out.cpu().double() - ref).abs().max() / ref.abs().max()).item() <= 1e-4
+
+
 def lstm() -> None:
     torch.backends.cudnn.allow_tf32 = False
     stock = torch.nn.LSTM(20, 64, 2, bidirectional=True, batch_first=True).cuda().eval()
@@ -52,7 +80,7 @@ def lstm() -> None:
 if __name__ == "__main__":
     if not torch.cuda.is_available():
         sys.exit("gpu_sanitize: no CUDA GPU visible to torch")
-    for name in sys.argv[1:] or ["decode", "lstm"]:
-        {"decode": decode, "lstm": lstm}[name]()
+    for name in sys.argv[1:] or ["decode", "varlen", "sincnet", "lstm"]:
+        {"decode": decode, "varlen": varlen, "sincnet": sincnet, "lstm": lstm}[name]()
         torch.cuda.synchronize()
         print("gpu_sanitize:", name, "ok", flush=True)
