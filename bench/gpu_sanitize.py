@@ -4,7 +4,8 @@ Runs, on CUDA tensors, a split decode launch whose splits merge in one and in tw
 a paged cache, a length of 0), the varlen kernel's two passes over key tiles (unmasked tiles, then the window's
 edges and last partial tile) under causal and sliding windows on contiguous and paged caches, the symmetric
 sinc conv (the pool's phases as tile rows, filter lanes past the bank masked) with SincNet's blocks, then the
-on-chip LSTM recurrence (a cooperative launch whose programs meet at a barrier every step), and checks the
+on-chip LSTM recurrence (a cooperative launch whose programs read each other's h through the exchange every
+step; 40 hidden units and a batch of 4, so the exchange's padded rows and columns are read too), and checks the
 outputs against float64. Under `compute-sanitizer --tool memcheck`
 (with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every tensor is its own allocation and a read past one is seen)
 and `--tool racecheck` any out-of-bounds access or shared-memory hazard is reported by the tool; this
@@ -67,7 +68,7 @@ def sincnet() -> None:
 
 def lstm() -> None:
     torch.backends.cudnn.allow_tf32 = False
-    stock = torch.nn.LSTM(20, 64, 2, bidirectional=True, batch_first=True).cuda().eval()
+    stock = torch.nn.LSTM(20, 40, 2, bidirectional=True, batch_first=True).cuda().eval()
     module = rt.nn.LSTM.from_torch(stock)
     x = torch.randn(4, 50, 20, device="cuda")
     with torch.no_grad(), rt.use_backend("triton", strict=True):

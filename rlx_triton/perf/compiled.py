@@ -5,8 +5,8 @@ compiled with `triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32)
 triton wheel, in worker processes started without TRITON_INTERPRET (the audit's helpers). The wheel's
 cuobjdump gives registers, spills (stack + local bytes per thread) and the SASS, read as its loops
 (`sass_loops`: every backward branch, its body, what the body holds besides its nested loops, and whether
-it is a spin loop: a short body that polls global memory with a strong load or an atomic and does no
-arithmetic or store, as a grid barrier's wait does). Which loop the instruction mix is counted over
+it is a spin loop: a body that polls global memory with a strong load or an atomic and does no
+arithmetic or store, as a barrier's wait does). Which loop the instruction mix is counted over
 depends on the launch (the loop executing the most instructions, body x trips: rlx_triton.perf.structure),
 so the facts keep every loop; `sass_mix` gives the mix of the largest non-spin loop for a reader without
 a launch. Results are cached on disk under the user cache dir, keyed on the kernel's source hash (triton's
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
 _BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
@@ -82,7 +82,6 @@ class Compiled:
 # SASS opcodes that poll global memory (what a spin loop waits on) and that do a loop's work
 _POLL = re.compile(r"^(ATOMG|ATOM|RED|LDG\.[A-Z0-9_.]*STRONG|LD\.[A-Z0-9_.]*STRONG)")
 _WORK = re.compile(r"^(FFMA|DFMA|FMUL|FADD|HMMA|HGMMA|IMMA|QGMMA|STG|ST\.)")
-SPIN_LOOP_MAX = 32   # instructions: a barrier's poll compiles to about a dozen; a loop doing work is larger
 _HMMA_SHAPES = {"16816": (16, 8, 16), "1688": (16, 8, 8), "884": (8, 8, 4), "16832": (16, 8, 32)}
 _GMMA_SHAPE = re.compile(r"^[HQI]GMMA\.(\d+)x(\d+)x(\d+)")
 _LOAD_WIDTH = re.compile(r"\.(128|64|U16|S16|U8|S8)(?:\.|$)")
@@ -132,9 +131,12 @@ def _counts(body) -> Dict[str, int]:
 def sass_loops(sass: str) -> Tuple[List[dict], int]:
     """(loops, instructions of the kernel) of a SASS listing. A loop is the span [start, end] of a backward branch
     to start; per loop: its depth (loops around it), `size` (instructions in its span), `own` (those not in a loop
-    nested in it), the mix of its own instructions (mma, ldg128, ldgsts, ffma), the FLOPs of one pass of its own
+    nested in it), the mix of its own instructions (mma, ldg128, ldgsts, ffma; `bar`: its CTA barriers), the FLOPs
+    of one pass of its own
     FFMA (64 per warp instruction) and tensor-core instructions, the bytes of one pass of its global loads, and
-    `spin`: at most SPIN_LOOP_MAX instructions that poll global memory and do no arithmetic or store."""
+    `spin`: a loop without nested loops whose body polls global memory (a strong load or an atomic) and does no
+    floating-point arithmetic, tensor-core work or store: it only waits (a barrier's poll, a wait for tagged
+    words), however many words one poll reads."""
     rows = _parse(sass)
     spans = []
     for address, opcode, operands in rows:
@@ -149,11 +151,12 @@ def sass_loops(sass: str) -> Tuple[List[dict], int]:
         body = [row for row in rows if lo <= row[0] <= hi]
         own = [row for row in body if not any(a <= row[0] <= b for a, b in nested)]
         depth = sum(1 for a, b in spans if (a, b) != (lo, hi) and a <= lo and hi <= b)
-        spin = (len(own) <= SPIN_LOOP_MAX and not nested and any(_POLL.match(op) for _, op, _ in own)
+        spin = (not nested and any(_POLL.match(op) for _, op, _ in own)
                 and not any(_WORK.match(op) for _, op, _ in own))
         flops = sum(64 if op.startswith("FFMA") else mma_flops(op) for _, op, _ in own)
         loops.append({"start": lo, "end": hi, "depth": depth, "size": len(body), "own": len(own), "spin": spin,
                       **{k: v for k, v in _counts(own).items() if k != "instructions"},
+                      "bar": sum(1 for _, op, _ in own if op.startswith("BAR.")),
                       "pass_flops": flops, "pass_bytes": sum(load_bytes(op) for _, op, _ in own)})
     return loops, len(rows)
 

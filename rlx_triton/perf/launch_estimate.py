@@ -58,7 +58,7 @@ def estimate(launch, compiled, profile) -> KernelEstimate:
     remainder = ctas % slots
     last_wave = remainder if remainder else (slots if ctas else 0)
     sm_fill = min(last_wave, sms) / sms
-    chain = chain_steps(launch)
+    chain = chain_steps(launch, loops)
     terms = KernelTerms(bytes=launch.bytes, flops=float(launch.flops), peak=sustained_peak(profile, launch.unit), sms=sms,
                         ctas=ctas, waves=wave_shape(ctas, slots), warps=compiled.num_warps,
                         warp_instructions=float(per_warp), chain=chain)

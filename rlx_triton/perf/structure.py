@@ -17,10 +17,13 @@ code (backends/triton/*.py):
   (an atomic) and the merge: the partials' LSE vector, then one dependent L2 round trip per MERGE_CHUNK
   partials (the merge issues a chunk's loads before it uses the first); beyond MERGE_GROUP splits two levels
   (a group's merge, a second ticket, the merge of the groups).
-- `_lstm_onchip_kernel`: per step, the h_{t-1} row read back from L2 in BLOCK_K / K_CHUNK serial chunks
-  (each feeds the next dot), and with SYNC the group barrier: a fence, the arriving atomic and the
-  acquiring poll (three dependent L2 round trips, priced as atomics) between two CTA barriers.
+- `_lstm_onchip_kernel`: per step, the h_{t-1} row's exchange words read from L2 (all requested at once: one
+  round trip); with SYNC the producers' stores reach L2 first and the poll that sees them is the read (two L2
+  trips: the store's and the poll's).
 - `_lstm_recurrence_kernel`: per step, the h_{t-1} row it wrote the step before, read back from L2.
+- both recurrences, given the compiled loops: every CTA barrier of a pass of the time loop, per step (the
+  readiness reduction, each operand's or result's pass through shared memory: a step runs one program per SM
+  for its group, so no other work hides them).
 """
 from __future__ import annotations
 
@@ -99,21 +102,31 @@ def _sdpa_decode_chain(launch, arg) -> Dict[str, int]:
     return {"atomic": 2, "l2_hit": merge(MERGE_GROUP) + merge(groups)}
 
 
-def _lstm_onchip_chain(launch, arg) -> Dict[str, int]:
+def _time_loop_barriers(loops: Optional[Sequence[dict]]) -> int:
+    """CTA barriers in one pass of a recurrence's time loop (its largest non-spin loop); 0 without the SASS."""
+    work = [loop for loop in loops or () if not loop["spin"]]
+    return int(max(work, key=lambda loop: loop["own"]).get("bar", 0)) if work else 0
+
+
+def _recurrence_steps(arg, l2_per_step: int, loops) -> Dict[str, int]:
     steps = int(arg["step_end"]) - int(arg["step_begin"])
-    chunks = int(arg["BLOCK_K"]) // int(arg["K_CHUNK"])
-    chain = {"l2_hit": steps * chunks}
-    if arg.get("SYNC"):
-        chain.update(atomic=3 * steps, cta_barrier=2 * steps)
-    return chain
+    return {"l2_hit": l2_per_step * steps, "cta_barrier": _time_loop_barriers(loops) * steps}
 
 
-def _lstm_recurrence_chain(launch, arg) -> Dict[str, int]:
-    return {"l2_hit": int(arg["step_end"]) - int(arg["step_begin"])}
+def _lstm_onchip_chain(launch, arg, loops) -> Dict[str, int]:
+    return _recurrence_steps(arg, 2 if arg.get("SYNC") else 1, loops)
 
 
-CHAINS: Mapping[str, Callable[[Any, Dict[str, Any]], Dict[str, int]]] = {
-    "_sdpa_decode_kernel": _sdpa_decode_chain,
+def _lstm_recurrence_chain(launch, arg, loops) -> Dict[str, int]:
+    return _recurrence_steps(arg, 1, loops)
+
+
+def _decode_chain(launch, arg, loops) -> Dict[str, int]:
+    return _sdpa_decode_chain(launch, arg)
+
+
+CHAINS: Mapping[str, Callable[[Any, Dict[str, Any], Optional[Sequence[dict]]], Dict[str, int]]] = {
+    "_sdpa_decode_kernel": _decode_chain,
     "_lstm_onchip_kernel": _lstm_onchip_chain,
     "_lstm_recurrence_kernel": _lstm_recurrence_chain,
 }
@@ -150,9 +163,10 @@ def loop_trips(launch, loops: Sequence[dict], num_warps: Optional[int] = None) -
     return trips, "work"
 
 
-def chain_steps(launch) -> Dict[str, int]:
-    """The launch's dependent steps by latency kind (see the module docstring); {} for a kernel without a chain."""
+def chain_steps(launch, loops: Optional[Sequence[dict]] = None) -> Dict[str, int]:
+    """The launch's dependent steps by latency kind (see the module docstring); {} for a kernel without a chain.
+    `loops` (sass_loops of its compiled kernel) give the recurrences their CTA barriers per step."""
     stated = CHAINS.get(_kernel_name(launch))
     if stated is None:
         return {}
-    return {kind: int(count) for kind, count in stated(launch, named_args(launch)).items() if count}
+    return {kind: int(count) for kind, count in stated(launch, named_args(launch), loops).items() if count}

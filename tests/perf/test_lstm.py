@@ -3,7 +3,7 @@
 In the interpreter the records are the launches of `reference_launches` below (the kernel calls the
 launcher makes, written out by hand) and give the same outputs; `launch_count` states how many there
 are. On meta tensors routed as on an H200 the default plan is two launches per layer whose recurrence
-spreads each direction over 32 programs, reads W_hh once per layer and compiles without spills; its
+spreads each direction over 64 programs, reads W_hh once per layer and compiles without spills; its
 estimate is a small fraction of the stepwise recurrence's. On a profile with too few SMs for the
 programs to be resident at once the on-chip recurrence is refused with a typed reason and the plan
 falls back to the persistent candidate.
@@ -41,7 +41,7 @@ def reference_launches(x, flat_weights, *, num_layers, bidirectional, batch_firs
     c_n = torch.zeros(num_layers * directions, B, hidden)
     h0_all = torch.zeros_like(c_n)
     onchip = candidate.mode == "onchip"
-    counters = torch.zeros(num_layers, directions * triton.cdiv(B, 16), dtype=torch.int32)
+    exchange = lstm_launch.exchange_buffer(h0_all, num_layers, directions, hidden)
     proj = lstm_launch._proj_meta(candidate)
     layer_in = x.float().contiguous()
     for layer in range(num_layers):
@@ -58,12 +58,12 @@ def reference_launches(x, flat_weights, *, num_layers, bidirectional, batch_firs
         strides = (n_cols, T * n_cols, y.stride(1), y.stride(0)) if batch_first else \
             (B * n_cols, n_cols, y.stride(0), y.stride(1))
         sl = slice(layer * directions, (layer + 1) * directions)
-        if onchip:   # the interpreter's form: one launch per step, no barrier
+        if onchip:   # the interpreter's form: one launch per step, no wait between programs
             meta = lstm_launch._onchip_meta(candidate, hidden)
             rec_grid = (directions, triton.cdiv(hidden, meta["UNITS"]), triton.cdiv(B, meta["BLOCK_B"]))
             for s in range(T):
                 lstm_kernels._lstm_onchip_kernel[rec_grid](
-                    gates, w_hh_stack, h0_all[sl], c_n[sl], y, h_n[sl], counters[layer], T, B, hidden, s, s + 1,
+                    gates, w_hh_stack, exchange[layer], c_n[sl], y, h_n[sl], T, B, hidden, s, s + 1,
                     *strides, triton.next_power_of_2(B), triton.next_power_of_2(T), SYNC=False, **meta)
         else:
             rec = lstm_launch._rec_meta(candidate)
@@ -136,7 +136,7 @@ def test_launch_count_of_each_mode():
     assert kernels.launch_count(_request(32, 589, 4), persistent) == 4 * 2
     # the interpreter runs a group of several programs one launch per step, a single program in one launch
     assert kernels.launch_count(_request(32, 589, 4, hidden=128), onchip) == 4 * (1 + 589)
-    assert kernels.launch_count(_request(32, 589, 4, hidden=8), onchip) == 4 * 2
+    assert kernels.launch_count(_request(32, 589, 4, hidden=4), onchip) == 4 * 2
     with routing_as(H200):     # a CUDA device: one synchronised launch per layer
         assert kernels.launch_count(_request(32, 589, 4, device="meta", hidden=128), onchip) == 4 * 2
 
@@ -157,9 +157,10 @@ def test_as_on_an_h200_the_default_is_two_launches_per_layer(h200_default_plan):
     names = [r.name for r in h200_default_plan]
     assert names == ["_lstm_input_proj_kernel", "_lstm_onchip_kernel"] * 4
     recurrence = h200_default_plan[1]
-    assert recurrence.meta["SYNC"] and (recurrence.args[10], recurrence.args[11]) == (0, 589)
-    # 2 directions x 16 programs of 8 hidden units x 2 batch tiles: 32 programs per direction
-    assert recurrence.grid == (2, 16, 2) and recurrence.ctas // 2 >= 8
+    named = dict(zip(lstm_kernels._lstm_onchip_kernel.arg_names, recurrence.args))
+    assert recurrence.meta["SYNC"] and (named["step_begin"], named["step_end"]) == (0, 589)
+    # 2 directions x 32 programs of 4 hidden units x 2 batch tiles: 64 programs per direction
+    assert recurrence.grid == (2, 32, 2) and recurrence.ctas == 128
     w_hh = 2 * 512 * 128 * 4
     assert w_hh <= recurrence.bytes_read < 2 * w_hh + 589 * 32 * 1024 * 4 + 4 * 32 * 128 * 4 * 2
 
@@ -167,7 +168,7 @@ def test_as_on_an_h200_the_default_is_two_launches_per_layer(h200_default_plan):
 def test_the_recurrence_compiles_without_spills_and_estimates_under_a_third_of_stepwise(h200_default_plan,
                                                                                            cache_dir):
     onchip = analyse_plan(h200_default_plan[1:2], H200, cache_dir=cache_dir)[0]
-    assert onchip.spills == 0 and onchip.ctas == 64 and onchip.ctas_per_sm >= 1
+    assert onchip.spills == 0 and onchip.ctas == 128 and onchip.ctas_per_sm >= 1
     with routing_as(H200):
         stepwise_plan, _ = _pyannote_plan(LstmVariant.STEPWISE_IEEE.candidate())
     one_layer = [r for r in stepwise_plan if r.name == "_lstm_recurrence_kernel"][:589]
@@ -176,8 +177,8 @@ def test_the_recurrence_compiles_without_spills_and_estimates_under_a_third_of_s
 
 
 def test_a_device_with_too_few_sms_refuses_the_onchip_recurrence_and_runs_persistent():
-    """A profile with 4 SMs holds at most a few dozen of the 64 programs: the barrier could wait for a
-    program that cannot start, so the launcher refuses it (typed) and plans the persistent candidate."""
+    """A profile with 4 SMs holds at most a few dozen of the 128 programs: a program could wait for the h of one
+    that cannot start, so the launcher refuses it (typed) and plans the persistent candidate."""
     tiny = dataclasses.replace(H200, key="h200-4sm", name="NVIDIA H200 (4 SMs enabled)", sm_count=4)
     facts = profile_facts(tiny)
     with routing_as(H200):
@@ -189,7 +190,7 @@ def test_a_device_with_too_few_sms_refuses_the_onchip_recurrence_and_runs_persis
         stated = kernels.launch_count(_request(32, 589, 4, device="meta", hidden=128),
                                       LstmVariant.ONCHIP_IEEE.candidate())
     assert refusal is not None and refusal.kind == DEVICE_UNSUPPORTED
-    assert "64 programs" in refusal.reason and "4 SMs" in refusal.reason
+    assert "128 programs" in refusal.reason and "4 SMs" in refusal.reason
     assert [r.name for r in fallback] == ["_lstm_input_proj_kernel", "_lstm_recurrence_kernel"] * 4
     assert kernels.fallback_candidate(LstmVariant.ONCHIP_IEEE.candidate()) == LstmVariant.PERSISTENT_IEEE.candidate()
     assert stated == len(fallback)
@@ -203,7 +204,7 @@ def test_tuning_benchmarks_only_the_configurations_whose_programs_can_all_be_res
         plan, _ = _pyannote_plan(LstmVariant.ONCHIP_IEEE.candidate())
     record = plan[1]
     named = dict(zip(lstm_kernels._lstm_onchip_kernel.arg_names, record.args))
-    flags = {key: record.meta[key] for key in ("BLOCK_K", "K_CHUNK", "SYNC")}
+    flags = {key: record.meta[key] for key in ("BLOCK_K", "SYNC")}
     with routing_as(H200):
         assert lstm_launch._resident_configs(tuned.configs, named, **flags) == tuned.configs
     tiny = dataclasses.replace(H200, key="h200-4sm", name="NVIDIA H200 (4 SMs enabled)", sm_count=4)

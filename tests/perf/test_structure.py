@@ -26,9 +26,10 @@ H200 = profile("h200")
 NOMINAL = constants(H200)
 
 
-def _loop(own, *, spin=False, pass_flops=0, pass_bytes=0, start=0x100):
+def _loop(own, *, spin=False, pass_flops=0, pass_bytes=0, start=0x100, bar=0):
     return {"start": start, "end": start + 16 * own, "depth": 0, "size": own, "own": own, "spin": spin, "mma": 0,
-            "ldg128": 0, "ldgsts": 0, "ffma": pass_flops // 64, "pass_flops": pass_flops, "pass_bytes": pass_bytes}
+            "ldg128": 0, "ldgsts": 0, "ffma": pass_flops // 64, "pass_flops": pass_flops, "pass_bytes": pass_bytes,
+            "bar": bar}
 
 
 def _facts(loops, kernel_instructions, registers=32, num_warps=4):
@@ -105,17 +106,33 @@ def onchip_record():
     return plan[1]
 
 
-def test_the_barrier_loop_chain_is_three_atomics_two_cta_barriers_and_the_h_chunks_per_step(onchip_record):
+def _onchip_loops(bar=6):
+    """The time loop (FMA work, its CTA barriers) and the poll nested in it (a spin loop with barriers of its own)."""
+    return [_loop(385, pass_flops=64 * 131, bar=bar), _loop(26, spin=True, start=0x4000, bar=2)]
+
+
+def test_the_exchange_chain_is_two_l2_trips_and_the_time_loops_cta_barriers_per_step(onchip_record):
     assert onchip_record.name == "_lstm_onchip_kernel" and onchip_record.meta["SYNC"]
-    chunks = onchip_record.meta["BLOCK_K"] // onchip_record.meta["K_CHUNK"]
-    assert chain_steps(onchip_record) == {"l2_hit": 589 * chunks, "atomic": 3 * 589, "cta_barrier": 2 * 589}
-    trips, rule = loop_trips(onchip_record, [_loop(929, pass_flops=64 * 515), _loop(12, spin=True, start=0x4000)])
+    assert chain_steps(onchip_record) == {"l2_hit": 2 * 589}          # without the SASS: the exchange alone
+    assert chain_steps(onchip_record, _onchip_loops(bar=6)) == {"l2_hit": 2 * 589, "cta_barrier": 6 * 589}
+    trips, rule = loop_trips(onchip_record, _onchip_loops())
     assert rule == "table" and trips == [589.0, 0.0]
 
 
+def test_one_launch_per_step_reads_the_exchange_once_without_polling():
+    x = torch.empty(2, 5, 3, device="meta")
+    module = torch.nn.LSTM(3, 16, 1, bidirectional=True, batch_first=True).to("meta")
+    plan, _ = lstm_kernels.lstm_plan(x, None, module._flat_weights, has_biases=True, num_layers=1, dropout=0.0,
+                                     training=False, bidirectional=True, batch_first=True,
+                                     candidate=LstmVariant.ONCHIP_IEEE.candidate(), step_launches=True)
+    step = [record for record in plan if record.name == "_lstm_onchip_kernel"][0]
+    assert not step.meta["SYNC"]
+    assert chain_steps(step, [_loop(300, pass_flops=64 * 131, bar=4)]) == {"l2_hit": 1, "cta_barrier": 4}
+
+
 def test_the_chain_is_priced_at_the_profiles_latencies_and_added_after_the_waves(onchip_record):
-    loops = [_loop(929, pass_flops=64 * 515), _loop(12, spin=True, start=0x4000)]
-    kernel = estimate(onchip_record, _facts(loops, kernel_instructions=1136, registers=64), H200)
+    kernel = estimate(onchip_record, _facts(_onchip_loops(), kernel_instructions=672, registers=76, num_warps=8), H200)
+    assert kernel.chain_steps == {"l2_hit": 2 * 589, "cta_barrier": 6 * 589}
     steps = kernel.chain_steps
     chain_ns = sum(count * NOMINAL[kind] for kind, count in steps.items())
     assert kernel.chain_us == pytest.approx(chain_ns / 1000, rel=1e-4)

@@ -83,7 +83,7 @@ def test_sdpa_optional_fields_stay_out_of_the_kernel_name():
                             "tp64_tc32_tk32_tg128_ns2_ieee_fused_bal"),
         (KernelFamily.FBANK, "fbank_batch1_samples16000_frames98_window512_bins80_tokens98_fr16_fq32_tg64_ns2_ieee_bal"),
         (KernelFamily.LSTM, "lstm_batch3_seq589_input_size60_hidden128_layers4_directions2_tokens589_"
-                            "bt16_ht8_tg128_ns2_onchip_ieee_bal"),
+                            "bt16_ht4_tg256_ns2_onchip_ieee_bal"),
         (KernelFamily.SEGDENSE, "segdense_rows1767_in_features256_hidden128_classes7_tokens1767_"
                                 "rt32_tg128_ns2_ieee_fusedact_bal"),
     ],

@@ -132,6 +132,11 @@ def test_onchip_programs_split_the_hidden_units_of_each_direction(hidden, parts)
     assert max_rel_err(got, ref) <= TOL
 
 
+def _steps(record):
+    named = dict(zip(tk_kernels._lstm_onchip_kernel.arg_names, record.args))
+    return named["step_begin"], named["step_end"]
+
+
 def test_onchip_runs_one_launch_per_step_where_programs_run_one_after_another():
     """The interpreter runs programs one after another, so a group of several programs cannot meet at a
     barrier: each step is a launch (no barrier); a group of one program runs all steps in one launch."""
@@ -139,10 +144,10 @@ def test_onchip_runs_one_launch_per_step_where_programs_run_one_after_another():
     x, _ = inputs(split, batch=2, seq=5, with_state=False)
     _, records = _onchip_records(split, x)
     assert len(records) == 2 * 5 and not any(r.meta["SYNC"] for r in records)
-    assert [(r.args[10], r.args[11]) for r in records[:5]] == [(s, s + 1) for s in range(5)]
+    assert [_steps(r) for r in records[:5]] == [(s, s + 1) for s in range(5)]
     _, records = _onchip_records(single, x)
     assert len(records) == 2 and all(r.meta["SYNC"] for r in records)
-    assert [(r.args[10], r.args[11]) for r in records] == [(0, 5), (0, 5)]
+    assert [_steps(r) for r in records] == [(0, 5), (0, 5)]
 
 
 def test_the_synchronised_launch_is_cooperative_where_programs_wait_for_each_other():
@@ -203,7 +208,8 @@ def test_a_refused_onchip_recurrence_warns_once_and_explain_says_which_path_runs
         route = explain(lstm_op.lstm, x, None, weights, **options)
     assert len([w for w in caught if w.category is RuntimeWarning]) == 1
     assert [r.name for r in log.records] == ["_lstm_input_proj_kernel", "_lstm_recurrence_kernel"] * 2
-    assert route.execution.startswith("persistent fallback") and "24 programs" in route.execution
+    # explain plans the routed candidate (the recipe's 4 units per program: twice the programs of the 8-unit call)
+    assert route.execution.startswith("persistent fallback") and "48 programs" in route.execution
     assert "runs       persistent fallback" in str(route)
 
 
@@ -399,7 +405,7 @@ def test_a_routed_call_runs_the_onchip_kernels_through_the_autotune_bridge_keyed
 
 def test_a_cold_bucket_is_tuned_over_the_approved_onchip_candidates(tmp_path):
     """Tuning runs every approved on-chip candidate on the same buffers: the benchmark restores the cell
-    state and zeroes the barrier counters, so the call's own result is still nn.LSTM's."""
+    state and the exchange (h0 in slot 1), so the call's own result is still nn.LSTM's."""
     from rlx_triton.config import override_settings
 
     module = make(4, 16, 1, True, batch_first=True)
@@ -416,39 +422,57 @@ def test_a_cold_bucket_is_tuned_over_the_approved_onchip_candidates(tmp_path):
 
 # ------------------------------------------------------------------------ on a GPU
 @triton.jit
-def _barrier_probe_kernel(slots_ptr, counter_ptr, errors_ptr, STEPS: tl.constexpr, PROGRAMS: tl.constexpr,
-                          BLOCK: tl.constexpr):
-    """Each step every program writes its slot, meets the others at the barrier, then reads every slot
-    of the step: a slot not yet written (-1) or stale means the barrier let a program through early."""
+def _exchange_probe_kernel(exchange_ptr, errors_ptr, STEPS: tl.constexpr, PROGRAMS: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """The recurrence's exchange protocol alone: at step s every program waits for the whole slot (s + 1) % 2
+    tagged s + 1, checks that each word holds the value its writer published the step before, then publishes
+    its own word (value s * PROGRAMS + pid) in slot s % 2 tagged s + 2. A word read early, late or torn, or a
+    slot rewritten before every program read it, is a wrong value."""
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     in_group = offs < PROGRAMS
-    for step in range(STEPS):
-        tl.store(slots_ptr + step * PROGRAMS + pid + offs * 0, step * PROGRAMS + pid + offs * 0, mask=offs == 0)
-        tk_kernels._group_barrier(counter_ptr, PROGRAMS * (step + 1))
-        seen = tl.load(slots_ptr + step * PROGRAMS + offs, mask=in_group, other=-1, cache_modifier=".cg")
-        wrong = tl.sum(tl.where(in_group & (seen != step * PROGRAMS + offs), 1, 0))
+    for s in range(STEPS):
+        seen = tk_kernels._read_exchange(exchange_ptr + ((s + 1) % 2) * BLOCK + offs, s + 1, True)
+        wrong = tl.sum(tl.where(in_group & (seen != ((s - 1) * PROGRAMS + offs).to(tl.float32)), 1, 0))
         tl.atomic_add(errors_ptr, wrong)
+        word = tk_kernels._publish_word(((s * PROGRAMS + pid) + offs * 0).to(tl.float32), s + 2)
+        tl.store(exchange_ptr + (s % 2) * BLOCK + pid + offs * 0, word, mask=offs == 0)
+
+
+def _probe_exchange(programs: int, block: int, device: str) -> torch.Tensor:
+    """Two slots as the launcher leaves them: slot 0 tag 0, slot 1 the values of "step -1" tagged 1, the words
+    past the group tagged PAD_TAG in both."""
+    index = torch.arange(block, device=device)
+    pad = (index >= programs).to(torch.int64) * tk_kernels.PAD_TAG
+    first = (index - programs).to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.stack([pad << 32, first | (torch.maximum(pad, torch.ones_like(pad)) << 32)])
+
+
+def test_one_program_reads_back_what_it_published_the_step_before():
+    """The protocol's slots, tags and values, in the interpreter (one program: it never waits on another)."""
+    exchange, errors = _probe_exchange(1, 16, "cpu"), torch.zeros(1, dtype=torch.int32)
+    _exchange_probe_kernel[(1,)](exchange, errors, STEPS=9, PROGRAMS=1, BLOCK=16)
+    assert errors.item() == 0
+    assert (exchange[0, 0] >> 32).item() == 8 + 2 and (exchange[1, 0] >> 32).item() == 7 + 2   # steps 8 and 7
+    assert exchange[0, 0].to(torch.int32).view(torch.float32).item() == 8.0
 
 
 @pytest.mark.gpu
-def test_the_barrier_holds_every_program_until_the_whole_group_arrived():
+def test_the_exchange_hands_every_program_the_words_of_the_step_before():
     programs = torch.cuda.get_device_properties(0).multi_processor_count   # one small program per SM
-    steps = 2000
-    slots = torch.full((steps * programs,), -1, dtype=torch.int32, device="cuda")
-    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-    errors = torch.zeros(1, dtype=torch.int32, device="cuda")
-    _barrier_probe_kernel[(programs,)](slots, counter, errors, STEPS=steps, PROGRAMS=programs,
-                                       BLOCK=triton.next_power_of_2(programs), num_warps=4)
+    block = triton.next_power_of_2(programs)
+    exchange, errors = _probe_exchange(programs, block, "cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
+    _exchange_probe_kernel[(programs,)](exchange, errors, STEPS=2000, PROGRAMS=programs, BLOCK=block, num_warps=4,
+                                        launch_cooperative_grid=True)
     torch.cuda.synchronize()
-    assert errors.item() == 0 and counter.item() == steps * programs
+    assert errors.item() == 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", [LstmVariant.ONCHIP_IEEE, LstmVariant.ONCHIP_TF32X3], ids=lambda v: v.name)
 def test_the_synchronised_onchip_launch_equals_its_step_launches_on_cuda(variant):
-    """pyannote's stack: one launch per layer whose 32 programs per direction meet at a barrier each step
-    gives the values of one launch per step (the launch boundary as the barrier)."""
+    """pyannote's stack: one launch per layer whose 64 programs per direction wait for each other's h through
+    the exchange each step gives the values of one launch per step (the launch boundary as the wait)."""
     module = make(60, 128, 4, bidirectional=True, batch_first=True).cuda().eval()
     x = torch.randn(32, 589, 60, device="cuda")
     with torch.no_grad(), launches.recording() as log:
@@ -488,9 +512,10 @@ for batch in (128, 512):
 
 @pytest.mark.gpu
 def test_two_streams_of_lstm_forwards_at_batch_128_and_512_finish_or_refuse_never_hang():
-    """Two forwards whose on-chip programs could not all be resident together (B=128: 256 programs each;
-    B=512: 1024, refused at plan time) run on two streams at once in a subprocess: the cooperative launch
-    runs each grid whole or refuses it, so both finish with cuDNN's values; a hang is a timeout here."""
+    """Two forwards whose on-chip programs could not all be resident together (B=128: 512 programs each on the
+    4-unit recipe; B=512: 2048) run on two streams at once in a subprocess: the plan refuses a grid that cannot
+    be resident and the cooperative launch runs each grid whole or refuses it, so both finish with cuDNN's
+    values; a hang is a timeout here."""
     import os
     import subprocess
     import sys

@@ -11,15 +11,16 @@ Field -> Triton meta-parameter (CUDA):
 - `stages`: `num_stages` of the input-projection GEMM loop.
 - `mode`: "onchip" -> the hidden units of each direction are split across programs, each holding
   its slice of W_hh on chip for all timesteps; the programs of a (direction, batch tile) exchange
-  h_t through global memory and meet at a barrier every step (one launch per layer, only where all
-  of them can be resident at once; where programs do not run concurrently, as in the CPU
+  h_t through global memory, each waiting for the h it reads every step (one launch per layer, only
+  where all of them can be resident at once; where programs do not run concurrently, as in the CPU
   interpreter, one launch per timestep with the same arithmetic);
   "persistent" -> one program per (direction, batch tile) loops over all timesteps, streaming W_hh;
   "stepwise" -> one launch per timestep (h/c round-trip through global memory), which the CPU
   interpreter can check step by step.
 - `precision`: tl.dot `input_precision` of the input projection (and, in onchip mode, of the
-  recurrent product): "ieee" (this family's fp32 candidate), "tf32x3" or "tf32". Gate
-  nonlinearities and the cell state are always fp32.
+  recurrent product where a program holds more than 16 gate columns; narrower programs multiply in
+  fp32 FMAs, which issue less at that width): "ieee" (this family's fp32 candidate), "tf32x3" or
+  "tf32". Gate nonlinearities and the cell state are always fp32.
 
 Field -> Metal threadgroup parameter (Apple): threads per threadgroup = `tg_size`, simdgroups =
 `tg_size // 32`, grid = (cdiv(batch, batch_tile), cdiv(hidden, hidden_tile), directions); the
@@ -45,15 +46,18 @@ class LstmCandidate(base.Candidate):
     mode: str = base.choice_field("persistent", "stepwise", "onchip", words={
         "persistent": "one program loops over all timesteps with h and c on chip",
         "stepwise": "one launch per timestep",
-        "onchip": "hidden units split across programs that hold W_hh on chip and meet at a barrier each step"})
+        "onchip": "hidden units split across programs that hold W_hh on chip and hand each other h each step"})
     precision: str = base.choice_field("ieee", "tf32x3", "tf32", words=base.PRECISION_WORDS)
 
 
 LstmVariant = base.define_variants(
     LstmCandidate,
     (
-        ("ONCHIP_IEEE", LstmCandidate(16, 8, 128, 2, "onchip", "ieee")),
-        ("ONCHIP_TF32X3", LstmCandidate(16, 8, 128, 2, "onchip", "tf32x3")),
+        ("ONCHIP_IEEE", LstmCandidate(16, 4, 256, 2, "onchip", "ieee")),
+        ("ONCHIP_TF32X3", LstmCandidate(16, 4, 256, 2, "onchip", "tf32x3")),
+        # 16 units per program: a quarter of the programs (large batches stay co-resident), the recurrent
+        # product on tensor cores
+        ("ONCHIP_TF32X3_WIDE", LstmCandidate(16, 16, 256, 2, "onchip", "tf32x3")),
         ("STEPWISE_IEEE", LstmCandidate(16, 64, 128, 2, "stepwise", "ieee")),
         ("PERSISTENT_IEEE", LstmCandidate(16, 128, 256, 2, "persistent", "ieee")),
         ("PERSISTENT_TF32X3", LstmCandidate(32, 128, 256, 2, "persistent", "tf32x3")),

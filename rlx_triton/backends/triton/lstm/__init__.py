@@ -2,7 +2,7 @@
 projection of every step, then the recurrence: on chip and synchronised, persistent, or one launch per step).
 
 The family module the router reads (`backends/triton/lstm`): `kernels.py` holds the @triton.jit code (the
-projection GEMM, the recurrences, the group barrier) and the design notes of its numerics, `weights.py` the
+projection GEMM, the recurrences, the on-chip exchange of h) and the design notes of its numerics, `weights.py` the
 weight packing cached per weight version, `launch.py` the plans, launch records with their byte and FLOP
 models, the co-residency check and fallback of the on-chip recurrence, the autotune bridge and the
 candidate helpers, `routing.py` the coverage, approvals and recipes, `audit.py` the audit specs. `lstm`
@@ -17,14 +17,14 @@ import torch
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.lstm.audit import AUDIT_HIDDEN, AUDIT_KERNELS
 from rlx_triton.backends.triton.lstm.kernels import GATES, MIN_DOT
-from rlx_triton.backends.triton.lstm.launch import (K_CHUNK_MAX, PROJ_TILE, THREADS_PER_WARP, co_residency_refusal,
+from rlx_triton.backends.triton.lstm.launch import (PROJ_TILE, THREADS_PER_WARP, co_residency_refusal,
                                                     explain_execution, fallback_candidate, launch_count, lstm_plan,
                                                     make_candidate, recurrence_mode, remember_refused_launch,
                                                     synchronised_refusal, tuned_kernels, warn_fallback)
 from rlx_triton.backends.triton.lstm.routing import APPROVALS, COVERAGE, MAX_HIDDEN, RECIPES, SPEED_EVIDENCE
 from rlx_triton.router.device import device_facts
 
-__all__ = ["APPROVALS", "AUDIT_HIDDEN", "AUDIT_KERNELS", "COVERAGE", "GATES", "K_CHUNK_MAX", "MAX_HIDDEN", "MIN_DOT",
+__all__ = ["APPROVALS", "AUDIT_HIDDEN", "AUDIT_KERNELS", "COVERAGE", "GATES", "MAX_HIDDEN", "MIN_DOT",
            "PROJ_TILE", "RECIPES", "SPEED_EVIDENCE", "THREADS_PER_WARP", "co_residency_refusal", "explain_execution",
            "fallback_candidate", "launch_count", "lstm", "lstm_plan", "make_candidate", "recurrence_mode",
            "remember_refused_launch", "synchronised_refusal", "tuned_kernels", "warn_fallback"]

@@ -8,24 +8,27 @@
      across programs, UNITS per program; a program loads its 4*UNITS rows of W_hh once and holds
      them on chip (the compiler keeps the loop-invariant dot operand in shared memory) for every
      step, with its units' cell state in registers. The programs of one (direction, batch tile)
-     exchange h_t through global memory (the layer's output rows, read from L2) and meet at a
-     barrier each step (`_group_barrier`: a release atomic per program, an acquire spin on the
-     group's counter), so a layer is one launch: W_hh read once per layer, every SM of a group busy.
-     A barrier that waits for programs that are not resident deadlocks, so the launcher checks that
-     every program of the launch fits on the device at once (launch.py `co_residency_refusal`) and
-     launches it as a cooperative grid; where programs do not run concurrently (the CPU interpreter
-     runs them one after another) a group of several programs runs one launch per step instead, the
-     launch boundary as its barrier (SYNC off): the same arithmetic, which the interpreter checks.
+     hand each other h_t through an exchange in global memory (read from L2) whose words carry the
+     step that wrote them (`_publish_word`, `_read_exchange`): a program waits for exactly the h
+     values it reads, with no counter, fence or barrier between programs, so a layer is one launch:
+     W_hh read once per layer, every SM of a group busy. A program that waits for one that is not
+     resident deadlocks, so the launcher checks that every program of the launch fits on the device
+     at once (launch.py `co_residency_refusal`) and launches it as a cooperative grid; where programs
+     do not run concurrently (the CPU interpreter runs them one after another) a group of several
+     programs runs one launch per step instead, the launch boundary as its wait (SYNC off): the same
+     arithmetic and the same exchange, which the interpreter checks.
    - "persistent" (`_lstm_recurrence_kernel` over [0, T)): one program per (direction, batch tile)
      streams W_hh tiles (BLOCK_K x BLOCK_H per gate) from L2 every step;
    - "stepwise": the same kernel launched once per timestep with [s, s+1).
-   h_{t-1} is re-read from the output row written the step before (y[t-1]); c stays on chip (onchip)
-   or in the c_n buffer (persistent, stepwise).
+   The persistent and stepwise kernels re-read h_{t-1} from the output row written the step before
+   (y[t-1]) and keep c in the c_n buffer; the on-chip kernel reads h_{t-1} from the exchange and keeps c
+   in registers.
 
 Gate order is torch's (i, f, g, o) in the weights; the on-chip recurrence packs the gate rows
 unit-major (unit*4 + gate) so a program's units are one contiguous run. The recurrent product is
-fp32 ("ieee") or, in the tf32x3 on-chip candidate, three TF32 tensor-core products of the operands'
-tf32 parts; gates and state stay fp32.
+fp32 ("ieee") or three TF32 tensor-core products of the operands' tf32 parts ("tf32x3", in on-chip
+programs wider than 16 gate columns: launch.py `recurrent_precision`); gates and state stay fp32. The
+gates' sigmoid divides with div.approx (2 ulp).
 """
 from __future__ import annotations
 
@@ -98,7 +101,9 @@ def _lstm_input_proj_kernel(
 
 @triton.jit
 def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
+    # div.approx (2 ulp for denominators up to 2^126; past it the quotient, below 2^-126, reads as 0): an IEEE
+    # division would add a range check and a Newton step to every gate of every step
+    return tl.fdiv(1.0, 1.0 + tl.exp(-x), approx=True)
 
 
 @triton.jit
@@ -203,21 +208,45 @@ def _lstm_recurrence_kernel(
         tl.debug_barrier()
 
 
-@triton.jit
-def _group_barrier(counter_ptr, expected):
-    """Arrive at a group's counter and wait until it holds `expected` arrivals.
+# the on-chip recurrence's exchange (see `_lstm_onchip_kernel`): its rows are padded to a multiple of
+# EXCHANGE_ROWS (every batch tile's rows exist, so a program reads them unmasked), and its columns past the
+# hidden size carry PAD_TAG, a tag no step waits past (no program writes them; they hold 0.0)
+EXCHANGE_ROWS = 64
+PAD_TAG = 0x7FFFFFFF
+_EXCHANGE_ROWS = tl.constexpr(EXCHANGE_ROWS)
 
-    Every thread's stores are ordered before the arrival by the CTA barrier, and published at GPU scope by
-    the release of the one thread that adds (a scalar atomic runs on one thread); the acquire that sees the
-    last arrival orders the group's stores before this program's later loads, and the closing CTA barrier
-    holds every thread until then. Deadlock-free only when every program of the group is resident at once
-    (the launcher checks it)."""
-    tl.debug_barrier()
-    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-    arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    while arrived < expected:
-        arrived = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
+
+@triton.jit
+def _publish_word(h, tag):
+    """h's fp32 bits in the low half of an int64 word and `tag` in the high half: one aligned 64-bit store
+    is seen whole or not at all, so a reader that sees the tag sees the value it was written with."""
+    return h.to(tl.uint32, bitcast=True).to(tl.int64) | (tl.cast(tag, tl.int64) << 32)
+
+
+@triton.jit
+def _word_value(word):
+    return word.to(tl.uint32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _word_tag(word):
+    return (word >> 32).to(tl.int32)
+
+
+@triton.jit
+def _read_exchange(ptrs, tag, WAIT: tl.constexpr):
+    """The fp32 values of the exchange words at `ptrs` once every one carries `tag`. With WAIT, the words are
+    polled until then (a slot's words carry the step that wrote them, never a later one than a reader waits
+    for, so the smallest tag says when the row is whole); without it they are read once and a word older than
+    `tag` reads as NaN. Every word is requested at once (one L2 round trip); volatile, so every poll reaches L2."""
+    words = tl.load(ptrs, volatile=True)
+    if WAIT:
+        while tl.min(_word_tag(words)) < tag:
+            words = tl.load(ptrs, volatile=True)
+    values = _word_value(words)
+    if not WAIT:
+        values = tl.where(_word_tag(words) >= tag, values, float("nan"))
+    return values
 
 
 @triton.jit
@@ -235,22 +264,30 @@ def _dot_parts(h, w, w_hi, w_lo, acc, PRECISION: tl.constexpr):
 
 @triton.jit(do_not_specialize=["step_begin", "step_end"])
 def _lstm_onchip_kernel(
-    g_ptr, whh_ptr, h0_ptr, c_ptr, y_ptr, hn_ptr, counter_ptr,
+    g_ptr, whh_ptr, xchg_ptr, c_ptr, y_ptr, hn_ptr,
     T, B, H, step_begin, step_end,
     stride_gt, stride_gb,      # G rows: (t, b) -> row offset; columns: dir*4H + unit*4 + gate (unit-major)
     stride_yt, stride_yb,      # y: (t, b) -> offset; columns: dir*H + unit
     batch_bucket, seq_bucket,  # the autotune key (next powers of two of batch and sequence), unused by the body
-    BLOCK_B: tl.constexpr, UNITS: tl.constexpr, BLOCK_K: tl.constexpr, K_CHUNK: tl.constexpr,
+    BLOCK_B: tl.constexpr, UNITS: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, SYNC: tl.constexpr,
 ):
     """Program (direction, part, batch tile) owns UNITS hidden units: their 4*UNITS rows of W_hh are loaded
     once and held on chip for steps [step_begin, step_end), with the units' cell state. Each step reads the
-    whole h_{t-1} row of its batch tile (written by every part of the group the step before), computes its
-    units' gates and h_t, writes them to y[t] and, with SYNC, waits at the group's barrier."""
+    whole h_{t-1} row of its batch tile from the exchange (written by every part of the group the step
+    before), computes its units' gates and h_t, and writes them to y[t] and to the exchange.
+
+    The exchange (int64, (directions, 2 slots, B padded to EXCHANGE_ROWS, BLOCK_K)) carries each h value with
+    the step that wrote it (`_publish_word`): step s writes slot s % 2 tagged s + 2 and reads slot (s + 1) % 2
+    tagged s + 1 (the launcher writes h0 into slot 1 tagged 1). With SYNC a program polls its rows until every
+    word carries the tag: it waits for exactly the values it reads, with no counter or barrier between
+    programs. A slot is rewritten two steps later, by a program that has read every part's h of the step
+    between, which each part wrote after reading the slot: no value is overwritten before every reader has
+    it. Without SYNC (one launch per step) the words are read once, and a word older than the step reads as
+    NaN."""
     direction = tl.program_id(0)
     part = tl.program_id(1)
     pid_b = tl.program_id(2)
-    parts = tl.num_programs(1)
     offs_b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = offs_b < B
     b64 = offs_b.to(tl.int64)
@@ -258,64 +295,42 @@ def _lstm_onchip_kernel(
     col_mask = cols < H * _GATES
     unit = part * UNITS + tl.arange(0, UNITS)
     u_mask = unit < H
-    offs_c = tl.arange(0, K_CHUNK)
+    offs_k = tl.arange(0, BLOCK_K)
 
-    # W_hh^T slice (BLOCK_K x 4*UNITS) in K_CHUNK-row pieces: loaded once and loop invariant, so the
-    # compiler keeps them in shared memory; per step each piece's dot reads only K_CHUNK rows into
-    # registers (one BLOCK_K-deep FMA dot would hold whole operand columns). The packed rows are
-    # zero-padded to BLOCK_K, so the loads are the same whatever H is.
+    # W_hh^T slice (BLOCK_K x 4*UNITS): loaded once and loop invariant, so the compiler keeps it on chip. The
+    # packed rows are zero-padded to BLOCK_K, so the loads are the same whatever H is.
     whh_dir = whh_ptr + direction.to(tl.int64) * _GATES * H * BLOCK_K
-    w_rows = whh_dir + cols[None, :].to(tl.int64) * BLOCK_K
-    # the pieces grow one per static iteration (annotations quoted: the JIT evaluates them and knows no `tuple`)
-    w_parts: "tuple" = ()
-    w_his: "tuple" = ()
-    w_los: "tuple" = ()
-    for kc in tl.static_range(BLOCK_K // K_CHUNK):
-        piece = tl.load(w_rows + kc * K_CHUNK + offs_c[:, None], mask=col_mask[None, :], other=0.0)
-        hi, lo = tf32_split(piece)   # the tf32x3 parts, once (unused at other precisions)
-        w_parts = w_parts + (piece,)
-        w_his = w_his + (hi,)
-        w_los = w_los + (lo,)
+    w = tl.load(whh_dir + cols[None, :].to(tl.int64) * BLOCK_K + offs_k[:, None], mask=col_mask[None, :], other=0.0)
+    w_hi, w_lo = tf32_split(w)   # the tf32x3 parts, once (unused at other precisions)
     out_mask = b_mask[:, None] & u_mask[None, :]
     state_ptrs = direction.to(tl.int64) * B * H + b64[:, None] * H + unit[None, :]
     c = tl.load(c_ptr + state_ptrs, mask=out_mask, other=0.0)
     g_mask = b_mask[:, None] & col_mask[None, :]
     g_cols = g_ptr + b64[:, None] * stride_gb + direction * _GATES * H + cols[None, :]
     y_row = y_ptr + b64[:, None] * stride_yb + direction * H
-    h0_row = h0_ptr + direction.to(tl.int64) * B * H + b64[:, None] * H
-    counter = counter_ptr + direction * tl.num_programs(2) + pid_b
+    slot_size = tl.cdiv(B, _EXCHANGE_ROWS) * _EXCHANGE_ROWS * BLOCK_K
+    xchg_rows = xchg_ptr + direction.to(tl.int64) * 2 * slot_size + b64[:, None] * BLOCK_K + offs_k[None, :]
+    publish_cols = xchg_ptr + direction.to(tl.int64) * 2 * slot_size + b64[:, None] * BLOCK_K + unit[None, :]
 
-    # the input gates of the first step; later ones are fetched before the barrier wait
+    # the input gates of the first step; later ones are fetched before the poll
     t = step_begin + direction * (T - 1 - 2 * step_begin)
     g_in = tl.load(g_cols + t.to(tl.int64) * stride_gt, mask=g_mask, other=0.0)
     for s in range(step_begin, step_end):
-        # forward runs t = s, reverse t = T-1-s; h_{t-1} is h0 at the first step, else the row y[t-1]
-        # the group wrote the step before (read from L2: other programs wrote it)
+        # forward runs t = s, reverse t = T-1-s
         t = s + direction * (T - 1 - 2 * s)
-        t_prev = t - 1 + 2 * direction
-        # every chunk of h_{t-1} is requested before the first dot needs one: one L2 round trip per step, not
-        # one per chunk (no branch between the loads: the row is chosen by a pointer select)
-        h_row = tl.where(s == 0, h0_row, y_row + t_prev.to(tl.int64) * stride_yt)
-        h_chunks: "tuple" = ()
-        for kc in tl.static_range(BLOCK_K // K_CHUNK):
-            k_idx = kc * K_CHUNK + offs_c
-            h_mask = b_mask[:, None] & (k_idx < H)[None, :]
-            h_chunks = h_chunks + (tl.load(h_row + k_idx[None, :], mask=h_mask, other=0.0, cache_modifier=".cg"),)
-        pre = g_in
-        for kc in tl.static_range(BLOCK_K // K_CHUNK):
-            pre = _dot_parts(h_chunks[kc], w_parts[kc], w_his[kc], w_los[kc], pre, PRECISION)
+        h_prev = _read_exchange(xchg_rows + ((s + 1) % 2) * slot_size, s + 1, SYNC)
+        pre = _dot_parts(h_prev, w, w_hi, w_lo, g_in, PRECISION)
         # columns u*4 + 2*a + b: the first split takes b (gates i, g | f, o), the second a
         even, odd = tl.split(tl.reshape(pre, (BLOCK_B, UNITS, 2, 2)))
         pre_i, pre_g = tl.split(even)
         pre_f, pre_o = tl.split(odd)
         c, h = _lstm_cell(pre_i, pre_f, pre_g, pre_o, c)
+        # every row of the tile, padded ones too, so a reader's rows all carry the step's tag
+        tl.store(publish_cols + (s % 2) * slot_size, _publish_word(h, s + 2), mask=u_mask[None, :])
         tl.store(y_row + t.to(tl.int64) * stride_yt + unit[None, :], h, mask=out_mask)
         if s == T - 1:
             tl.store(hn_ptr + state_ptrs, h, mask=out_mask)
         t_next = (s + 1) + direction * (T - 3 - 2 * s)
         has_next = (offs_b * 0 + s + 1) < T   # as a tensor, so it combines with masks
         g_in = tl.load(g_cols + t_next.to(tl.int64) * stride_gt, mask=g_mask & has_next[:, None], other=0.0)
-        if SYNC:
-            _group_barrier(counter, parts * (s + 1 - step_begin))
     tl.store(c_ptr + state_ptrs, c, mask=out_mask)
-

@@ -2,9 +2,9 @@
 the co-residency check of the on-chip recurrence, the autotune bridge and the candidate helpers.
 
 `lstm_plan` builds a call's launches as records from shapes (meta inputs give the plan at any shape): per
-layer the input projection, then the recurrence. The on-chip recurrence's programs meet at a barrier each
-step, and a barrier that waits for programs that are not resident deadlocks, so the plan checks that every
-program of the launch fits on the device at once, from the compiled kernel's registers, shared memory and
+layer the input projection, then the recurrence. The on-chip recurrence's programs wait for each other's h
+every step (through the exchange, `exchange_buffer`), and a program waiting for one that is not resident
+deadlocks, so the plan checks that every program of the launch fits on the device at once, from the compiled kernel's registers, shared memory and
 warps and the tensors' GPU (`co_residency_refusal`), and marks the record for a cooperative launch
 (`launch_cooperative_grid`: the driver runs it whole or refuses it, whatever other streams, MPS clients or
 a sanitizer hold). A refusal, at plan time or by the driver, runs the persistent candidate of the same
@@ -28,7 +28,8 @@ from rlx_triton.devices import occupancy
 from rlx_triton.backends.candidates import plan_candidates
 from rlx_triton.backends.triton import launches
 from rlx_triton.backends.triton.launches import Launch
-from rlx_triton.backends.triton.lstm.kernels import (GATES, MIN_DOT, _lstm_input_proj_kernel, _lstm_onchip_kernel,
+from rlx_triton.backends.triton.lstm.kernels import (EXCHANGE_ROWS, GATES, MIN_DOT, PAD_TAG, _lstm_input_proj_kernel,
+                                                     _lstm_onchip_kernel,
                                                      _lstm_recurrence_kernel)
 from rlx_triton.backends.triton.lstm.routing import APPROVALS
 from rlx_triton.backends.triton.lstm.weights import _block_k, _layer_weights
@@ -49,7 +50,6 @@ def make_candidate(batch_tile=16, hidden_tile=32, tg_size=128, stages=1, mode="p
 
 
 PROJ_TILE = 64   # the projection's output tile side: no spills on sm_80/sm_90 for any candidate (audit)
-K_CHUNK_MAX = 32   # rows of W_hh^T the on-chip kernel's dots read into registers at a time
 
 
 def _warps(candidate) -> int:
@@ -80,19 +80,32 @@ def _rec_meta(candidate) -> dict:
     return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=MIN_DOT, num_warps=num_warps, num_stages=stages)
 
 
+FMA_RECURRENCE_COLUMNS = 16   # gate columns up to which the on-chip recurrent product runs as fp32 FMAs
+
+
+def recurrent_precision(candidate) -> str:
+    """The precision of the on-chip kernel's recurrent product h_{t-1} @ W_hh^T: the candidate's, except that
+    a program of at most FMA_RECURRENCE_COLUMNS gate columns multiplies in true fp32 FMAs ("ieee") whatever
+    its precision. At 16 columns and one output per thread the FMA product issues fewer instructions than
+    splitting h into TF32 halves and three tensor-core products (`rlx-triton perf`: 715 vs 813 us a layer for
+    pyannote's LSTM on an H200, by the model); it is exact in fp32, so the candidate's accuracy approval
+    holds. The input projection always runs at the candidate's precision."""
+    if GATES * _units(candidate) <= FMA_RECURRENCE_COLUMNS:
+        return "ieee"
+    return candidate.precision
+
+
+def _units(candidate) -> int:
+    return max(MIN_DOT // GATES, int(candidate.hidden_tile))
+
+
 def _onchip_meta(candidate, hidden: int) -> dict:
     """Meta-parameters of `_lstm_onchip_kernel`: BLOCK_B = batch_tile, UNITS = hidden_tile units per program
-    (4 * UNITS gate columns: tl.dot needs >= 16), BLOCK_K = the hidden size padded to a power of two (a
-    program reads the whole h row). One stage: the time loop must not be software-pipelined, since the
-    next h row is written by other programs after the barrier."""
-    return dict(BLOCK_B=max(MIN_DOT, int(candidate.batch_tile)),
-                UNITS=max(MIN_DOT // GATES, int(candidate.hidden_tile)), BLOCK_K=_block_k(hidden),
-                K_CHUNK=_k_chunk(hidden), PRECISION=candidate.precision, num_warps=_warps(candidate), num_stages=1)
-
-
-def _k_chunk(hidden: int) -> int:
-    """Rows of the on-chip kernel's W_hh^T pieces (BLOCK_K in pieces of at most K_CHUNK_MAX rows)."""
-    return min(K_CHUNK_MAX, _block_k(hidden))
+    (4 * UNITS gate columns: at least 16), BLOCK_K = the hidden size padded to a power of two (a program reads
+    the whole h row), PRECISION = `recurrent_precision`. One stage: the time loop must not be
+    software-pipelined, since the next h row is written by other programs during the step."""
+    return dict(BLOCK_B=max(MIN_DOT, int(candidate.batch_tile)), UNITS=_units(candidate), BLOCK_K=_block_k(hidden),
+                PRECISION=recurrent_precision(candidate), num_warps=_warps(candidate), num_stages=1)
 
 
 def _bucket(value: int) -> int:
@@ -157,7 +170,7 @@ def _sm_limits(facts, device: torch.device):
 
 def co_residency_refusal(record: Launch, facts) -> Optional[Refusal]:
     """None when every program of the on-chip recurrence launch `record` can be resident at once on the
-    device `facts` describe (so no program waits at a barrier for one that cannot start), else the typed
+    device `facts` describe (so no program waits for the h of one that cannot start), else the typed
     refusal: the programs, the CTAs per SM the compiled kernel allows and the SMs."""
 
     if facts.kind != "cuda":
@@ -216,7 +229,7 @@ def warn_fallback(candidate, facts, reason: str) -> None:
 
 def fallback_candidate(candidate):
     """The candidate a refused on-chip recurrence runs as: the persistent candidate of the same precision
-    (one program per direction and batch tile, no barrier between programs, always resident)."""
+    (one program per direction and batch tile, no wait between programs, always resident)."""
     for variant in LstmVariant:
         other = variant.candidate()
         if other.mode == "persistent" and other.precision == candidate.precision:
@@ -241,13 +254,12 @@ def _config(meta: dict) -> triton.Config:
 def _onchip_config(candidate) -> triton.Config:
     meta = _onchip_meta(candidate, 16)
     meta.pop("BLOCK_K")   # the hidden size's, not the candidate's: passed with the launch
-    meta.pop("K_CHUNK")
     return _config(meta)
 
 
 def _resident_configs(configs, named_args, **kwargs):
     """The autotuner's prune: only configurations whose programs can all be resident are benchmarked (the
-    routed candidate's is, the launcher checked it), so a benchmark never waits at a barrier forever."""
+    routed candidate's is, the launcher checked it), so a benchmark never waits for a program forever."""
     facts = device_facts(named_args["g_ptr"].device)
     if facts.kind != "cuda" or not kwargs.get("SYNC"):
         return configs
@@ -267,8 +279,8 @@ def _resident_configs(configs, named_args, **kwargs):
 def tuned_kernels() -> Dict[str, Any]:
     """{"projection", "recurrence"}: the two kernels under the autotune bridge, with a config per approved
     on-chip candidate (a cold bucket is benchmarked only where the bridge allows tuning; the routed
-    candidate is injected otherwise). Benchmarks of the recurrence start from zeroed counters and the
-    saved cell state, and only co-resident configurations are benchmarked."""
+    candidate is injected otherwise). Benchmarks of the recurrence start from the saved exchange (h0 in
+    slot 1) and cell state, and only co-resident configurations are benchmarked."""
     if not _tuned:
         from rlx_triton.backends.triton.autotune import TunedKernel
 
@@ -276,7 +288,7 @@ def tuned_kernels() -> Dict[str, Any]:
         _tuned["projection"] = TunedKernel(_lstm_input_proj_kernel, onchip, lambda c: _config(_proj_meta(c)),
                                            key=_PROJ_TUNE_KEY)
         _tuned["recurrence"] = TunedKernel(_lstm_onchip_kernel, onchip, _onchip_config, key=_REC_TUNE_KEY,
-                                           reset_to_zero=["counter_ptr"], restore_value=["c_ptr"],
+                                           restore_value=["xchg_ptr", "c_ptr"],
                                            prune_configs_by={"early_config_prune": _resident_configs})
     return _tuned
 
@@ -357,25 +369,26 @@ def _gate_strides(y, T: int, B: int, n_cols: int, batch_first: bool) -> tuple:
     return B * n_cols, n_cols, y.stride(0), y.stride(1)
 
 
-def _onchip_launches(gates, w_hh_stack, h0, c_state, y, hn, counters, *, T, B, hidden, directions, batch_first,
+def _onchip_launches(gates, w_hh_stack, exchange, c_state, y, hn, *, T, B, hidden, directions, batch_first,
                      candidate, synchronised: bool, tuned) -> List[Launch]:
     """The recurrence of one layer on `_lstm_onchip_kernel`: one synchronised launch over [0, T), or (the
     mode the interpreter checks, where programs run one after another) one launch per timestep with the
-    launch boundary as the barrier: the same arithmetic, W_hh reloaded and the cell state saved per launch.
+    launch boundary as the wait: the same arithmetic, W_hh reloaded and the cell state saved per launch.
+    `exchange` is the layer's (directions, 2, rows, BLOCK_K) int64 exchange with h0 in slot 1 (`exchange_buffer`).
 
-    Bytes: W_hh once per launch, the input gates, h0 and the cell state, the h rows the steps write (the
-    h rows read back from L2 by the other programs of a group are not memory traffic)."""
+    Bytes: W_hh once per launch, the input gates and the cell state, the h rows the steps write (the
+    exchange words the programs of a group read back from L2 are not memory traffic)."""
     strides = _gate_strides(y, T, B, GATES * hidden * directions, batch_first)
     state = directions * B * hidden * 4
     grid_for = _onchip_grid(hidden, B, directions)
-    flags = dict(BLOCK_K=_block_k(hidden), K_CHUNK=_k_chunk(hidden), SYNC=synchronised)
-    # programs that wait for each other at the barrier: a cooperative launch, which the driver makes resident
-    # all at once or refuses (a group of one program waits for no other)
+    flags = dict(BLOCK_K=_block_k(hidden), SYNC=synchronised)
+    # programs that wait for each other's h: a cooperative launch, which the driver makes resident all at
+    # once or refuses (a group of one program waits for no other)
     cooperative = synchronised and _onchip_parts(hidden, candidate) > 1
 
     def launch(step_begin: int, step_end: int) -> Launch:
         steps = step_end - step_begin
-        args = (gates, w_hh_stack, h0, c_state, y, hn, counters, T, B, hidden, step_begin, step_end, *strides,
+        args = (gates, w_hh_stack, exchange, c_state, y, hn, T, B, hidden, step_begin, step_end, *strides,
                 _bucket(B), _bucket(T))
         counts = dict(bytes_read=w_hh_stack.numel() * 4 + steps * B * GATES * hidden * directions * 4 + 2 * state,
                       bytes_written=steps * state + 2 * state,
@@ -394,6 +407,26 @@ def _onchip_launches(gates, w_hh_stack, h0, c_state, y, hn, counters, *, T, B, h
     return [launch(s, s + 1) for s in range(T)]
 
 
+FIRST_READ_TAG = 1   # the tag step 0 reads h0 with (kernels.py: step s reads tag s + 1)
+
+
+def exchange_buffer(h0_all: torch.Tensor, num_layers: int, directions: int, hidden: int) -> torch.Tensor:
+    """The on-chip recurrence's exchange for every layer of a call: int64 (layers, directions, 2, rows, BLOCK_K)
+    with rows the batch padded to EXCHANGE_ROWS. Slot 0 holds tag 0 (no step reads it), slot 1 each layer's h0
+    tagged FIRST_READ_TAG (padded rows 0.0), as the kernel's `_publish_word` packs a word (fp32 bits low, tag
+    high); columns past the hidden size hold 0.0 tagged PAD_TAG. Built with every call, so a captured CUDA
+    graph rebuilds it at each replay and a launch never reads another's words."""
+    batch = h0_all.shape[1]
+    rows = triton.cdiv(batch, EXCHANGE_ROWS) * EXCHANGE_ROWS
+    exchange = torch.zeros(num_layers, directions, 2, rows, _block_k(hidden), device=h0_all.device,
+                           dtype=torch.int64)
+    exchange[..., hidden:] = PAD_TAG << 32
+    exchange[:, :, 1, :, :hidden] = FIRST_READ_TAG << 32
+    h0_bits = h0_all.reshape(num_layers, directions, batch, hidden).view(torch.int32).to(torch.int64)
+    exchange[:, :, 1, :batch, :hidden] |= h0_bits & 0xFFFFFFFF
+    return exchange
+
+
 def _onchip_parts(hidden: int, candidate) -> int:
     """Programs per (direction, batch tile) group: the hidden units split UNITS at a time."""
     return triton.cdiv(hidden, _onchip_meta(candidate, hidden)["UNITS"])
@@ -401,7 +434,7 @@ def _onchip_parts(hidden: int, candidate) -> int:
 
 def recurrence_mode(candidate, *, hidden: int, facts, step_launches: Optional[bool] = None) -> str:
     """How an on-chip candidate runs its recurrence on the device `facts` describe: "synchronised" (one
-    launch per layer, the programs of a group meet at a barrier each step) on CUDA, or where a group is a
+    launch per layer, the programs of a group wait for each other's h each step) on CUDA, or where a group is a
     single program; "step_launches" (one launch per step) where programs do not run concurrently (the
     interpreter), or when asked for (step_launches=True)."""
     if step_launches is None:
@@ -437,13 +470,12 @@ def lstm_plan(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor
 
     onchip = candidate.mode == "onchip"
     synchronised = False
-    counters = None
+    exchange = None
     if onchip:
         facts = device_facts(device)
         synchronised = recurrence_mode(candidate, hidden=hidden, facts=facts,
                                        step_launches=step_launches) == "synchronised"
-        # one arrival counter per (layer, direction, batch tile of the smallest BLOCK_B)
-        counters = torch.zeros(num_layers, directions * _batch_tiles(B, MIN_DOT), device=device, dtype=torch.int32)
+        exchange = exchange_buffer(h0_all, num_layers, directions, hidden)
     tuned = None
     if onchip and route is not None and route.candidate is not None and route.candidate.tag() == candidate.tag():
         kernels = tuned_kernels()
@@ -460,8 +492,8 @@ def lstm_plan(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor
         sl = slice(layer * directions, (layer + 1) * directions)
         shape = dict(T=T, B=B, hidden=hidden, directions=directions, batch_first=batch_first)
         if onchip:
-            assert counters is not None   # allocated above for the on-chip mode
-            recurrence = _onchip_launches(gates, w_hh_stack, h0_all[sl], c_n[sl], y, h_n[sl], counters[layer],
+            assert exchange is not None   # allocated above for the on-chip mode
+            recurrence = _onchip_launches(gates, w_hh_stack, exchange[layer], c_n[sl], y, h_n[sl],
                                           candidate=candidate, synchronised=synchronised, tuned=tuned, **shape)
             if synchronised and layer == 0 and facts.kind == "cuda":
                 refusal = synchronised_refusal(recurrence[0], facts)
@@ -506,18 +538,18 @@ def explain_execution(request, candidate) -> Optional[str]:
     if recurrence_mode(candidate, hidden=hidden, facts=facts) == "step_launches":
         return "on-chip recurrence, one launch per step (programs here run one after another, not at once)"
     if facts.kind != "cuda" or _onchip_parts(hidden, candidate) == 1:
-        return "on-chip recurrence, one launch per layer (one program per group: no barrier between programs)"
+        return "on-chip recurrence, one launch per layer (one program per group: no wait between programs)"
 
     def meta_fp32(*shape: int) -> torch.Tensor:
         return torch.empty(shape, device="meta", dtype=torch.float32)
 
     state = meta_fp32(directions, batch, hidden)
     y_shape = (batch, seq, directions * hidden) if features["batch_first"] else (seq, batch, directions * hidden)
+    exchange = torch.empty(directions, 2, triton.cdiv(batch, EXCHANGE_ROWS) * EXCHANGE_ROWS, _block_k(hidden),
+                           device="meta", dtype=torch.int64)
     record = _onchip_launches(meta_fp32(batch * seq, directions * GATES * hidden),
-                              meta_fp32(directions, GATES * hidden, _block_k(hidden)), state, state,
-                              meta_fp32(*y_shape), state,
-                              torch.empty(directions * _batch_tiles(batch, MIN_DOT), device="meta", dtype=torch.int32),
-                              T=seq, B=batch, hidden=hidden, directions=directions,
+                              meta_fp32(directions, GATES * hidden, _block_k(hidden)), exchange, state,
+                              meta_fp32(*y_shape), state, T=seq, B=batch, hidden=hidden, directions=directions,
                               batch_first=features["batch_first"], candidate=candidate, synchronised=True,
                               tuned=None)[0]
     refusal = synchronised_refusal(record, facts)
