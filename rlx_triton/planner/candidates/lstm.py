@@ -55,8 +55,8 @@ LstmVariant = base.define_variants(
     (
         ("ONCHIP_IEEE", LstmCandidate(16, 4, 256, 2, "onchip", "ieee")),
         ("ONCHIP_TF32X3", LstmCandidate(16, 4, 256, 2, "onchip", "tf32x3")),
-        # 16 units per program: a quarter of the programs (large batches stay co-resident), the recurrent
-        # product on tensor cores
+        # 16 units per program (a quarter of the programs, each with four times the work): the recurrent product
+        # on tensor cores
         ("ONCHIP_TF32X3_WIDE", LstmCandidate(16, 16, 256, 2, "onchip", "tf32x3")),
         ("STEPWISE_IEEE", LstmCandidate(16, 64, 128, 2, "stepwise", "ieee")),
         ("PERSISTENT_IEEE", LstmCandidate(16, 128, 256, 2, "persistent", "ieee")),
