@@ -436,7 +436,7 @@ def _exchange_probe_kernel(exchange_ptr, errors_ptr, STEPS: tl.constexpr, PROGRA
         wrong = tl.sum(tl.where(in_group & (seen != ((s - 1) * PROGRAMS + offs).to(tl.float32)), 1, 0))
         tl.atomic_add(errors_ptr, wrong)
         word = tk_kernels._publish_word(((s * PROGRAMS + pid) + offs * 0).to(tl.float32), s + 2)
-        tl.store(exchange_ptr + (s % 2) * BLOCK + pid + offs * 0, word, mask=offs == 0)
+        tk_kernels._publish(exchange_ptr + (s % 2) * BLOCK + pid + offs * 0, word, offs == 0)
 
 
 def _probe_exchange(programs: int, block: int, device: str) -> torch.Tensor:

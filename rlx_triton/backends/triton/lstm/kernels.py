@@ -224,6 +224,14 @@ def _publish_word(h, tag):
 
 
 @triton.jit
+def _publish(ptrs, words, mask):
+    """Store exchange words as relaxed GPU-scope atomics: with the readers' volatile (relaxed, system-scope)
+    loads, every access to a word is strong, so the memory model guarantees a reader sees a word whole and,
+    eventually, the newest one (a plain store racing with the poll would have no such guarantee)."""
+    tl.atomic_xchg(ptrs, words, mask=mask, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _word_value(word):
     return word.to(tl.uint32).to(tl.float32, bitcast=True)
 
@@ -326,7 +334,7 @@ def _lstm_onchip_kernel(
         pre_f, pre_o = tl.split(odd)
         c, h = _lstm_cell(pre_i, pre_f, pre_g, pre_o, c)
         # every row of the tile, padded ones too, so a reader's rows all carry the step's tag
-        tl.store(publish_cols + (s % 2) * slot_size, _publish_word(h, s + 2), mask=u_mask[None, :])
+        _publish(publish_cols + (s % 2) * slot_size, _publish_word(h, s + 2), u_mask[None, :])
         tl.store(y_row + t.to(tl.int64) * stride_yt + unit[None, :], h, mask=out_mask)
         if s == T - 1:
             tl.store(hn_ptr + state_ptrs, h, mask=out_mask)
