@@ -34,9 +34,9 @@ ASSUMPTIONS = (
     "CTAs run in waves of SMs x CTAs per SM; a wave with fewer CTAs than SMs keeps only that many SMs busy, "
     "and its bandwidth, FLOP and issue rates scale with the busy SMs; a wave takes the longest of its memory, "
     "compute and issue times (no overlap loss)",
-    "latency chain: the dependent steps a launch cannot overlap (grid-barrier steps, serial merge round trips, the "
-    "load of a recurrence's previous state each step; rlx_triton/perf/structure.py), each priced at the profile's "
-    "latency of its kind (L2 hit, HBM, global atomic, CTA barrier), added after the waves",
+    "latency chain: the dependent steps a launch cannot overlap (serial merge round trips; a recurrence's previous "
+    "state handed through L2 and the CTA barriers of each step; rlx_triton/perf/structure.py), each priced at the "
+    "profile's latency of its kind (L2 hit, HBM, global atomic, CTA barrier), added after the waves",
     "sm_fill = busy SMs in the last (full or partial) wave / SMs",
     "est_us = the waves' time + the chain + one launch latency per launch (no CUDA graphs, launches do not "
     "overlap); est_low_us / est_high_us: the same with every constant at the fast / slow end of its range "

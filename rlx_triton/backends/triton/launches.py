@@ -166,7 +166,7 @@ class Launch:
     arguments as passed; meta: every remaining parameter by name (constexprs, flags). bytes_read /
     bytes_written: global-memory traffic the launch needs (each byte once); flops: floating-point operations
     (an FMA is two); unit: what executes them (rlx_triton.devices.UNITS). cooperative: launched with
-    triton's `launch_cooperative_grid=True` (a kernel whose programs wait for each other at a grid barrier):
+    triton's `launch_cooperative_grid=True` (a kernel whose programs wait for each other's results):
     the driver then makes every program resident at once or refuses the launch, instead of letting a partly
     resident grid spin forever.
     """
