@@ -469,10 +469,12 @@ def test_the_exchange_hands_every_program_the_words_of_the_step_before():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [LstmVariant.ONCHIP_IEEE, LstmVariant.ONCHIP_TF32X3], ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", [LstmVariant.ONCHIP_IEEE, LstmVariant.ONCHIP_TF32X3, LstmVariant.ONCHIP_TF32X3_WIDE],
+                         ids=lambda v: v.name)
 def test_the_synchronised_onchip_launch_equals_its_step_launches_on_cuda(variant):
-    """pyannote's stack: one launch per layer whose 64 programs per direction wait for each other's h through
-    the exchange each step gives the values of one launch per step (the launch boundary as the wait)."""
+    """pyannote's stack: one launch per layer whose programs (64 per direction on the 4-unit candidates, 16 on the
+    wide one, whose recurrent product runs on tensor cores) wait for each other's h through the exchange each
+    step gives the values of one launch per step (the launch boundary as the wait)."""
     module = make(60, 128, 4, bidirectional=True, batch_first=True).cuda().eval()
     x = torch.randn(32, 589, 60, device="cuda")
     with torch.no_grad(), launches.recording() as log:
