@@ -150,6 +150,38 @@ def test_onchip_runs_one_launch_per_step_where_programs_run_one_after_another():
     assert [_steps(r) for r in records] == [(0, 5), (0, 5)]
 
 
+def test_the_exchange_starts_with_h0_in_slot_1_padding_tagged_apart():
+    """h0's fp32 bits tagged 1 in slot 1, tag 0 in slot 0 (no step reads it), the batch padded to EXCHANGE_ROWS
+    rows (0.0, tagged like their slot) and the columns past the hidden size tagged PAD_TAG in both slots."""
+    h0 = torch.randn(2 * 2, 3, 5)     # 2 layers x 2 directions, batch 3, hidden 5
+    exchange = tk_launch.exchange_buffer(h0, num_layers=2, directions=2, hidden=5)
+    assert exchange.shape == (2, 2, 2, tk_kernels.EXCHANGE_ROWS, 16) and exchange.dtype == torch.int64
+    tags, bits = exchange >> 32, (exchange & 0xFFFFFFFF).to(torch.int32)
+    assert (tags[:, :, 0, :, :5] == 0).all() and (tags[:, :, 1, :, :5] == tk_launch.FIRST_READ_TAG).all()
+    assert (tags[..., 5:] == tk_kernels.PAD_TAG).all() and (bits[..., 5:] == 0).all()
+    assert torch.equal(bits[:, :, 1, :3, :5].view(torch.float32), h0.reshape(2, 2, 3, 5))
+    assert (bits[:, :, 1, 3:, :5] == 0).all() and (bits[:, :, 0] == 0).all()
+
+
+def test_a_step_launch_reads_a_word_older_than_its_step_as_nan():
+    """One launch per step checks the tags too: a word left from an older step (here h0's word of one row,
+    tagged 0) makes that row's outputs NaN and leaves the other rows' values as nn.LSTM's."""
+    module = make(3, 16, 1, True)
+    x, _ = inputs(module, batch=3, seq=4, with_state=False)
+    plan, (out, _h, _c) = tk.lstm_plan(x, None, module._flat_weights, has_biases=True, num_layers=1, dropout=0.0,
+                                      training=False, bidirectional=True, batch_first=False,
+                                      candidate=candidate("onchip"), step_launches=True)
+    named = dict(zip(tk_kernels._lstm_onchip_kernel.arg_names, plan[1].args))
+    exchange = named["xchg_ptr"]
+    exchange[0, 1, 1, :16] = 0          # forward direction, slot 1, batch row 1: tag 0, not 1
+    launches.run(plan)
+    ref, _ = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=True, batch_first=False)
+    assert out[:, 1, :16].isnan().all()                      # forward outputs of row 1, from step 0 on
+    rows = [0, 2]
+    torch.testing.assert_close(out[:, rows].double(), ref[:, rows], rtol=TOL, atol=TOL)
+    torch.testing.assert_close(out[:, 1, 16:].double(), ref[:, 1, 16:], rtol=TOL, atol=TOL)   # its reverse half
+
+
 def test_the_synchronised_launch_is_cooperative_where_programs_wait_for_each_other():
     """A barrier between programs needs them all resident: that launch asks the driver for a cooperative
     grid; step launches and groups of one program wait for no other program and launch plainly."""
