@@ -251,13 +251,14 @@ def test_tf32x3_conv2d_propagates_nan_and_keeps_finite_outputs_finite():
     assert_close_ref(y[finite], ref[finite], torch.float32, 180)
 
 
-def test_split_weights_are_packed_tap_major_and_cached():
+def test_split_weights_are_packed_tap_major_as_hi_pairs_then_lows_and_cached():
     weight = torch.randn(8, 5, 3, 3)
+    k = 9 * 5
     terms = K.split_weights(weight)
-    assert terms.shape == (8, 4 * 9 * 5) and K.split_weights(weight) is terms       # once per weight version
-    hi, lo = terms[:, 0::4], terms[:, 1::4]
+    assert terms.shape == (8, 3 * k) and K.split_weights(weight) is terms       # once per weight version
+    hi, lo = terms[:, 0:2 * k:2], terms[:, 2 * k:]
+    assert torch.equal(terms[:, 1:2 * k:2], hi)                                  # each k's [hi, hi] pair
     torch.testing.assert_close(hi + lo, weight.permute(0, 2, 3, 1).reshape(8, -1), rtol=2 ** -20, atol=0)
-    assert torch.equal(terms[:, 2::4], hi) and torch.equal(terms[:, 3::4], lo)
     weight.mul_(2.0)
     assert not torch.equal(K.split_weights(weight), terms)
 
@@ -341,7 +342,8 @@ def test_conv2d_record_is_the_hand_count():
     assert record.bytes_written == 4 * res.numel()
     stem = K.make_candidate(tile_pos=64, tile_co=32, tile_k=16, precision="tf32x3")
     (folded,), _ = K.conv2d_plan(torch.randn(1, 1, 8, 8), torch.randn(32, 1, 3, 3), candidate=stem, padding=1)
-    assert folded.meta["FOLD_TAPS"] and folded.flops == 2 * 1 * 16 * 64 * 32 and folded.unit == "tf32x4"
+    # tf32x3: three TF32 products per fp32 product (the pairs' dot and the low terms' dot)
+    assert folded.meta["FOLD_TAPS"] and folded.flops == 2 * 1 * 16 * 64 * 32 and folded.unit == "tf32x3"
 
 
 def test_a_routed_conv2d_is_a_tuned_record_with_the_routes_config():

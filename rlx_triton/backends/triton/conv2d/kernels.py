@@ -11,12 +11,14 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   tf32x3 candidates (true fp32 on TF32 tensor cores) run `_igemm_tf32x3` instead: pixels x channels
   (the pixels on the MMA's M side, the channel tile on N, fitted to the layer: 32 or 64), the input
   patch split into TF32 halves in registers and the weights split once per weight version
-  (split_weights), one 4-term TF32 dot per step (conv.dot_split): one MMA group per step. The trunk's
+  (split_weights), three TF32 products per step (`_dot_split3`: [x_hi, x_lo] against [w_hi, w_hi], then x_hi
+  against w_lo; the fourth product, x_lo w_lo, is below fp32's rounding and not computed). The trunk's
   tiles run one stage: the patch is a gathered load (masks for the padding), not a cp.async copy, so a
   deeper pipeline only held the next step's operands in registers. The loop runs per tap, then per channel
   chunk: each tap's pixel offsets and padding mask once for all its chunks, and no division by the chunk
-  count in the loop (it was a third of the loop's instructions). On sm_90 the 64 x 64 x 16 tile holds 211
-  registers (2 CTAs/SM) and the 64 x 32 x 16 tile of the 32-channel layers 142 (3 CTAs/SM).
+  count in the loop (it was a third of the loop's instructions). As the trunk launches compile on sm_90
+  (`rlx-triton perf`), the 64 x 64 x 16 tile holds 168 registers (3 CTAs/SM) and the 64 x 32 x 16 tile of the
+  32-channel layers 128 (4 CTAs/SM).
 - `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
   time, optionally weighted by per-frame weights exactly as pyannote's `StatsPool` computes them.
 - The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`
@@ -27,7 +29,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlx_triton.backends.triton.conv.kernels import dot_split
+from rlx_triton.backends.triton._tf32 import tf32_split
+
+
+@triton.jit
+def _dot_split3(x_tile, w_pair, w_lo, acc, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + x_tile @ W in true fp32 on TF32 tensor cores, as three TF32 products: x_tile (BLOCK_M, BLOCK_K) is
+    split in registers (tf32_split); one dot of 2 * BLOCK_K terms, [x_hi, x_lo] per k against w_pair's [w_hi, w_hi]
+    (x_hi w_hi + x_lo w_hi), then x_hi against w_lo (BLOCK_K terms). The fourth product, x_lo w_lo, is below
+    fp32's rounding of the sum (both halves' lows are under 2^-10 of their values) and is not computed."""
+    x_hi, x_lo = tf32_split(x_tile)
+    x_pair = tl.reshape(tl.join(x_hi, x_lo), (BLOCK_M, 2 * BLOCK_K))
+    acc = tl.dot(x_hi, w_lo, acc, input_precision="tf32")
+    return tl.dot(x_pair, w_pair, acc, input_precision="tf32")
 
 
 @triton.jit
@@ -37,14 +51,15 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
                   BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc[p, co] = sum_k X[p, k] W[k, co] in true fp32 on TF32 tensor cores.
 
-    Each step is one dot_split: the input patch split in registers, the weights split once per weight
-    version (split_weights: (c_out, 4 * KH*KW*c_in), the four terms of k = tap * c_in + ci contiguous,
-    K-major as TF32 MMAs read them from shared memory)."""
+    Each step is one `_dot_split3`: the input patch split in registers, the weights split once per weight
+    version (split_weights: (c_out, 3 * K) for K = KH*KW*c_in and k = tap * c_in + ci: the [w_hi, w_hi] pairs of
+    every k in the first 2 * K columns, then the w_lo of every k, K-major as TF32 MMAs read them)."""
     k_total = c_in * KH * KW
     plane = height * width
     offs_k = tl.arange(0, BLOCK_K)
-    offs_term = tl.arange(0, 4 * BLOCK_K)
-    w_rows = w_split_ptr + offs_co.to(tl.int64)[None, :] * (4 * k_total)
+    offs_pair = tl.arange(0, 2 * BLOCK_K)
+    w_rows = w_split_ptr + offs_co.to(tl.int64)[None, :] * (3 * k_total)
+    w_lo_rows = w_rows + 2 * k_total
     acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.float32)
     if FOLD_TAPS:
         for k0 in range(0, k_total, BLOCK_K):
@@ -57,10 +72,10 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
             inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
             x_ptrs = x_pixel_base[:, None] + ((ci * plane)[None, :] + ih * width + iw)
             x_tile = tl.load(x_ptrs, mask=mask_p[:, None] & mask_k[None, :] & inside, other=0.0).to(tl.float32)
-            w_terms = 4 * k0 + offs_term
-            w_tile = tl.load(w_rows + w_terms[:, None], mask=(w_terms < 4 * k_total)[:, None] & mask_co[None, :],
-                             other=0.0)
-            acc = dot_split(x_tile, w_tile, acc, BLOCK_P, BLOCK_K)
+            pair = 2 * k0 + offs_pair
+            w_pair = tl.load(w_rows + pair[:, None], mask=(pair < 2 * k_total)[:, None] & mask_co[None, :], other=0.0)
+            w_lo = tl.load(w_lo_rows + k[:, None], mask=mask_k[:, None] & mask_co[None, :], other=0.0)
+            acc = _dot_split3(x_tile, w_pair, w_lo, acc, BLOCK_P, BLOCK_K)
     else:
         # per tap: its pixel offsets and padding mask are computed once for all its channel
         # chunks (the tap's row and column: a division by the constant KW, not by the chunk count)
@@ -69,15 +84,17 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
             iw = iw_base + tap % KW
             mask_pix = mask_p & (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
             pixel_ptrs = x_pixel_base + (ih * width + iw)
-            w_tap = w_rows + 4 * tap * c_in
+            k_tap = tap * c_in
             for ci0 in range(0, c_in, BLOCK_K):
                 ci = ci0 + offs_k
                 x_ptrs = pixel_ptrs[:, None] + (ci * plane)[None, :]
                 x_tile = tl.load(x_ptrs, mask=mask_pix[:, None] & (ci < c_in)[None, :], other=0.0).to(tl.float32)
-                w_terms = 4 * ci0 + offs_term
-                w_tile = tl.load(w_tap + w_terms[:, None], mask=(w_terms < 4 * c_in)[:, None] & mask_co[None, :],
-                                 other=0.0)
-                acc = dot_split(x_tile, w_tile, acc, BLOCK_P, BLOCK_K)
+                pair = 2 * ci0 + offs_pair
+                w_pair = tl.load(w_rows + 2 * k_tap + pair[:, None],
+                                 mask=(pair < 2 * c_in)[:, None] & mask_co[None, :], other=0.0)
+                w_lo = tl.load(w_lo_rows + k_tap + ci[:, None], mask=(ci < c_in)[:, None] & mask_co[None, :],
+                               other=0.0)
+                acc = _dot_split3(x_tile, w_pair, w_lo, acc, BLOCK_P, BLOCK_K)
     return acc
 
 

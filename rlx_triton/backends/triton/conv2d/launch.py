@@ -23,8 +23,9 @@ import torch
 import triton
 
 from rlx_triton.backends.triton import launches
-from rlx_triton.backends.triton.conv.launch import UNIT_OF_PRECISION, all_candidates
-from rlx_triton.backends.triton.conv.weights import cached_weight, split_terms
+from rlx_triton.backends.triton._tf32 import split_tf32
+from rlx_triton.backends.triton.conv.launch import all_candidates
+from rlx_triton.backends.triton.conv.weights import cached_weight
 from rlx_triton.backends.triton.conv2d.kernels import _bias_act_kernel, _conv2d_kernel, _stats_pool_kernel
 from rlx_triton.backends.triton.conv2d.routing import APPROVALS
 from rlx_triton.backends.triton.launches import Launch
@@ -48,6 +49,8 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
 
 # Layers with fewer input channels than the smallest BLOCK_K fold the taps into the reduction chunk.
 FOLD_TAPS_BELOW = 16
+# what runs a launch's FLOPs: tf32x3 candidates issue three TF32 products per fp32 product (`_dot_split3`)
+CONV2D_UNIT_OF_PRECISION = {"ieee": "fp32_fma", "tf32": "tf32", "tf32x3": "tf32x3"}
 # FLOPs per element of the unfused epilogue (bias, residual, ReLU) and, per frame and feature (and
 # speaker), of the two pooling passes: shift + sum, then centre + square-add (weighted: one more multiply each)
 _EPILOGUE_FLOPS = 3
@@ -77,9 +80,17 @@ def tuned_kernel():
 
 
 def split_weights(weight: torch.Tensor) -> torch.Tensor:
-    """The (c_out, c_in, kh, kw) weight for the tf32x3 GEMM: split_terms of its (c_out, kh * kw * c_in) form,
+    """The (c_out, c_in, kh, kw) weight for the tf32x3 GEMM: `_split_pairs` of its (c_out, kh * kw * c_in) form,
     k = tap * c_in + ci; cached per weight version."""
-    return cached_weight(weight, lambda w: split_terms(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), "conv2d_split")
+    return cached_weight(weight, lambda w: _split_pairs(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), "conv2d_split")
+
+
+def _split_pairs(matrix: torch.Tensor) -> torch.Tensor:
+    """(rows, K) -> (rows, 3 * K) float32: [w_hi, w_hi] of each k in the first 2 * K columns, then w_lo of each k
+    (split_tf32): the weight operands of the trunk's three-product dot (kernels `_dot_split3`)."""
+    hi, lo = split_tf32(matrix)
+    pairs = torch.stack((hi, hi), dim=-1).reshape(matrix.shape[0], -1)
+    return torch.cat((pairs, lo), dim=1).contiguous()
 
 
 def _nbytes(tensor) -> int:
@@ -132,7 +143,7 @@ def conv2d_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     weight_bytes = _nbytes(w_split) if candidate.precision == "tf32x3" else _nbytes(weight)
     epilogue_bytes = _nbytes(bias) + _nbytes(residual) if fused else 0
     counts: Dict[str, Any] = dict(bytes_read=_nbytes(x) + weight_bytes + epilogue_bytes, bytes_written=_nbytes(gemm_out),
-                                  unit=UNIT_OF_PRECISION[candidate.precision])
+                                  unit=CONV2D_UNIT_OF_PRECISION[candidate.precision])
 
     def grid_for(meta):
         return (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))
