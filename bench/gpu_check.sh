@@ -29,7 +29,7 @@ declare -A WHAT=(
   [graphs]="capture -> grow -> allocate -> replay: decode (counters back to 0, two streams), the PyanNet and trunk graphs"
   [no-sync]="torch.cuda.set_sync_debug_mode('error') around steady-state decode calls and a PyanNet forward"
   [two-streams]="two streams x LSTM at B=128 and B=512 (finish or refuse, never hang); diarization segmentation || embedding"
-  [sanitizer]="compute-sanitizer memcheck and racecheck on small decode, varlen, SincNet and LSTM launches (if the binary exists)"
+  [sanitizer]="compute-sanitizer memcheck and racecheck on small decode, varlen, SincNet, trunk and LSTM launches (if the binary exists)"
   [multi-gpu]="device guard: kernels on cuda:1 while cuda:0 is current (skipped on one GPU)"
   [rlx-flash]="torch.nn.attention.activate_flash_attention_impl(\"RLX\"): a decode-shaped F.sdpa vs torch's own flash"
   [bench]="the benchmarks in quick mode, but diarization"
@@ -124,8 +124,8 @@ check_sanitizer() {
   fi
   # every tensor its own allocation, so memcheck sees a read past one; half the budget per tool
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout $(($1 / 2)) "$sanitizer" --tool memcheck --error-exitcode 1 \
-    $PY bench/gpu_sanitize.py decode varlen sincnet lstm &&
-    timeout $(($1 / 2)) "$sanitizer" --tool racecheck --error-exitcode 1 $PY bench/gpu_sanitize.py decode varlen sincnet lstm
+    $PY bench/gpu_sanitize.py decode varlen sincnet trunk lstm &&
+    timeout $(($1 / 2)) "$sanitizer" --tool racecheck --error-exitcode 1 $PY bench/gpu_sanitize.py decode varlen sincnet trunk lstm
 }
 check_wheels() {
   if ! compgen -G ".whl/*.whl" >/dev/null; then

@@ -1,9 +1,10 @@
-"""Small decode, varlen, SincNet and LSTM launches for compute-sanitizer (bench/gpu_check.sh's `sanitizer` check).
+"""Small decode, varlen, SincNet, ResNet trunk and LSTM launches for compute-sanitizer (bench/gpu_check.sh's `sanitizer` check).
 
 Runs, on CUDA tensors, a split decode launch whose splits merge in one and in two levels (ragged lengths,
 a paged cache, a length of 0), the varlen kernel's two passes over key tiles (unmasked tiles, then the window's
 edges and last partial tile) under causal and sliding windows on contiguous and paged caches, the symmetric
-sinc conv (the pool's phases as tile rows, filter lanes past the bank masked) with SincNet's blocks, then the
+sinc conv (the pool's phases as tile rows, filter lanes past the bank masked) with SincNet's blocks, the trunk's
+tf32x3 convs (the split weights' hi pairs and lows read per chunk, padded windows), then the
 on-chip LSTM recurrence (a cooperative launch whose programs read each other's h through the exchange every
 step; 40 hidden units and a batch of 4, so the exchange's padded rows and columns are read too), and checks the
 outputs against float64. Under `compute-sanitizer --tool memcheck`
@@ -66,6 +67,27 @@ def sincnet() -> None:
     assert ((out.cpu().double() - ref).abs().max() / ref.abs().max()).item() <= 1e-4
 
 
+def trunk() -> None:
+    """ResNet trunk convs on the tf32x3 recipes: the stem (taps folded into the reduction), a 3x3/1 with residual
+    and ReLU over 64 channels (four channel chunks a tap), a 3x3/2 and a 1x1/2 shortcut; padded edges and a
+    pixel count that is not a multiple of the tile."""
+    import torch.nn.functional as F
+    from rlx_triton.ops.conv2d import conv2d
+
+    cases = [((2, 1, 20, 30), (32, 1, 3, 3), 1, 1, False), ((2, 64, 10, 15), (64, 64, 3, 3), 1, 1, True),
+             ((2, 32, 20, 30), (64, 32, 3, 3), 2, 1, False), ((2, 32, 20, 30), (64, 32, 1, 1), 2, 0, False)]
+    for x_shape, w_shape, stride, padding, residual in cases:
+        x, weight, bias = torch.randn(x_shape), torch.randn(w_shape) * 0.1, torch.randn(w_shape[0])
+        ref = F.conv2d(x.double(), weight.double(), bias.double(), stride=stride, padding=padding)
+        res = torch.randn(ref.shape) if residual else None
+        if res is not None:
+            ref = torch.relu(ref + res.double())
+        with rt.use_backend("triton", strict=True):
+            out = conv2d(x.cuda(), weight.cuda(), bias.cuda(), stride=stride, padding=padding,
+                         residual=res.cuda() if res is not None else None, relu=residual)
+        torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-4, atol=1e-4)
+
+
 def lstm() -> None:
     torch.backends.cudnn.allow_tf32 = False
     stock = torch.nn.LSTM(20, 40, 2, bidirectional=True, batch_first=True).cuda().eval()
@@ -81,7 +103,7 @@ def lstm() -> None:
 if __name__ == "__main__":
     if not torch.cuda.is_available():
         sys.exit("gpu_sanitize: no CUDA GPU visible to torch")
-    for name in sys.argv[1:] or ["decode", "varlen", "sincnet", "lstm"]:
-        {"decode": decode, "varlen": varlen, "sincnet": sincnet, "lstm": lstm}[name]()
+    for name in sys.argv[1:] or ["decode", "varlen", "sincnet", "trunk", "lstm"]:
+        {"decode": decode, "varlen": varlen, "sincnet": sincnet, "trunk": trunk, "lstm": lstm}[name]()
         torch.cuda.synchronize()
         print("gpu_sanitize:", name, "ok", flush=True)
