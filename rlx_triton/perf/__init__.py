@@ -159,16 +159,18 @@ def _decided_by(case, routes) -> str:
     return "+".join(seen) or "default"
 
 
-def library_path(routes, profile) -> Optional[dict]:
+def library_path(routes, profile, *, merged: bool = False) -> Optional[dict]:
     """The library path estimate of a traced case: the torch path's kernels of every op call it routed, read by
     the roofline (None unless every call's family states `library_kernels(request, profile)` in its torch module
-    and the library models cover every call: rlx_triton.perf.library.Unmodelled)."""
+    and the library models cover every call: rlx_triton.perf.library.Unmodelled). `merged`: the routes are op
+    calls already (`_op_calls`), so two equal requests side by side are two calls (a selection of calls, such
+    as those the router sent to the library, puts calls side by side that were not)."""
     from rlx_triton.perf.roofline import library_estimate
     from rlx_triton.router import registry
 
     from rlx_triton.perf.library import Unmodelled
 
-    calls = [route for route in _op_calls(routes) if route.request is not None]
+    calls = [route for route in (routes if merged else _op_calls(routes)) if route.request is not None]
     kernels = []
     for route in calls:
         module = registry.family_module(registry.library_backend().name, route.family, route.op)
@@ -332,7 +334,7 @@ def analyse(profile, names: Sequence[str], *, workers: Optional[int] = None, cac
         on_library = None
         if case.pinned is None:
             to_library = [route for route in _op_calls(result.routes) if route.backend != "triton"]
-            on_library = library_path(to_library, profile) if to_library else None
+            on_library = library_path(to_library, profile, merged=True) if to_library else None
         if on_library is not None:
             floor_us, est_us, est_low_us, est_high_us = (
                 None if part is None else round(part + on_library[key], 3)

@@ -7,6 +7,8 @@ the record's arguments and constexprs); a table whose length differs from the co
 Other kernels get the generic rule: the loop doing the most work per pass (FLOPs of its FFMA and tensor-core
 instructions, else bytes of its global loads) does all of the launch's FLOPs (bytes), so its passes are
 the launch's FLOPs / (CTAs x warps x FLOPs of one warp's pass); every other loop makes one pass per CTA.
+Stated: the decode kernel's KV loops, the on-chip LSTM's time loop, the fbank split's loops, and the conv2d
+GEMM's loops (the tf32x3 form loops per tap, then per channel chunk: KH*KW and KH*KW*chunks passes).
 Spin loops (a barrier's poll) make no counted pass: their time is the chain's.
 
 `chain_steps(launch)` gives the dependent steps the launch cannot overlap with anything else, by latency
@@ -78,10 +80,21 @@ def _fbank_split_trips(launch, arg) -> List[float]:
     return [math.ceil(int(arg["BLOCK_F"]) / sub_f), math.ceil(bins / int(arg["BLOCK_K"]))]
 
 
+def _conv2d_trips(launch, arg) -> List[float]:
+    # the tf32x3 GEMM's loops per tap, then per channel chunk (two loops); the other forms one flat loop
+    taps = int(arg["KH"]) * int(arg["KW"])
+    c_in, block_k = int(arg["c_in"]), int(arg["BLOCK_K"])
+    if arg.get("FOLD_TAPS"):
+        return [float(math.ceil(c_in * taps / block_k))]
+    steps = float(taps * math.ceil(c_in / block_k))
+    return [float(taps), steps] if arg.get("PRECISION") == "tf32x3" else [steps]
+
+
 TRIPS: Mapping[str, Callable[[Any, Dict[str, Any]], List[float]]] = {
     "_sdpa_decode_kernel": _sdpa_decode_trips,
     "_lstm_onchip_kernel": _lstm_onchip_trips,
     "_fbank_split_kernel": _fbank_split_trips,
+    "_conv2d_kernel": _conv2d_trips,
 }
 
 

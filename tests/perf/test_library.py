@@ -33,3 +33,18 @@ def test_each_library_kernel_costs_a_launch_and_at_least_its_bytes_at_the_achiev
     estimate = library_estimate(kernels, H200)
     floor = sum(k.bytes for k in kernels) / 4.3e12 * 1e6 + len(kernels) * H200.launch_us
     assert estimate["est_us"] >= floor - 1e-3 and estimate["launches"] == len(kernels)
+
+
+def test_equal_calls_side_by_side_are_each_costed_once_they_are_op_calls():
+    """An op that routes twice per call is one call (`_op_calls` merges the repeat); but the calls the router
+    sent to the library, picked out of a model's calls, may put two equal calls side by side (two identical
+    ResNet convs with a kernel-routed one between them): each is costed."""
+    from types import SimpleNamespace
+
+    from rlx_triton.perf import library_path
+
+    route = SimpleNamespace(request=_decode_request(torch.float16), family="sdpa_decode", op="sdpa_decode",
+                            backend="torch")
+    one = library_path([route], H200)["est_us"]
+    assert library_path([route, route], H200)["est_us"] == pytest.approx(one)            # one call routed twice
+    assert library_path([route, route], H200, merged=True)["est_us"] == pytest.approx(2 * one)   # two calls

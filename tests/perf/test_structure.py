@@ -216,3 +216,18 @@ def test_a_mask_that_reaches_every_key_runs_every_tile_as_an_edge_tile():
 def test_a_single_split_has_no_merge_chain():
     record = _decode_record(512, 8, sm_count=8)   # 8 row blocks fill 8 SMs: no split
     assert record.grid[1] == 1 and chain_steps(record) == {}
+
+
+def test_the_tf32x3_conv2d_loops_pass_once_per_tap_and_once_per_tap_and_channel_chunk():
+    """The trunk's tf32x3 GEMM loops per tap (pixel offsets, padding masks), then per channel chunk: 9 and 9 x 8
+    passes for a 3x3 over 128 channels in chunks of 16; the other forms one flat loop."""
+    from rlx_triton.backends.triton import conv2d as conv2d_kernels
+    from rlx_triton.planner import ConvVariant
+
+    x, weight = torch.empty(2, 128, 20, 25, device="meta"), torch.empty(128, 128, 3, 3, device="meta")
+    (record,), _ = conv2d_kernels.conv2d_plan(x, weight, padding=1,
+                                              candidate=ConvVariant["TF32X3_P64_CO64"].candidate())
+    loops = [_loop(60), _loop(170, pass_flops=64 * 12, start=0x400)]
+    assert loop_trips(record, loops) == ([9.0, 72.0], "table")
+    (flat,), _ = conv2d_kernels.conv2d_plan(x, weight, padding=1, candidate=ConvVariant["IEEE_P64_CO32"].candidate())
+    assert loop_trips(flat, [_loop(300, pass_flops=64 * 16)]) == ([9.0 * 4], "table")
