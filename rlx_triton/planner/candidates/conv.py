@@ -48,9 +48,10 @@ ConvVariant = base.define_variants(
         ("IEEE_P64_CO32", ConvCandidate(64, 32, 32, 128, 2, "ieee", True)),
         ("IEEE_P128_CO64", ConvCandidate(128, 64, 32, 256, 3, "ieee", True)),
         # true fp32 on TF32 tensor cores, channel tiles fitted to the ResNet trunk's layers: 32 channels
-        # (stem, layer1), and 64 for the 64/128/256-channel layers; one stage (a gathered patch is not
-        # staged through shared memory, so deeper pipelines only held registers)
-        ("TF32X3_P64_CO32", ConvCandidate(64, 32, 16, 128, 1, "tf32x3", True)),
+        # (stem, layer1: 128 pixels a program, twice the MMA work for each tap's addresses and masks), and 64
+        # for the 64/128/256-channel layers; one stage (a gathered patch is not staged through shared
+        # memory, so deeper pipelines only held registers)
+        ("TF32X3_P128_CO32", ConvCandidate(128, 32, 16, 128, 1, "tf32x3", True)),
         ("TF32X3_P64_CO64", ConvCandidate(64, 64, 16, 128, 1, "tf32x3", True)),
         # SincNet on GPUs: 64 channel lanes hold all 40 + 40 sinc filters (and a block's 60 channels) in one
         # program, so each sample's preparation is shared by every filter; 32 positions over 8 warps, one stage

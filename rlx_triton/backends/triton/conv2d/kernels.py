@@ -19,8 +19,8 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   count in the loop (it was a third of the loop's instructions). The patch is loaded channels x pixels, so a
   warp's lanes walk consecutive pixels and a thread holds few of them: a tap's addresses and padding masks
   halved (the tap loop 123 -> 60 instructions on layer1). As the trunk launches compile on sm_90 (`rlx-triton
-  perf`), the 64 x 64 x 16 tile holds 156 registers (3 CTAs/SM) and the 64 x 32 x 16 tile of the 32-channel
-  layers 96 (5 CTAs/SM).
+  perf`), the 64 x 64 x 16 tile holds 156 registers (3 CTAs/SM) and the 128 x 32 x 16 tile of the 32-channel
+  layers 126 (4 CTAs/SM).
 - `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
   time, optionally weighted by per-frame weights exactly as pyannote's `StatsPool` computes them.
 - The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`

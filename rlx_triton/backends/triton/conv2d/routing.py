@@ -48,14 +48,14 @@ def recipe_key(request) -> str:
 
 def _trunk_recipes() -> dict:
     """The tf32x3 tile of each conv geometry of a WeSpeaker ResNet (m_channels 32: ResNet34 and its kin):
-    the 32-wide channel tile on the 32-channel stem and layer1, the 64-wide one elsewhere, so no tile
-    computes channels the layer lacks; both keep >= 2 CTAs per SM on sm_80 and sm_90 (rlx-triton perf
-    --device h200 / a100 embedding: three TF32 products a step and the patch loaded channels x pixels, ResNet34
-    end to end 13374 us on an H200 against the library's 18883, 36456 us on an A100 against 56087, counting the
-    tap loop's passes). The seg_1 projection (5120 -> 256 as a 1x1 conv over 32 rows) is
+    the 32-wide channel tile (128 pixels) on the 32-channel stem and layer1, the 64-wide one elsewhere, so no
+    tile computes channels the layer lacks; both keep >= 3 CTAs per SM on sm_80 and sm_90 (rlx-triton perf
+    --device h200 / a100 embedding: three TF32 products a step, the patch loaded channels x pixels, 128 pixels
+    on the narrow tile: ResNet34 end to end 12335 us on an H200 against the library's 18883, 36208 us on an
+    A100 against 56087). The seg_1 projection (5120 -> 256 as a 1x1 conv over 32 rows) is
     a weight stream on 8 CTAs: the ieee tile reads the weights once, the split terms would read them
     three times (four, when this was chosen: est. 45 vs 79 us on an H200)."""
-    narrow, wide = ConvVariant["TF32X3_P64_CO32"].tag(), ConvVariant["TF32X3_P64_CO64"].tag()
+    narrow, wide = ConvVariant["TF32X3_P128_CO32"].tag(), ConvVariant["TF32X3_P64_CO64"].tag()
     table = {"3x3/1 1->32": narrow, "3x3/1 32->32": narrow, "1x1/1 8192->256": ConvVariant["IEEE_P64_CO32"].tag(),
              "*": wide}
     for c_in in (32, 64, 128):
