@@ -87,7 +87,7 @@ def recurrent_precision(candidate) -> str:
     """The precision of the on-chip kernel's recurrent product h_{t-1} @ W_hh^T: the candidate's, except that
     a program of at most FMA_RECURRENCE_COLUMNS gate columns multiplies in true fp32 FMAs ("ieee") whatever
     its precision. At 16 columns and one output per thread the FMA product issues fewer instructions than
-    splitting h into TF32 halves and three tensor-core products (`rlx-triton perf`: 715 vs 813 us a layer for
+    splitting h into TF32 halves and three tensor-core products (`rlx-triton perf`: about 720 vs 810 us a layer for
     pyannote's LSTM on an H200, by the model); it is exact in fp32, so the candidate's accuracy approval
     holds. The input projection always runs at the candidate's precision."""
     if GATES * _units(candidate) <= FMA_RECURRENCE_COLUMNS:
