@@ -132,8 +132,8 @@ def sass_loops(sass: str) -> Tuple[List[dict], int]:
     """(loops, instructions of the kernel) of a SASS listing. A loop is the span [start, end] of a backward branch
     to start; per loop: its depth (loops around it), `size` (instructions in its span), `own` (those not in a loop
     nested in it), the mix of its own instructions (mma, ldg128, ldgsts, ffma; `bar`: its CTA barriers), the FLOPs
-    of one pass of its own
-    FFMA (64 per warp instruction) and tensor-core instructions, the bytes of one pass of its global loads, and
+    of one pass of its own FFMA (64 per warp instruction) and tensor-core instructions, the bytes of one pass of
+    its global loads, and
     `spin`: a loop without nested loops whose body polls global memory (a strong load or an atomic) and does no
     floating-point arithmetic, tensor-core work or store: it only waits (a barrier's poll, a wait for tagged
     words), however many words one poll reads."""

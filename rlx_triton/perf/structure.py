@@ -98,7 +98,7 @@ TRIPS: Mapping[str, Callable[[Any, Dict[str, Any]], List[float]]] = {
 }
 
 
-def _sdpa_decode_chain(launch, arg) -> Dict[str, int]:
+def _sdpa_decode_chain(launch, arg, loops) -> Dict[str, int]:
     from rlx_triton.backends.triton.sdpa_decode import MERGE_GROUP
 
     splits = launch.grid[1] if len(launch.grid) > 1 else 1
@@ -134,12 +134,8 @@ def _lstm_recurrence_chain(launch, arg, loops) -> Dict[str, int]:
     return _recurrence_steps(arg, 1, loops)
 
 
-def _decode_chain(launch, arg, loops) -> Dict[str, int]:
-    return _sdpa_decode_chain(launch, arg)
-
-
 CHAINS: Mapping[str, Callable[[Any, Dict[str, Any], Optional[Sequence[dict]]], Dict[str, int]]] = {
-    "_sdpa_decode_kernel": _decode_chain,
+    "_sdpa_decode_kernel": _sdpa_decode_chain,
     "_lstm_onchip_kernel": _lstm_onchip_chain,
     "_lstm_recurrence_kernel": _lstm_recurrence_chain,
 }

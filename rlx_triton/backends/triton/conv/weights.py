@@ -1,5 +1,6 @@
-"""Weight preparation of the 1-D conv family, cached per weight version: the packed (C_in * taps, C_out)
-weight, the tf32x3 split terms and the sinc bank's half filters.
+"""Weight preparation of the conv families, cached per weight version: the packed (C_in * taps, C_out)
+weight, the tf32x3 split terms (four per k for the 1-D convs, hi pairs then lows for the 2-D trunk) and the
+sinc bank's half filters.
 
 The sinc filters themselves are built with torch ops (rlx_triton.ops.conv.sinc_filters), once per
 weight version: they are 80 x 251 numbers computed once per parameter update, so a kernel would buy
@@ -24,6 +25,14 @@ def split_terms(matrix: torch.Tensor) -> torch.Tensor:
     the weight operand of dot_split."""
     hi, lo = split_tf32(matrix)
     return torch.stack((hi, lo, hi, lo), dim=-1).reshape(matrix.shape[0], -1).contiguous()
+
+
+def split_pairs(matrix: torch.Tensor) -> torch.Tensor:
+    """(rows, K) -> (rows, 3 * K) float32: [hi, hi] of each k (split_tf32) in the first 2 * K columns, then the lo
+    of each k: the weight operands of the ResNet trunk's three-product dot (conv2d kernels `_dot_split3`)."""
+    hi, lo = split_tf32(matrix)
+    pairs = torch.stack((hi, hi), dim=-1).reshape(matrix.shape[0], -1)
+    return torch.cat((pairs, lo), dim=1).contiguous()
 
 
 def cached_weight(weight: torch.Tensor, make, kind: str):

@@ -23,9 +23,8 @@ import torch
 import triton
 
 from rlx_triton.backends.triton import launches
-from rlx_triton.backends.triton._tf32 import split_tf32
 from rlx_triton.backends.triton.conv.launch import all_candidates
-from rlx_triton.backends.triton.conv.weights import cached_weight
+from rlx_triton.backends.triton.conv.weights import cached_weight, split_pairs
 from rlx_triton.backends.triton.conv2d.kernels import _bias_act_kernel, _conv2d_kernel, _stats_pool_kernel
 from rlx_triton.backends.triton.conv2d.routing import APPROVALS
 from rlx_triton.backends.triton.launches import Launch
@@ -80,17 +79,10 @@ def tuned_kernel():
 
 
 def split_weights(weight: torch.Tensor) -> torch.Tensor:
-    """The (c_out, c_in, kh, kw) weight for the tf32x3 GEMM: `_split_pairs` of its (c_out, kh * kw * c_in) form,
+    """The (c_out, c_in, kh, kw) weight for the tf32x3 GEMM: `split_pairs` of its (c_out, kh * kw * c_in) form,
     k = tap * c_in + ci; cached per weight version."""
-    return cached_weight(weight, lambda w: _split_pairs(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), "conv2d_split")
+    return cached_weight(weight, lambda w: split_pairs(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), "conv2d_split")
 
-
-def _split_pairs(matrix: torch.Tensor) -> torch.Tensor:
-    """(rows, K) -> (rows, 3 * K) float32: [w_hi, w_hi] of each k in the first 2 * K columns, then w_lo of each k
-    (split_tf32): the weight operands of the trunk's three-product dot (kernels `_dot_split3`)."""
-    hi, lo = split_tf32(matrix)
-    pairs = torch.stack((hi, hi), dim=-1).reshape(matrix.shape[0], -1)
-    return torch.cat((pairs, lo), dim=1).contiguous()
 
 
 def _nbytes(tensor) -> int:

@@ -410,6 +410,11 @@ def _onchip_launches(gates, w_hh_stack, exchange, c_state, y, hn, *, T, B, hidde
 FIRST_READ_TAG = 1   # the tag step 0 reads h0 with (kernels.py: step s reads tag s + 1)
 
 
+def exchange_shape(directions: int, batch: int, hidden: int) -> Tuple[int, int, int, int]:
+    """One layer's exchange: (directions, 2 slots, the batch padded to EXCHANGE_ROWS, BLOCK_K)."""
+    return directions, 2, triton.cdiv(batch, EXCHANGE_ROWS) * EXCHANGE_ROWS, _block_k(hidden)
+
+
 def exchange_buffer(h0_all: torch.Tensor, num_layers: int, directions: int, hidden: int) -> torch.Tensor:
     """The on-chip recurrence's exchange for every layer of a call: int64 (layers, directions, 2, rows, BLOCK_K)
     with rows the batch padded to EXCHANGE_ROWS. Slot 0 holds tag 0 (no step reads it), slot 1 each layer's h0
@@ -417,8 +422,7 @@ def exchange_buffer(h0_all: torch.Tensor, num_layers: int, directions: int, hidd
     high); columns past the hidden size hold 0.0 tagged PAD_TAG. Built with every call, so a captured CUDA
     graph rebuilds it at each replay and a launch never reads another's words."""
     batch = h0_all.shape[1]
-    rows = triton.cdiv(batch, EXCHANGE_ROWS) * EXCHANGE_ROWS
-    exchange = torch.zeros(num_layers, directions, 2, rows, _block_k(hidden), device=h0_all.device,
+    exchange = torch.zeros(num_layers, *exchange_shape(directions, batch, hidden), device=h0_all.device,
                            dtype=torch.int64)
     exchange[..., hidden:] = PAD_TAG << 32
     exchange[:, :, 1, :, :hidden] = FIRST_READ_TAG << 32
@@ -545,8 +549,7 @@ def explain_execution(request, candidate) -> Optional[str]:
 
     state = meta_fp32(directions, batch, hidden)
     y_shape = (batch, seq, directions * hidden) if features["batch_first"] else (seq, batch, directions * hidden)
-    exchange = torch.empty(directions, 2, triton.cdiv(batch, EXCHANGE_ROWS) * EXCHANGE_ROWS, _block_k(hidden),
-                           device="meta", dtype=torch.int64)
+    exchange = torch.empty(exchange_shape(directions, batch, hidden), device="meta", dtype=torch.int64)
     record = _onchip_launches(meta_fp32(batch * seq, directions * GATES * hidden),
                               meta_fp32(directions, GATES * hidden, _block_k(hidden)), exchange, state,
                               meta_fp32(*y_shape), state, T=seq, B=batch, hidden=hidden, directions=directions,
