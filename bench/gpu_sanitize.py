@@ -4,7 +4,8 @@ Runs, on CUDA tensors, a split decode launch whose splits merge in one and in tw
 a paged cache, a length of 0), the varlen kernel's two passes over key tiles (unmasked tiles, then the window's
 edges and last partial tile) under causal and sliding windows on contiguous and paged caches, the symmetric
 sinc conv (the pool's phases as tile rows, filter lanes past the bank masked) with SincNet's blocks, the trunk's
-tf32x3 convs (the split weights' hi pairs and lows read per chunk, padded windows), then the
+tf32x3 convs (the split weights' hi pairs and lows read per chunk, padded windows; the Winograd form's four-column
+windows and a row's last pair with one pixel), then the
 on-chip LSTM recurrence (a cooperative launch whose programs read each other's h through the exchange every
 step; 40 hidden units and a batch of 4, so the exchange's padded rows and columns are read too), and checks the
 outputs against float64. Under `compute-sanitizer --tool memcheck`
@@ -69,8 +70,9 @@ def sincnet() -> None:
 
 def trunk() -> None:
     """ResNet trunk convs on the tf32x3 recipes: the stem (taps folded into the reduction), a 3x3/1 with residual
-    and ReLU over 64 channels (four channel chunks a tap), a 3x3/2 and a 1x1/2 shortcut; padded edges and a
-    pixel count that is not a multiple of the tile."""
+    and ReLU over 64 channels (Winograd F(2, 3), four channel chunks a kernel row, 15 columns: each row's last pair
+    has one pixel), a 3x3/2 and a 1x1/2 shortcut; padded edges and a pixel count that is not a multiple of the
+    tile."""
     import torch.nn.functional as F
     from rlx_triton.ops.conv2d import conv2d
 

@@ -8,7 +8,8 @@ Other kernels get the generic rule: the loop doing the most work per pass (FLOPs
 instructions, else bytes of its global loads) does all of the launch's FLOPs (bytes), so its passes are
 the launch's FLOPs / (CTAs x warps x FLOPs of one warp's pass); every other loop makes one pass per CTA.
 Stated: the decode kernel's KV loops, the on-chip LSTM's time loop, the fbank split's loops, and the conv2d
-GEMM's loops (the tf32x3 form loops per tap, then per channel chunk: KH*KW and KH*KW*chunks passes).
+GEMM's loops (the tf32x3 form loops per tap, then per channel chunk: KH*KW and KH*KW*chunks passes; its Winograd
+form per kernel row, then per chunk: KH and KH*chunks, and its direct recompute of non-finite tiles none).
 Spin loops (a barrier's poll) make no counted pass: their time is the chain's.
 
 `chain_steps(launch)` gives the dependent steps the launch cannot overlap with anything else, by latency
@@ -87,7 +88,14 @@ def _conv2d_trips(launch, arg) -> List[float]:
     if arg.get("FOLD_TAPS"):
         return [float(math.ceil(c_in * taps / block_k))]
     steps = float(taps * math.ceil(c_in / block_k))
-    return [float(taps), steps] if arg.get("PRECISION") == "tf32x3" else [steps]
+    if arg.get("PRECISION") != "tf32x3":
+        return [steps]
+    if arg.get("WINOGRAD"):
+        # per kernel row, then per channel chunk; the direct recompute of a tile with a non-finite value
+        # (its tap and chunk loops) does not run on finite data
+        rows = int(arg["KH"])
+        return [float(rows), float(rows * math.ceil(c_in / block_k)), 0.0, 0.0]
+    return [float(taps), steps]
 
 
 TRIPS: Mapping[str, Callable[[Any, Dict[str, Any]], List[float]]] = {

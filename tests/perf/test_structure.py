@@ -220,14 +220,29 @@ def test_a_single_split_has_no_merge_chain():
 
 def test_the_tf32x3_conv2d_loops_pass_once_per_tap_and_once_per_tap_and_channel_chunk():
     """The trunk's tf32x3 GEMM loops per tap (pixel offsets, padding masks), then per channel chunk: 9 and 9 x 8
-    passes for a 3x3 over 128 channels in chunks of 16; the other forms one flat loop."""
+    passes for a 3x3 over 128 channels in chunks of 16 (a downsampling layer: the direct form); the other forms
+    one flat loop."""
+    from rlx_triton.backends.triton import conv2d as conv2d_kernels
+    from rlx_triton.planner import ConvVariant
+
+    x, weight = torch.empty(2, 128, 20, 25, device="meta"), torch.empty(128, 128, 3, 3, device="meta")
+    (record,), _ = conv2d_kernels.conv2d_plan(x, weight, stride=2, padding=1,
+                                              candidate=ConvVariant["TF32X3_P64_CO64"].candidate())
+    loops = [_loop(60), _loop(170, pass_flops=64 * 12, start=0x400)]
+    assert not record.meta["WINOGRAD"] and loop_trips(record, loops) == ([9.0, 72.0], "table")
+    (flat,), _ = conv2d_kernels.conv2d_plan(x, weight, padding=1, candidate=ConvVariant["IEEE_P64_CO32"].candidate())
+    assert loop_trips(flat, [_loop(300, pass_flops=64 * 16)]) == ([9.0 * 4], "table")
+
+
+def test_the_winograd_conv2d_loops_pass_per_kernel_row_and_chunk_and_never_recompute():
+    """The Winograd form loops per kernel row, then per channel chunk (3 and 3 x 8 passes over 128 channels in
+    chunks of 16); the direct recompute of a non-finite tile, compiled after it, makes no pass on finite data."""
     from rlx_triton.backends.triton import conv2d as conv2d_kernels
     from rlx_triton.planner import ConvVariant
 
     x, weight = torch.empty(2, 128, 20, 25, device="meta"), torch.empty(128, 128, 3, 3, device="meta")
     (record,), _ = conv2d_kernels.conv2d_plan(x, weight, padding=1,
-                                              candidate=ConvVariant["TF32X3_P64_CO64"].candidate())
-    loops = [_loop(60), _loop(170, pass_flops=64 * 12, start=0x400)]
-    assert loop_trips(record, loops) == ([9.0, 72.0], "table")
-    (flat,), _ = conv2d_kernels.conv2d_plan(x, weight, padding=1, candidate=ConvVariant["IEEE_P64_CO32"].candidate())
-    assert loop_trips(flat, [_loop(300, pass_flops=64 * 16)]) == ([9.0 * 4], "table")
+                                              candidate=ConvVariant["TF32X3_P128_CO32"].candidate())
+    loops = [_loop(40), _loop(360, pass_flops=64 * 24, start=0x400), _loop(40, start=0x2000),
+             _loop(270, pass_flops=64 * 12, start=0x2400)]
+    assert record.meta["WINOGRAD"] and loop_trips(record, loops) == ([3.0, 24.0, 0.0, 0.0], "table")

@@ -201,7 +201,9 @@ def test_routed_calls_go_through_the_autotune_bridge_with_the_routed_candidate()
                                if c.fuse_epilogue and K.candidate_tag(c) in K.APPROVALS}
     y = K.conv2d(x, weight, bias, padding=1, relu=True, candidate=route.candidate, route=route)
     assert_close_ref(y, conv2d64(x, weight, bias, padding=1, relu=True), torch.float32, 45)
-    key = (4, 5, 8, 7, 6, 1, 3, 3) + ("torch.float32",) * 6       # x, weight, its split terms, bias, residual, out
+    # x, weight, its split terms, its Winograd halves (the split terms where Winograd does not apply), bias,
+    # residual, out
+    key = (4, 5, 8, 7, 6, 1, 3, 3) + ("torch.float32",) * 7
     assert tuned.winner(key) == route.candidate_tag
 
 
@@ -263,6 +265,115 @@ def test_split_weights_are_packed_tap_major_as_hi_pairs_then_lows_and_cached():
     assert not torch.equal(K.split_weights(weight), terms)
 
 
+# ------------------------------------------------------------------------------ Winograd F(2, 3) (3x3, stride 1)
+
+# (batch, c_in, c_out, height, width, padding): odd and even widths (a last pair with one pixel), one column,
+# c_in past one chunk, every padding a 3x3 takes
+WINOGRAD_SHAPES = [
+    (2, 20, 16, 6, 5, 1),
+    (1, 33, 17, 7, 8, 1),
+    (1, 16, 7, 1, 1, 1),      # one pixel: only the centre tap is inside
+    (1, 17, 5, 5, 9, 0),
+    (2, 16, 33, 4, 7, 2),
+    (1, 80, 16, 3, 1, 1),     # one column: every pair's right pixel is past the row
+]
+
+
+@pytest.mark.parametrize("shape", WINOGRAD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("cand", TF32X3, ids=K.candidate_tag)
+def test_winograd_conv2d_matches_float64(shape, cand):
+    """A tf32x3 3x3 stride-1 conv over >= 16 channels runs Winograd F(2, 3) along the rows and holds the fp32
+    bound, with bias, residual and ReLU, at every padding and width."""
+    batch, c_in, c_out, h, w, padding = shape
+    x = torch.randn(batch, c_in, h, w)
+    weight = torch.randn(c_out, c_in, 3, 3) / (c_in * 9) ** 0.5
+    bias = torch.randn(c_out)
+    out_h, out_w = h + 2 * padding - 2, w + 2 * padding - 2
+    residual = torch.randn(batch, c_out, out_h, out_w)
+    (record,), _ = K.conv2d_plan(x, weight, bias, padding=padding, residual=residual, relu=True, candidate=cand)
+    assert record.meta["WINOGRAD"]
+    y = K.conv2d(x, weight, bias, padding=padding, residual=residual, relu=True, candidate=cand)
+    ref = conv2d64(x, weight, bias, padding=padding, residual=residual, relu=True)
+    assert_close_ref(y, ref, torch.float32, c_in * 9)
+
+
+@pytest.mark.parametrize("c_in,kernel,stride,applies", [(16, 3, 1, True), (15, 3, 1, False), (32, 3, 2, False),
+                                                        (32, 1, 1, False), (256, 3, 1, True)])
+def test_winograd_applies_to_3x3_stride_1_layers_of_16_channels_or_more(c_in, kernel, stride, applies):
+    assert K.winograd_applies(c_in, kernel, kernel, stride) is applies
+    x, weight = torch.empty(1, c_in, 8, 8, device="meta"), torch.empty(8, c_in, kernel, kernel, device="meta")
+    (record,), _ = K.conv2d_plan(x, weight, stride=stride, padding=kernel // 2, candidate=TF32X3[0])
+    assert record.meta["WINOGRAD"] is applies
+    (ieee,), _ = K.conv2d_plan(x, weight, stride=stride, padding=kernel // 2, candidate=CAND)
+    assert ieee.meta.get("WINOGRAD") is False or not applies   # the ieee form is direct whatever the flag
+
+
+def test_winograd_record_counts_four_products_a_pair_and_kernel_row():
+    """(2, 20, 7, 9) 3x3 -> 16 on the 128 x 32 tile: 2 x 7 x 5 = 70 pairs in one 64-pair tile, 3 rows x 2 chunks
+    of 16 channels x 4 transformed columns; the weights read are the transformed halves, 2 x 12 x 20 a channel."""
+    x, weight, res = torch.randn(2, 20, 7, 9), torch.randn(16, 20, 3, 3), torch.randn(2, 16, 7, 9)
+    cand = TF32X3[0]
+    (record,), _ = K.conv2d_plan(x, weight, padding=1, residual=res, relu=True, candidate=cand)
+    pairs = cand.tile_pos // 2
+    assert record.grid == (-(-70 // pairs), 1) and record.unit == "tf32x3"
+    assert record.flops == 2 * record.grid[0] * 3 * 2 * 16 * 4 * pairs * cand.tile_co
+    assert record.bytes_read == 4 * (x.numel() + 16 * 2 * 12 * 20 + res.numel())
+
+
+def test_winograd_weights_are_each_rows_transform_split_into_halves_and_cached():
+    weight = torch.randn(8, 5, 3, 3, dtype=torch.float64).float()
+    k = 12 * 5
+    halves = K.winograd_weights(weight)
+    assert halves.shape == (8, 2 * k) and K.winograd_weights(weight) is halves      # once per weight version
+    g = weight.double()
+    g0, g1, g2 = g[..., 0], g[..., 1], g[..., 2]
+    u = torch.stack((g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2), dim=-1).permute(0, 2, 3, 1).reshape(8, k)
+    torch.testing.assert_close((halves[:, :k] + halves[:, k:]).double(), u, rtol=2 ** -20, atol=0)
+    weight.mul_(2.0)
+    assert not torch.equal(K.winograd_weights(weight), halves)
+
+
+def test_winograd_gives_the_direct_forms_infinities_where_an_input_is_infinite():
+    """An infinite input meets both signs in the transform (inf - inf): its tile is recomputed directly, so the
+    outputs it reaches are +inf (positive weights), as torch's, and the NaN input's outputs are NaN."""
+    x = torch.rand(1, 16, 5, 6)
+    x[0, 3, 2, 2] = float("inf")
+    x[0, 5, 0, 5] = float("nan")
+    weight = torch.rand(8, 16, 3, 3) / 12
+    y = K.conv2d(x, weight, padding=1, candidate=TF32X3[0])
+    ref = conv2d64(x, weight, padding=1)
+    assert torch.equal(y.isinf(), ref.isinf()) and torch.equal(y.isnan(), ref.isnan()) and ref.isinf().any()
+    finite = torch.isfinite(ref)
+    assert_close_ref(y[finite], ref[finite], torch.float32, 16 * 9)
+
+
+def test_winograd_recomputes_a_tile_whose_transformed_sum_overflows():
+    """Two neighbouring inputs near fp32's largest value overflow d1 + d2 in the transform; the direct sums do
+    not, and the tile's outputs are the direct form's finite values."""
+    x = torch.randn(1, 16, 4, 6)
+    x[0, 2, 1, 2] = x[0, 2, 1, 3] = 3e38
+    weight = torch.randn(8, 16, 3, 3) * 1e-3
+    y = K.conv2d(x, weight, padding=1, candidate=TF32X3[0])
+    ref = conv2d64(x, weight, padding=1)
+    assert torch.isfinite(ref).all() and torch.isfinite(y).all()
+    assert_close_ref(y, ref, torch.float32, 16 * 9)
+
+
+@pytest.mark.gpu
+def test_gpu_winograd_keeps_the_direct_forms_values_where_a_value_is_not_finite():
+    """On CUDA, layer-sized: an infinite input's outputs are the direct form's infinities, an overflowing
+    transformed sum's tile the direct form's finite values, every other output within the fp32 bound."""
+    x = torch.rand(2, 64, 10, 15)
+    x[0, 3, 4, 4] = float("inf")
+    x[1, 7, 2, 6] = x[1, 7, 2, 7] = 3e38
+    weight = torch.rand(64, 64, 3, 3) * 1e-3
+    y = K.conv2d(x.cuda(), weight.cuda(), padding=1, candidate=TF32X3[0]).cpu()
+    ref = conv2d64(x, weight, padding=1)
+    assert torch.equal(y.isinf(), ref.isinf()) and not y.isnan().any() and ref.isinf().any()
+    finite = torch.isfinite(ref)
+    assert rel_err(y[finite], ref[finite]) <= K.APPROVALS[K.candidate_tag(TF32X3[0])].max_rel_err
+
+
 # ------------------------------------------------------------------------------ recipes
 
 
@@ -275,7 +386,8 @@ def _trunk_layers():
 @pytest.mark.parametrize("device", ["h200", "a100"])
 def test_every_trunk_layer_routes_to_its_fitted_tf32x3_recipe(device):
     """As on an H200 / A100: each conv geometry of the ResNet34 trunk gets a built-in true-fp32 recipe whose
-    channel tile fits the layer (32 on the 32-channel layers, 64 dividing the wider ones): no first-call tuning."""
+    channel tile divides the layer's channels (32 on the stem and the Winograd layers, 64 on the downsampling
+    ones): no first-call tuning."""
     import rlx_triton as rt
     from rlx_triton.devices import profile
     from rlx_triton.ops import conv2d as ops
@@ -290,7 +402,9 @@ def test_every_trunk_layer_routes_to_its_fitted_tf32x3_recipe(device):
             route = rt.explain(ops.conv2d, x, weight, meta(c_out), stride=spec["stride"], padding=spec["padding"],
                                relu=True)
             assert route.evidence == "Recipe" and route.candidate.precision == "tf32x3", spec["layer"]
-            assert c_out % route.candidate.tile_co == 0 and route.candidate.tile_co == min(c_out, 64), spec["layer"]
+            # the Winograd layers (3x3, stride 1, >= 16 channels) on the 32-channel tile, the others 64 wide
+            winograd = K.winograd_applies(spec["c_in"], k, k, spec["stride"])
+            assert route.candidate.tile_co == (32 if winograd else min(c_out, 64)), spec["layer"]
         # seg_1 streams its weights on 8 CTAs: the ieee tile reads them once (the split terms four times)
         seg_1 = rt.explain(ops.linear, meta(32, 5120), meta(256, 5120), meta(256))
         assert seg_1.evidence == "Recipe" and seg_1.candidate.precision == "ieee"

@@ -21,6 +21,16 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   halved (the tap loop 123 -> 60 instructions on layer1). As the trunk launches compile on sm_90 (`rlx-triton
   perf`), the 64 x 64 x 16 tile holds 156 registers (3 CTAs/SM) and the 128 x 32 x 16 tile of the 32-channel
   layers 126 (4 CTAs/SM).
+  3x3 stride-1 layers (WINOGRAD, launch.py `winograd_applies`) run `_winograd_tf32x3` instead: Winograd F(2, 3)
+  along each output row, directly along the height, so a pair of output pixels takes four products per kernel
+  row where the direct form takes six (two thirds of the tensor-core work, and 4 input columns loaded per pair
+  and row instead of 6). Its products are three separate TF32 dots against the transformed weights' halves
+  (`_dot_split3_finite`, winograd_weights): no [hi, lo] pair operand to build, so the four transformed tiles'
+  operands fit 162 registers on sm_90 (3 CTAs/SM on the 128 x 32 tile; `_dot_split3`'s pair operands would take
+  240, 2 CTAs/SM). The transform
+  is exact for finite values up to its rounding, but not where a value is infinite (inf - inf) or a transformed
+  sum overflows, so a tile with any non-finite value is recomputed by the direct form, which gives the direct
+  form's infinities and NaNs as torch's conv does.
 - `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
   time, optionally weighted by per-frame weights exactly as pyannote's `StatsPool` computes them.
 - The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`
@@ -31,7 +41,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlx_triton.backends.triton._tf32 import tf32_split
+from rlx_triton.backends.triton._tf32 import TF32_MASK, tf32_split
 
 
 @triton.jit
@@ -105,33 +115,126 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
 
 
 @triton.jit
+def _dot_split3_finite(x_tile, w_hi, w_lo, acc):
+    """acc + x_tile @ W in true fp32 on TF32 tensor cores, as three TF32 products (lo*hi + hi*lo + hi*hi, small
+    terms first) of x_tile split in registers and W's halves, for operands whose non-finite values need not carry
+    through (the Winograd tiles, which a non-finite value sends to the direct recompute): x's low half is
+    x - hi, with no select for infinities."""
+    x_hi = (x_tile.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
+    x_lo = ((x_tile - x_hi).to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
+    acc = tl.dot(x_lo, w_hi, acc, input_precision="tf32")
+    acc = tl.dot(x_hi, w_lo, acc, input_precision="tf32")
+    return tl.dot(x_hi, w_hi, acc, input_precision="tf32")
+
+
+@triton.jit
+def _winograd_columns(d0, d1, d2, d3):
+    """B^T d of Winograd F(2, 3): the four transformed columns of a window of four input columns."""
+    return d0 - d2, d1 + d2, d2 - d1, d1 - d3
+
+
+@triton.jit
+def _winograd_tf32x3(x_pixel_base, w_wino_ptr, mask_pair, ih_base, iw_base, offs_co, mask_co,
+                     c_in, height, width,
+                     BLOCK_PAIRS: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A 3x3 stride-1 convolution's output for BLOCK_PAIRS pairs of horizontally adjacent pixels, in true fp32
+    on TF32 tensor cores, as Winograd F(2, 3) along the width and directly along the height: per kernel row, the
+    pair's window of four input columns is transformed (`_winograd_columns`) and each transformed column j meets
+    its transformed weights U_j (winograd_weights: U_0 = g0, U_1 = (g0 + g1 + g2) / 2, U_2 = (g0 - g1 + g2) / 2,
+    U_3 = g2), four products where the direct form takes six; then y0 = m0 + m1 + m2 and y1 = m1 - m2 - m3.
+    Returns (BLOCK_PAIRS, 2, BLOCK_CO) flattened to pixel rows: pair q's left pixel, then its right one.
+
+    w_wino_ptr holds U's TF32 halves as (c_out, 2 * 12 * c_in), the hi of every k then the lo, k = (kh * 4 + j) *
+    c_in + ci."""
+    k_total = 12 * c_in
+    plane = height * width
+    offs_k = tl.arange(0, BLOCK_K)
+    w_hi_rows = w_wino_ptr + offs_co.to(tl.int64)[None, :] * (2 * k_total)
+    w_lo_rows = w_hi_rows + k_total
+    m0 = tl.zeros((BLOCK_PAIRS, BLOCK_CO), dtype=tl.float32)
+    m1 = tl.zeros((BLOCK_PAIRS, BLOCK_CO), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_PAIRS, BLOCK_CO), dtype=tl.float32)
+    m3 = tl.zeros((BLOCK_PAIRS, BLOCK_CO), dtype=tl.float32)
+    for kh in range(0, 3):
+        ih = ih_base + kh
+        in_row = mask_pair & (ih >= 0) & (ih < height)
+        row_ptrs = x_pixel_base + (ih * width + iw_base)
+        # the window's columns iw_base + j inside the image (zero padding outside)
+        in_0 = in_row & (iw_base >= 0) & (iw_base < width)
+        in_1 = in_row & (iw_base + 1 >= 0) & (iw_base + 1 < width)
+        in_2 = in_row & (iw_base + 2 >= 0) & (iw_base + 2 < width)
+        in_3 = in_row & (iw_base + 3 >= 0) & (iw_base + 3 < width)
+        k_row = kh * 4 * c_in
+        for ci0 in range(0, c_in, BLOCK_K):
+            ci = ci0 + offs_k
+            mask_ci = (ci < c_in)[:, None]
+            # channels x pairs, pairs the fastest axis (as the direct patch), transposed for the dots
+            channel_ptrs = (ci * plane)[:, None] + row_ptrs[None, :]
+            d0 = tl.trans(tl.load(channel_ptrs, mask=mask_ci & in_0[None, :], other=0.0).to(tl.float32))
+            d1 = tl.trans(tl.load(channel_ptrs + 1, mask=mask_ci & in_1[None, :], other=0.0).to(tl.float32))
+            d2 = tl.trans(tl.load(channel_ptrs + 2, mask=mask_ci & in_2[None, :], other=0.0).to(tl.float32))
+            d3 = tl.trans(tl.load(channel_ptrs + 3, mask=mask_ci & in_3[None, :], other=0.0).to(tl.float32))
+            v0, v1, v2, v3 = _winograd_columns(d0, d1, d2, d3)
+            w_mask = mask_ci & mask_co[None, :]
+            k_0 = k_row + ci[:, None]
+            m0 = _dot_split3_finite(v0, tl.load(w_hi_rows + k_0, mask=w_mask, other=0.0),
+                                    tl.load(w_lo_rows + k_0, mask=w_mask, other=0.0), m0)
+            k_1 = k_0 + c_in
+            m1 = _dot_split3_finite(v1, tl.load(w_hi_rows + k_1, mask=w_mask, other=0.0),
+                                    tl.load(w_lo_rows + k_1, mask=w_mask, other=0.0), m1)
+            k_2 = k_1 + c_in
+            m2 = _dot_split3_finite(v2, tl.load(w_hi_rows + k_2, mask=w_mask, other=0.0),
+                                    tl.load(w_lo_rows + k_2, mask=w_mask, other=0.0), m2)
+            k_3 = k_2 + c_in
+            m3 = _dot_split3_finite(v3, tl.load(w_hi_rows + k_3, mask=w_mask, other=0.0),
+                                    tl.load(w_lo_rows + k_3, mask=w_mask, other=0.0), m3)
+    left = m0 + m1 + m2
+    right = m1 - m2 - m3
+    return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (2 * BLOCK_PAIRS, BLOCK_CO))
+
+
+@triton.jit
 def _conv2d_kernel(
-    x_ptr, w_ptr, w_split_ptr, bias_ptr, res_ptr, out_ptr,
+    x_ptr, w_ptr, w_split_ptr, w_wino_ptr, bias_ptr, res_ptr, out_ptr,
     batch, c_in, height, width,
     c_out, out_h, out_w,
     stride, padding,
     stride_wo, stride_wi, stride_wh, stride_ww,
     batch_bucket,  # next power of two of batch: the autotune key, unused by the body
-    KH: tl.constexpr, KW: tl.constexpr, FOLD_TAPS: tl.constexpr,
+    KH: tl.constexpr, KW: tl.constexpr, FOLD_TAPS: tl.constexpr, WINOGRAD: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, APPLY_RELU: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """out[b, co, oh, ow] = act(sum_{ci,kh,kw} x[b, ci, oh*s-p+kh, ow*s-p+kw] * w[co, ci, kh, kw] + bias[co] + res).
 
-    PRECISION "tf32x3" reads the split weights (w_split_ptr, see split_weights) and runs `_igemm_tf32x3`;
+    PRECISION "tf32x3" reads the split weights (w_split_ptr, see split_weights) and runs `_igemm_tf32x3`, or with
+    WINOGRAD (3x3, stride 1) `_winograd_tf32x3` on the transformed weights (w_wino_ptr, see winograd_weights);
     "ieee" and "tf32" read w_ptr through its strides."""
     pid_p = tl.program_id(0)
     pid_co = tl.program_id(1)
+    winograd = WINOGRAD and PRECISION == "tf32x3"
+    pair_cols = (out_w + 1) // 2   # output pixel pairs per row (Winograd)
 
-    # Output pixels of this tile, flattened over (batch, out_h, out_w).
-    n_pixels = batch * out_h * out_w
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    mask_p = offs_p < n_pixels
-    b_idx = offs_p // (out_h * out_w)
-    pix = offs_p % (out_h * out_w)
-    oh = pix // out_w
-    ow = pix % out_w
+    if winograd:
+        # Output pixels in horizontal pairs, the pairs flattened over (batch, out_h, pair columns): row i of the
+        # tile is the left (i even) or right pixel of pair BLOCK_P // 2 * pid_p + i // 2.
+        offs_row = tl.arange(0, BLOCK_P)
+        pair_of_row = pid_p * (BLOCK_P // 2) + offs_row // 2
+        b_idx = pair_of_row // (out_h * pair_cols)
+        oh = (pair_of_row // pair_cols) % out_h
+        ow = 2 * (pair_of_row % pair_cols) + offs_row % 2
+        mask_p = (b_idx < batch) & (ow < out_w)
+        pix = oh * out_w + ow
+    else:
+        # Output pixels of this tile, flattened over (batch, out_h, out_w).
+        n_pixels = batch * out_h * out_w
+        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < n_pixels
+        b_idx = offs_p // (out_h * out_w)
+        pix = offs_p % (out_h * out_w)
+        oh = pix // out_w
+        ow = pix % out_w
     # int64: batch * c_in * height * width can pass 2^31 for long chunks and wide layers.
     x_pixel_base = x_ptr + b_idx.to(tl.int64) * c_in * height * width
 
@@ -143,7 +246,22 @@ def _conv2d_kernel(
     iw_base = ow * stride - padding
     w_co = w_ptr + offs_co.to(tl.int64) * stride_wo
 
-    if PRECISION == "tf32x3":
+    if winograd:
+        offs_pair = pid_p * (BLOCK_P // 2) + tl.arange(0, BLOCK_P // 2)
+        pair_b = offs_pair // (out_h * pair_cols)
+        x_pair_base = x_ptr + pair_b.to(tl.int64) * c_in * height * width
+        acc = _winograd_tf32x3(x_pair_base, w_wino_ptr, pair_b < batch,
+                               (offs_pair // pair_cols) % out_h - padding, 2 * (offs_pair % pair_cols) - padding,
+                               offs_co, mask_co, c_in, height, width, BLOCK_P // 2, BLOCK_CO, BLOCK_K)
+        # The transformed sums are not the direct ones where a value is not finite: an infinite input meets
+        # both signs in the transform (inf - inf, NaN where the direct sum is infinite), and a transformed
+        # sum can overflow where the direct one does not. A tile with any non-finite value is recomputed
+        # directly, which gives the direct form's values, as torch's do.
+        if tl.max(tl.where(tl.abs(acc) < float("inf"), 0, 1)) > 0:
+            acc = _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, mask_co,
+                                c_in, height, width, KH, KW, FOLD_TAPS, BLOCK_P, BLOCK_CO, BLOCK_K)
+        acc = tl.trans(acc)
+    elif PRECISION == "tf32x3":
         # pixels x channels on the tensor cores, transposed once for the epilogue below
         acc = tl.trans(_igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, mask_co,
                                      c_in, height, width, KH, KW, FOLD_TAPS, BLOCK_P, BLOCK_CO, BLOCK_K))

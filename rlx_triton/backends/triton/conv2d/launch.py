@@ -23,6 +23,7 @@ import torch
 import triton
 
 from rlx_triton.backends.triton import launches
+from rlx_triton.backends.triton._tf32 import split_tf32
 from rlx_triton.backends.triton.conv.launch import all_candidates
 from rlx_triton.backends.triton.conv.weights import cached_weight, split_pairs
 from rlx_triton.backends.triton.conv2d.kernels import _bias_act_kernel, _conv2d_kernel, _stats_pool_kernel
@@ -48,6 +49,8 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
 
 # Layers with fewer input channels than the smallest BLOCK_K fold the taps into the reduction chunk.
 FOLD_TAPS_BELOW = 16
+# tf32x3 3x3 stride-1 layers with at least this many input channels run Winograd F(2, 3) (winograd_applies)
+WINOGRAD_MIN_C_IN = 16
 # what runs a launch's FLOPs: tf32x3 candidates issue three TF32 products per fp32 product (`_dot_split3`)
 CONV2D_UNIT_OF_PRECISION = {"ieee": "fp32_fma", "tf32": "tf32", "tf32x3": "tf32x3"}
 # FLOPs per element of the unfused epilogue (bias, residual, ReLU) and, per frame and feature (and
@@ -85,17 +88,41 @@ def split_weights(weight: torch.Tensor) -> torch.Tensor:
 
 
 
+def winograd_weights(weight: torch.Tensor) -> torch.Tensor:
+    """The (c_out, c_in, 3, 3) weight for `_winograd_tf32x3`: each kernel row's Winograd F(2, 3) transform
+    U_0 = g0, U_1 = (g0 + g1 + g2) / 2, U_2 = (g0 - g1 + g2) / 2, U_3 = g2, computed in float64 and rounded
+    once, and split into TF32 halves (split_tf32) as (c_out, 2 * 12 * c_in): every k's hi, then every lo,
+    k = (kh * 4 + j) * c_in + ci; cached per weight version."""
+    def make(w):
+        g = w.double()
+        g0, g1, g2 = g[..., 0], g[..., 1], g[..., 2]                      # (c_out, c_in, kh)
+        u = torch.stack((g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2), dim=-1)   # (c_out, c_in, kh, j)
+        hi, lo = split_tf32(u.permute(0, 2, 3, 1).reshape(w.shape[0], -1).float())
+        return torch.cat((hi, lo), dim=1).contiguous()
+
+    return cached_weight(weight, make, "conv2d_winograd")
+
+
+def winograd_applies(c_in: int, kh: int, kw: int, stride: int) -> bool:
+    """Whether a tf32x3 launch runs Winograd F(2, 3) (`_winograd_tf32x3`): 3x3 kernels at stride 1 over
+    at least WINOGRAD_MIN_C_IN input channels."""
+    return kh == 3 and kw == 3 and stride == 1 and c_in >= WINOGRAD_MIN_C_IN
+
+
 def _nbytes(tensor) -> int:
     return tensor.numel() * tensor.element_size() if tensor is not None else 0
 
 
-def igemm_flops(grid, meta, c_in: int, kh: int, kw: int, fold_taps: bool) -> int:
+def igemm_flops(grid, meta, c_in: int, kh: int, kw: int, fold_taps: bool, winograd: bool = False) -> int:
     """FLOPs the dots of a `_conv2d_kernel` launch execute: every program walks the whole reduction in
-    BLOCK_K steps on a full BLOCK_CO x BLOCK_P tile (masked lanes included)."""
+    BLOCK_K steps on a full BLOCK_CO x BLOCK_P tile (masked lanes included); with Winograd, per kernel row
+    four products of a BLOCK_P / 2 (pairs) x BLOCK_CO tile."""
     programs = 1
     for g in grid:
         programs *= g
     block_k = meta["BLOCK_K"]
+    if winograd:
+        return 2 * programs * kh * triton.cdiv(c_in, block_k) * block_k * 4 * (meta["BLOCK_P"] // 2) * meta["BLOCK_CO"]
     steps = triton.cdiv(c_in * kh * kw, block_k) if fold_taps else kh * kw * triton.cdiv(c_in, block_k)
     return 2 * programs * steps * block_k * meta["BLOCK_P"] * meta["BLOCK_CO"]
 
@@ -122,34 +149,44 @@ def conv2d_plan(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     # the split weights, for a tf32x3 launch or a tuned one (whose configs include tf32x3 candidates)
     split = tuned is not None or candidate.precision == "tf32x3"
     w_split = split_weights(weight) if split else weight
-    args = (x, weight, w_split,
+    fold_taps = c_in < FOLD_TAPS_BELOW
+    winograd = split and winograd_applies(c_in, kh, kw, stride)
+    w_wino = winograd_weights(weight) if winograd else w_split
+    args = (x, weight, w_split, w_wino,
             bias if (fused and bias is not None) else weight,
             residual if (fused and residual is not None) else gemm_out,
             gemm_out,
             batch, c_in, height, width, c_out, out_h, out_w, stride, padding,
             weight.stride(0), weight.stride(1), weight.stride(2), weight.stride(3),
             triton.next_power_of_2(batch))
-    fold_taps = c_in < FOLD_TAPS_BELOW
-    flags = dict(KH=kh, KW=kw, FOLD_TAPS=fold_taps, HAS_BIAS=fused and bias is not None,
+    flags = dict(KH=kh, KW=kw, FOLD_TAPS=fold_taps, WINOGRAD=winograd, HAS_BIAS=fused and bias is not None,
                  HAS_RESIDUAL=fused and residual is not None, APPLY_RELU=fused and relu)
-    weight_bytes = _nbytes(w_split) if candidate.precision == "tf32x3" else _nbytes(weight)
+    tf32x3 = candidate.precision == "tf32x3"
+    weight_bytes = (_nbytes(w_wino) if winograd else _nbytes(w_split)) if tf32x3 else _nbytes(weight)
     epilogue_bytes = _nbytes(bias) + _nbytes(residual) if fused else 0
     counts: Dict[str, Any] = dict(bytes_read=_nbytes(x) + weight_bytes + epilogue_bytes, bytes_written=_nbytes(gemm_out),
                                   unit=CONV2D_UNIT_OF_PRECISION[candidate.precision])
 
+    def runs_winograd(meta) -> bool:
+        return winograd and meta["PRECISION"] == "tf32x3"
+
     def grid_for(meta):
+        if runs_winograd(meta):   # pairs of pixels along each output row
+            pairs = batch * out_h * triton.cdiv(out_w, 2)
+            return (triton.cdiv(pairs, meta["BLOCK_P"] // 2), triton.cdiv(c_out, meta["BLOCK_CO"]))
         return (triton.cdiv(n_pixels, meta["BLOCK_P"]), triton.cdiv(c_out, meta["BLOCK_CO"]))
+
+    def flops_of(meta) -> int:
+        return igemm_flops(grid_for(meta), meta, c_in, kh, kw, fold_taps, runs_winograd(meta))
 
     if tuned is not None:
         config = tuned.config_of(candidate).kwargs
-        gemm = Launch.tuned(tuned, candidate, grid_for, args, flags, route=route,
-                            flops=igemm_flops(grid_for(config), config, c_in, kh, kw, fold_taps), **counts)
+        gemm = Launch.tuned(tuned, candidate, grid_for, args, flags, route=route, flops=flops_of(config), **counts)
     else:
         meta = _meta(candidate)
         num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
         gemm = Launch(_conv2d_kernel, grid_for(meta), args, meta={**flags, **meta}, num_warps=num_warps,
-                      num_stages=num_stages, flops=igemm_flops(grid_for(meta), meta, c_in, kh, kw, fold_taps),
-                      **counts)
+                      num_stages=num_stages, flops=flops_of(meta), **counts)
     if fused:
         return [gemm], out
     n = out.numel()

@@ -47,20 +47,24 @@ def recipe_key(request) -> str:
 
 
 def _trunk_recipes() -> dict:
-    """The tf32x3 tile of each conv geometry of a WeSpeaker ResNet (m_channels 32: ResNet34 and its kin):
-    the 32-wide channel tile (128 pixels) on the 32-channel stem and layer1, the 64-wide one elsewhere, so no
-    tile computes channels the layer lacks; both keep >= 3 CTAs per SM on sm_80 and sm_90 (rlx-triton perf
-    --device h200 / a100 embedding: three TF32 products a step, the patch loaded channels x pixels, 128 pixels
-    on the narrow tile: ResNet34 end to end 12335 us on an H200 against the library's 18883, 36208 us on an
-    A100 against 56087). The seg_1 projection (5120 -> 256 as a 1x1 conv over 32 rows) is
-    a weight stream on 8 CTAs: the ieee tile reads the weights once, the split terms would read them
+    """The tf32x3 tile of each conv geometry of a WeSpeaker ResNet (m_channels 32: ResNet34 and its kin), by
+    `rlx-triton perf --device h200 / a100 embedding` (estimates until bench/embedding.py measures a GPU).
+
+    The stride-1 3x3 layers run Winograd F(2, 3) (conv2d launch `winograd_applies`) on the 128-pixel, 32-channel
+    tile: on sm_90 it holds 162 registers, 3 CTAs per SM, layer1..layer4 est. 270 / 251 / 248 / 261 us on an H200
+    against the library's 925 / 641 / 501 / 434 (the direct form: 447 / 374 / 370 / 390); on sm_80 it holds 255
+    with 40-48 B of spills a thread, reloaded outside the channel loop (A100 est. 771 / 776 / 786 / 774 us against
+    the library's 2551 / 1865 / 1543 / 1368; the 64-channel tile 778-790 us on layer2..4). The other layers run
+    the direct form: the 32-wide channel tile on the one-channel stem, the 64-wide one on the downsampling and
+    shortcut convs (>= 3 CTAs per SM on both archs). The seg_1 projection (5120 -> 256 as a 1x1 conv over 32
+    rows) is a weight stream on 8 CTAs: the ieee tile reads the weights once, the split terms would read them
     three times (four, when this was chosen: est. 45 vs 79 us on an H200)."""
     narrow, wide = ConvVariant["TF32X3_P128_CO32"].tag(), ConvVariant["TF32X3_P64_CO64"].tag()
     table = {"3x3/1 1->32": narrow, "3x3/1 32->32": narrow, "1x1/1 8192->256": ConvVariant["IEEE_P64_CO32"].tag(),
              "*": wide}
     for c_in in (32, 64, 128):
         table.update({f"3x3/2 {c_in}->{2 * c_in}": wide, f"1x1/2 {c_in}->{2 * c_in}": wide,
-                      f"3x3/1 {2 * c_in}->{2 * c_in}": wide})
+                      f"3x3/1 {2 * c_in}->{2 * c_in}": narrow})
     return table
 
 
