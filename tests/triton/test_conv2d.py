@@ -10,6 +10,7 @@ from rlx_triton.backends.triton import conv2d as K
 from rlx_triton.backends.triton.conv2d import kernels as conv2d_kernels
 from rlx_triton.backends.triton.conv2d import launch as conv2d_launch
 from rlx_triton.backends.triton import launches
+from rlx_triton.backends.triton._tf32 import split_tf32
 from tests.reference.conv import assert_matches_float64
 from tests.reference.conv2d import (TF32_RTOL, assert_close_ref, conv2d64, linear64, rel_err, stats_pool64)
 
@@ -253,13 +254,14 @@ def test_tf32x3_conv2d_propagates_nan_and_keeps_finite_outputs_finite():
     assert_close_ref(y[finite], ref[finite], torch.float32, 180)
 
 
-def test_split_weights_are_packed_tap_major_as_hi_pairs_then_lows_and_cached():
+def test_split_weights_are_packed_tap_major_as_every_hi_then_every_lo_and_cached():
     weight = torch.randn(8, 5, 3, 3)
     k = 9 * 5
     terms = K.split_weights(weight)
-    assert terms.shape == (8, 3 * k) and K.split_weights(weight) is terms       # once per weight version
-    hi, lo = terms[:, 0:2 * k:2], terms[:, 2 * k:]
-    assert torch.equal(terms[:, 1:2 * k:2], hi)                                  # each k's [hi, hi] pair
+    assert terms.shape == (8, 2 * k) and K.split_weights(weight) is terms       # once per weight version
+    hi, lo = terms[:, :k], terms[:, k:]
+    tf32_bits = torch.tensor(0x1FFF, dtype=torch.int32)
+    assert not (hi.view(torch.int32) & tf32_bits).any() and not (lo.view(torch.int32) & tf32_bits).any()
     torch.testing.assert_close(hi + lo, weight.permute(0, 2, 3, 1).reshape(8, -1), rtol=2 ** -20, atol=0)
     weight.mul_(2.0)
     assert not torch.equal(K.split_weights(weight), terms)
@@ -328,7 +330,9 @@ def test_winograd_weights_are_each_rows_transform_split_into_halves_and_cached()
     g = weight.double()
     g0, g1, g2 = g[..., 0], g[..., 1], g[..., 2]
     u = torch.stack((g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2), dim=-1).permute(0, 2, 3, 1).reshape(8, k)
-    torch.testing.assert_close((halves[:, :k] + halves[:, k:]).double(), u, rtol=2 ** -20, atol=0)
+    hi, lo = split_tf32(u.float())                    # the transform rounded once to fp32, then split
+    assert torch.equal(halves, torch.cat((hi, lo), dim=1))
+    torch.testing.assert_close((hi + lo).double(), u, rtol=2 ** -20, atol=0)
     weight.mul_(2.0)
     assert not torch.equal(K.winograd_weights(weight), halves)
 
@@ -405,7 +409,7 @@ def test_every_trunk_layer_routes_to_its_fitted_tf32x3_recipe(device):
             # the Winograd layers (3x3, stride 1, >= 16 channels) on the 32-channel tile, the others 64 wide
             winograd = K.winograd_applies(spec["c_in"], k, k, spec["stride"])
             assert route.candidate.tile_co == (32 if winograd else min(c_out, 64)), spec["layer"]
-        # seg_1 streams its weights on 8 CTAs: the ieee tile reads them once (the split terms four times)
+        # seg_1 streams its weights on 8 CTAs: the ieee tile reads them once (the split halves twice)
         seg_1 = rt.explain(ops.linear, meta(32, 5120), meta(256, 5120), meta(256))
         assert seg_1.evidence == "Recipe" and seg_1.candidate.precision == "ieee"
 

@@ -1,5 +1,5 @@
 """Weight preparation of the conv families, cached per weight version: the packed (C_in * taps, C_out)
-weight, the tf32x3 split terms (four per k for the 1-D convs, hi pairs then lows for the 2-D trunk) and the
+weight, the tf32x3 split terms (four per k for the 1-D convs, every hi then every lo for the 2-D trunk) and the
 sinc bank's half filters.
 
 The sinc filters themselves are built with torch ops (rlx_triton.ops.conv.sinc_filters), once per
@@ -27,12 +27,11 @@ def split_terms(matrix: torch.Tensor) -> torch.Tensor:
     return torch.stack((hi, lo, hi, lo), dim=-1).reshape(matrix.shape[0], -1).contiguous()
 
 
-def split_pairs(matrix: torch.Tensor) -> torch.Tensor:
-    """(rows, K) -> (rows, 3 * K) float32: [hi, hi] of each k (split_tf32) in the first 2 * K columns, then the lo
-    of each k: the weight operands of the ResNet trunk's three-product dot (conv2d kernels `_dot_split3`)."""
+def split_halves(matrix: torch.Tensor) -> torch.Tensor:
+    """(rows, K) -> (rows, 2 * K) float32: the hi of each k (split_tf32) in the first K columns, then the lo of
+    each k: the weight operands of the ResNet trunk's three-product dot (conv2d kernels `_dot_split3`)."""
     hi, lo = split_tf32(matrix)
-    pairs = torch.stack((hi, hi), dim=-1).reshape(matrix.shape[0], -1)
-    return torch.cat((pairs, lo), dim=1).contiguous()
+    return torch.cat((hi, lo), dim=1).contiguous()
 
 
 def cached_weight(weight: torch.Tensor, make, kind: str):

@@ -11,26 +11,25 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   tf32x3 candidates (true fp32 on TF32 tensor cores) run `_igemm_tf32x3` instead: pixels x channels
   (the pixels on the MMA's M side, the channel tile on N, fitted to the layer: 32 or 64), the input
   patch split into TF32 halves in registers and the weights split once per weight version
-  (split_weights), three TF32 products per step (`_dot_split3`: [x_hi, x_lo] against [w_hi, w_hi], then x_hi
-  against w_lo; the fourth product, x_lo w_lo, is below fp32's rounding and not computed). The trunk's
+  (split_weights), three separate TF32 products per step (`_dot_split3`: x_lo w_hi, x_hi w_lo, x_hi w_hi; the
+  fourth product, x_lo w_lo, is below fp32's rounding and not computed). The trunk's
   tiles run one stage: the patch is a gathered load (masks for the padding), not a cp.async copy, so a
   deeper pipeline only held the next step's operands in registers. The loop runs per tap, then per channel
   chunk: each tap's pixel offsets and padding mask once for all its chunks, and no division by the chunk
   count in the loop (it was a third of the loop's instructions). The patch is loaded channels x pixels, so a
   warp's lanes walk consecutive pixels and a thread holds few of them: a tap's addresses and padding masks
   halved (the tap loop 123 -> 60 instructions on layer1). As the trunk launches compile on sm_90 (`rlx-triton
-  perf`), the 64 x 64 x 16 tile holds 156 registers (3 CTAs/SM) and the 128 x 32 x 16 tile of the 32-channel
-  layers 126 (4 CTAs/SM).
+  perf`), the 64 x 64 x 16 tile of the downsampling layers holds 128 registers (4 CTAs/SM) and the 128 x 32 x 16
+  tile of the stem 100.
   3x3 stride-1 layers (WINOGRAD, launch.py `winograd_applies`) run `_winograd_tf32x3` instead: Winograd F(2, 3)
   along each output row, directly along the height, so a pair of output pixels takes four products per kernel
   row where the direct form takes six (two thirds of the tensor-core work, and 4 input columns loaded per pair
-  and row instead of 6). Its products are three separate TF32 dots against the transformed weights' halves
-  (`_dot_split3_finite`, winograd_weights): no [hi, lo] pair operand to build, so the four transformed tiles'
-  operands fit 162 registers on sm_90 (3 CTAs/SM on the 128 x 32 tile; `_dot_split3`'s pair operands would take
-  240, 2 CTAs/SM). The transform
-  is exact for finite values up to its rounding, but not where a value is infinite (inf - inf) or a transformed
-  sum overflows, so a tile with any non-finite value is recomputed by the direct form, which gives the direct
-  form's infinities and NaNs as torch's conv does.
+  and row instead of 6), each `_dot_split3` against the transformed weights' halves (winograd_weights): the four
+  transformed tiles' operands fit 158 registers on sm_90 (3 CTAs/SM on the 128 x 32 tile). The transform is
+  exact for finite values up to its rounding, but not where a value is infinite (inf - inf) or a transformed sum
+  overflows, so a tile with any non-finite value is recomputed by the direct form, which gives the direct form's
+  infinities and NaNs as torch's conv does; the transformed tiles split without `tf32_split`'s select for
+  infinities (`_winograd_product`).
 - `_stats_pool_kernel` — TSTP statistics pooling: mean and (unbiased) standard deviation over
   time, optionally weighted by per-frame weights exactly as pyannote's `StatsPool` computes them.
 - The 5120 -> 256 projection after the pooling is a 1x1 convolution over one pixel, so `linear`
@@ -45,15 +44,24 @@ from rlx_triton.backends.triton._tf32 import TF32_MASK, tf32_split
 
 
 @triton.jit
-def _dot_split3(x_tile, w_pair, w_lo, acc, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc + x_tile @ W in true fp32 on TF32 tensor cores, as three TF32 products: x_tile (BLOCK_M, BLOCK_K) is
-    split in registers (tf32_split); one dot of 2 * BLOCK_K terms, [x_hi, x_lo] per k against w_pair's [w_hi, w_hi]
-    (x_hi w_hi + x_lo w_hi), then x_hi against w_lo (BLOCK_K terms). The fourth product, x_lo w_lo, is below
-    fp32's rounding of the sum (both halves' lows are under 2^-10 of their values) and is not computed."""
-    x_hi, x_lo = tf32_split(x_tile)
-    x_pair = tl.reshape(tl.join(x_hi, x_lo), (BLOCK_M, 2 * BLOCK_K))
+def _dot_split3(x_hi, x_lo, w_hi, w_lo, acc):
+    """acc + X @ W in true fp32 on TF32 tensor cores, from both operands' TF32 halves: three separate TF32 dots,
+    small terms first (x_lo w_hi, x_hi w_lo, x_hi w_hi). The fourth product, x_lo w_lo, is below fp32's rounding
+    of the sum (both halves' lows are under 2^-10 of their values) and is not computed. Separate dots need no
+    [hi, lo] pair operand built in registers (one dot of [x_hi, x_lo] against [w_hi, w_hi] pairs held 156 registers
+    on the 64 x 64 tile and 240 on the Winograd tile, against 128 and 158)."""
+    acc = tl.dot(x_lo, w_hi, acc, input_precision="tf32")
     acc = tl.dot(x_hi, w_lo, acc, input_precision="tf32")
-    return tl.dot(x_pair, w_pair, acc, input_precision="tf32")
+    return tl.dot(x_hi, w_hi, acc, input_precision="tf32")
+
+
+@triton.jit
+def _winograd_product(v, w_hi, w_lo, acc):
+    """acc + v @ U for a transformed input tile v and U's halves: `_dot_split3` with v split without
+    `tf32_split`'s select for infinities (a non-finite value sends the Winograd tile to the direct recompute)."""
+    v_hi = (v.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
+    v_lo = ((v - v_hi).to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
+    return _dot_split3(v_hi, v_lo, w_hi, w_lo, acc)
 
 
 @triton.jit
@@ -63,15 +71,14 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
                   BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc[p, co] = sum_k X[p, k] W[k, co] in true fp32 on TF32 tensor cores.
 
-    Each step is one `_dot_split3`: the input patch split in registers, the weights split once per weight
-    version (split_weights: (c_out, 3 * K) for K = KH*KW*c_in and k = tap * c_in + ci: the [w_hi, w_hi] pairs of
-    every k in the first 2 * K columns, then the w_lo of every k, K-major as TF32 MMAs read them)."""
+    Each step is one `_dot_split3`: the input patch split in registers (tf32_split), the weights split once per
+    weight version (split_weights: (c_out, 2 * K) for K = KH*KW*c_in and k = tap * c_in + ci: the hi of every k,
+    then the lo of every k, K-major as TF32 MMAs read them)."""
     k_total = c_in * KH * KW
     plane = height * width
     offs_k = tl.arange(0, BLOCK_K)
-    offs_pair = tl.arange(0, 2 * BLOCK_K)
-    w_rows = w_split_ptr + offs_co.to(tl.int64)[None, :] * (3 * k_total)
-    w_lo_rows = w_rows + 2 * k_total
+    w_hi_rows = w_split_ptr + offs_co.to(tl.int64)[None, :] * (2 * k_total)
+    w_lo_rows = w_hi_rows + k_total
     acc = tl.zeros((BLOCK_P, BLOCK_CO), dtype=tl.float32)
     if FOLD_TAPS:
         for k0 in range(0, k_total, BLOCK_K):
@@ -83,11 +90,11 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
             iw = iw_base[:, None] + (tap % KW)[None, :]
             inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width)  # zero padding
             x_ptrs = x_pixel_base[:, None] + ((ci * plane)[None, :] + ih * width + iw)
-            x_tile = tl.load(x_ptrs, mask=mask_p[:, None] & mask_k[None, :] & inside, other=0.0).to(tl.float32)
-            pair = 2 * k0 + offs_pair
-            w_pair = tl.load(w_rows + pair[:, None], mask=(pair < 2 * k_total)[:, None] & mask_co[None, :], other=0.0)
-            w_lo = tl.load(w_lo_rows + k[:, None], mask=mask_k[:, None] & mask_co[None, :], other=0.0)
-            acc = _dot_split3(x_tile, w_pair, w_lo, acc, BLOCK_P, BLOCK_K)
+            x_hi, x_lo = tf32_split(
+                tl.load(x_ptrs, mask=mask_p[:, None] & mask_k[None, :] & inside, other=0.0).to(tl.float32))
+            w_mask = mask_k[:, None] & mask_co[None, :]
+            acc = _dot_split3(x_hi, x_lo, tl.load(w_hi_rows + k[:, None], mask=w_mask, other=0.0),
+                              tl.load(w_lo_rows + k[:, None], mask=w_mask, other=0.0), acc)
     else:
         # per tap: its pixel offsets and padding mask are computed once for all its channel
         # chunks (the tap's row and column: a division by the constant KW, not by the chunk count)
@@ -103,28 +110,13 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
                 # channel (contiguous NCHW memory) and each thread holds few pixels, so a tap computes few
                 # addresses and padding masks; transposed for the dot
                 x_ptrs = (ci * plane)[:, None] + pixel_ptrs[None, :]
-                x_tile = tl.trans(tl.load(x_ptrs, mask=(ci < c_in)[:, None] & mask_pix[None, :], other=0.0)
-                                  .to(tl.float32))
-                pair = 2 * ci0 + offs_pair
-                w_pair = tl.load(w_rows + 2 * k_tap + pair[:, None],
-                                 mask=(pair < 2 * c_in)[:, None] & mask_co[None, :], other=0.0)
-                w_lo = tl.load(w_lo_rows + k_tap + ci[:, None], mask=(ci < c_in)[:, None] & mask_co[None, :],
-                               other=0.0)
-                acc = _dot_split3(x_tile, w_pair, w_lo, acc, BLOCK_P, BLOCK_K)
+                x_hi, x_lo = tf32_split(tl.trans(tl.load(x_ptrs, mask=(ci < c_in)[:, None] & mask_pix[None, :],
+                                                         other=0.0).to(tl.float32)))
+                k = k_tap + ci[:, None]
+                w_mask = (ci < c_in)[:, None] & mask_co[None, :]
+                acc = _dot_split3(x_hi, x_lo, tl.load(w_hi_rows + k, mask=w_mask, other=0.0),
+                                  tl.load(w_lo_rows + k, mask=w_mask, other=0.0), acc)
     return acc
-
-
-@triton.jit
-def _dot_split3_finite(x_tile, w_hi, w_lo, acc):
-    """acc + x_tile @ W in true fp32 on TF32 tensor cores, as three TF32 products (lo*hi + hi*lo + hi*hi, small
-    terms first) of x_tile split in registers and W's halves, for operands whose non-finite values need not carry
-    through (the Winograd tiles, which a non-finite value sends to the direct recompute): x's low half is
-    x - hi, with no select for infinities."""
-    x_hi = (x_tile.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
-    x_lo = ((x_tile - x_hi).to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
-    acc = tl.dot(x_lo, w_hi, acc, input_precision="tf32")
-    acc = tl.dot(x_hi, w_lo, acc, input_precision="tf32")
-    return tl.dot(x_hi, w_hi, acc, input_precision="tf32")
 
 
 @triton.jit
@@ -177,17 +169,17 @@ def _winograd_tf32x3(x_pixel_base, w_wino_ptr, mask_pair, ih_base, iw_base, offs
             v0, v1, v2, v3 = _winograd_columns(d0, d1, d2, d3)
             w_mask = mask_ci & mask_co[None, :]
             k_0 = k_row + ci[:, None]
-            m0 = _dot_split3_finite(v0, tl.load(w_hi_rows + k_0, mask=w_mask, other=0.0),
-                                    tl.load(w_lo_rows + k_0, mask=w_mask, other=0.0), m0)
+            m0 = _winograd_product(v0, tl.load(w_hi_rows + k_0, mask=w_mask, other=0.0),
+                                     tl.load(w_lo_rows + k_0, mask=w_mask, other=0.0), m0)
             k_1 = k_0 + c_in
-            m1 = _dot_split3_finite(v1, tl.load(w_hi_rows + k_1, mask=w_mask, other=0.0),
-                                    tl.load(w_lo_rows + k_1, mask=w_mask, other=0.0), m1)
+            m1 = _winograd_product(v1, tl.load(w_hi_rows + k_1, mask=w_mask, other=0.0),
+                                     tl.load(w_lo_rows + k_1, mask=w_mask, other=0.0), m1)
             k_2 = k_1 + c_in
-            m2 = _dot_split3_finite(v2, tl.load(w_hi_rows + k_2, mask=w_mask, other=0.0),
-                                    tl.load(w_lo_rows + k_2, mask=w_mask, other=0.0), m2)
+            m2 = _winograd_product(v2, tl.load(w_hi_rows + k_2, mask=w_mask, other=0.0),
+                                     tl.load(w_lo_rows + k_2, mask=w_mask, other=0.0), m2)
             k_3 = k_2 + c_in
-            m3 = _dot_split3_finite(v3, tl.load(w_hi_rows + k_3, mask=w_mask, other=0.0),
-                                    tl.load(w_lo_rows + k_3, mask=w_mask, other=0.0), m3)
+            m3 = _winograd_product(v3, tl.load(w_hi_rows + k_3, mask=w_mask, other=0.0),
+                                     tl.load(w_lo_rows + k_3, mask=w_mask, other=0.0), m3)
     left = m0 + m1 + m2
     right = m1 - m2 - m3
     return tl.reshape(tl.permute(tl.join(left, right), (0, 2, 1)), (2 * BLOCK_PAIRS, BLOCK_CO))

@@ -23,9 +23,8 @@ import torch
 import triton
 
 from rlx_triton.backends.triton import launches
-from rlx_triton.backends.triton._tf32 import split_tf32
 from rlx_triton.backends.triton.conv.launch import all_candidates
-from rlx_triton.backends.triton.conv.weights import cached_weight, split_pairs
+from rlx_triton.backends.triton.conv.weights import cached_weight, split_halves
 from rlx_triton.backends.triton.conv2d.kernels import _bias_act_kernel, _conv2d_kernel, _stats_pool_kernel
 from rlx_triton.backends.triton.conv2d.routing import APPROVALS
 from rlx_triton.backends.triton.launches import Launch
@@ -82,23 +81,22 @@ def tuned_kernel():
 
 
 def split_weights(weight: torch.Tensor) -> torch.Tensor:
-    """The (c_out, c_in, kh, kw) weight for the tf32x3 GEMM: `split_pairs` of its (c_out, kh * kw * c_in) form,
+    """The (c_out, c_in, kh, kw) weight for the tf32x3 GEMM: `split_halves` of its (c_out, kh * kw * c_in) form,
     k = tap * c_in + ci; cached per weight version."""
-    return cached_weight(weight, lambda w: split_pairs(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), "conv2d_split")
+    return cached_weight(weight, lambda w: split_halves(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), "conv2d_split")
 
 
 
 def winograd_weights(weight: torch.Tensor) -> torch.Tensor:
     """The (c_out, c_in, 3, 3) weight for `_winograd_tf32x3`: each kernel row's Winograd F(2, 3) transform
     U_0 = g0, U_1 = (g0 + g1 + g2) / 2, U_2 = (g0 - g1 + g2) / 2, U_3 = g2, computed in float64 and rounded
-    once, and split into TF32 halves (split_tf32) as (c_out, 2 * 12 * c_in): every k's hi, then every lo,
-    k = (kh * 4 + j) * c_in + ci; cached per weight version."""
+    once, as `split_halves` of its (c_out, 12 * c_in) form, k = (kh * 4 + j) * c_in + ci; cached per weight
+    version."""
     def make(w):
         g = w.double()
         g0, g1, g2 = g[..., 0], g[..., 1], g[..., 2]                      # (c_out, c_in, kh)
         u = torch.stack((g0, (g0 + g1 + g2) / 2, (g0 - g1 + g2) / 2, g2), dim=-1)   # (c_out, c_in, kh, j)
-        hi, lo = split_tf32(u.permute(0, 2, 3, 1).reshape(w.shape[0], -1).float())
-        return torch.cat((hi, lo), dim=1).contiguous()
+        return split_halves(u.permute(0, 2, 3, 1).reshape(w.shape[0], -1).float())
 
     return cached_weight(weight, make, "conv2d_winograd")
 

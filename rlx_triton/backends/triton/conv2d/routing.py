@@ -57,8 +57,8 @@ def _trunk_recipes() -> dict:
     the library's 2551 / 1865 / 1543 / 1368; the 64-channel tile 778-790 us on layer2..4). The other layers run
     the direct form: the 32-wide channel tile on the one-channel stem, the 64-wide one on the downsampling and
     shortcut convs (>= 3 CTAs per SM on both archs). The seg_1 projection (5120 -> 256 as a 1x1 conv over 32
-    rows) is a weight stream on 8 CTAs: the ieee tile reads the weights once, the split terms would read them
-    three times (four, when this was chosen: est. 45 vs 79 us on an H200)."""
+    rows) is a weight stream on 8 CTAs: the ieee tile reads the weights once, the split halves would read them
+    twice (four split terms, when this was chosen: est. 45 vs 79 us on an H200)."""
     narrow, wide = ConvVariant["TF32X3_P128_CO32"].tag(), ConvVariant["TF32X3_P64_CO64"].tag()
     table = {"3x3/1 1->32": narrow, "3x3/1 32->32": narrow, "1x1/1 8192->256": ConvVariant["IEEE_P64_CO32"].tag(),
              "*": wide}
