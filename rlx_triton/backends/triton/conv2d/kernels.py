@@ -49,7 +49,10 @@ def _dot_split3(x_hi, x_lo, w_hi, w_lo, acc):
     small terms first (x_lo w_hi, x_hi w_lo, x_hi w_hi). The fourth product, x_lo w_lo, is below fp32's rounding
     of the sum (both halves' lows are under 2^-10 of their values) and is not computed. Separate dots need no
     [hi, lo] pair operand built in registers (one dot of [x_hi, x_lo] against [w_hi, w_hi] pairs held 156 registers
-    on the 64 x 64 tile and 240 on the Winograd tile, against 128 and 158)."""
+    on the 64 x 64 tile and 240 on the Winograd tile, against 128 and 158), at the price of waiting for each dot
+    before the next (the 1-D convs keep one four-product dot for that reason): the CTA per SM the registers buy
+    gives the waits other warps to hide behind, by the model (its issue count does not price the waits; the
+    GPU benchmark, bench/embedding.py, is what decides it)."""
     acc = tl.dot(x_lo, w_hi, acc, input_precision="tf32")
     acc = tl.dot(x_hi, w_lo, acc, input_precision="tf32")
     return tl.dot(x_hi, w_hi, acc, input_precision="tf32")
