@@ -4,7 +4,7 @@ Runs, on CUDA tensors, a split decode launch whose splits merge in one and in tw
 a paged cache, a length of 0), the varlen kernel's two passes over key tiles (unmasked tiles, then the window's
 edges and last partial tile) under causal and sliding windows on contiguous and paged caches, the symmetric
 sinc conv (the pool's phases as tile rows, filter lanes past the bank masked) with SincNet's blocks, the trunk's
-tf32x3 convs (the split weights' hi pairs and lows read per chunk, padded windows; the Winograd form's four-column
+tf32x3 convs (the split weights' hi and lo halves read per chunk, padded windows; the Winograd form's four-column
 windows and a row's last pair with one pixel), then the
 on-chip LSTM recurrence (a cooperative launch whose programs read each other's h through the exchange every
 step; 40 hidden units and a batch of 4, so the exchange's padded rows and columns are read too), and checks the

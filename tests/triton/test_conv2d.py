@@ -460,7 +460,7 @@ def test_conv2d_record_is_the_hand_count():
     assert record.bytes_written == 4 * res.numel()
     stem = K.make_candidate(tile_pos=64, tile_co=32, tile_k=16, precision="tf32x3")
     (folded,), _ = K.conv2d_plan(torch.randn(1, 1, 8, 8), torch.randn(32, 1, 3, 3), candidate=stem, padding=1)
-    # tf32x3: three TF32 products per fp32 product (the pairs' dot and the low terms' dot)
+    # tf32x3: three TF32 products per fp32 product (three separate TF32 dots of its halves)
     assert folded.meta["FOLD_TAPS"] and folded.flops == 2 * 1 * 16 * 64 * 32 and folded.unit == "tf32x3"
 
 

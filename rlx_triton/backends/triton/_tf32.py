@@ -1,5 +1,5 @@
 """Splitting fp32 values into two TF32 halves, in kernels and on the host, for true-fp32 dots on TF32
-tensor cores ("tf32x3": hi*lo' + lo*hi' + hi*hi', each product of two TF32 numbers exact in fp32).
+tensor cores ("tf32x3": lo*hi' + hi*lo' + hi*hi', each product of two TF32 numbers exact in fp32, `dot_split3`).
 
 `tf32_split` (in a kernel) and `split_tf32` (on the host, for weights split once per weight version) do the
 same arithmetic: hi keeps the sign, the exponent and TF32's 10 mantissa bits (the low 13 bits cleared), lo
@@ -30,6 +30,18 @@ def tf32_split(x):
     rest = tl.where(hi == x, 0.0, x - hi)
     lo = (rest.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
     return hi, lo
+
+
+@triton.jit
+def dot_split3(a_hi, a_lo, b_hi, b_lo, acc):
+    """acc + A @ B in true fp32 on TF32 tensor cores, from both operands' TF32 halves: three TF32 dots, small
+    terms first (a_lo b_hi, a_hi b_lo, a_hi b_hi). The fourth product, a_lo b_lo, is below fp32's rounding of the
+    sum (both lows are under 2^-10 of their values) and is not computed. Every product of two TF32 numbers is
+    exact in fp32, so the CPU interpreter, whose dots are fp32 whatever the precision, reproduces a GPU's
+    rounding up to summation order."""
+    acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
 
 
 def split_tf32(tensor: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

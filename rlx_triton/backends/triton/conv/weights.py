@@ -29,7 +29,7 @@ def split_terms(matrix: torch.Tensor) -> torch.Tensor:
 
 def split_halves(matrix: torch.Tensor) -> torch.Tensor:
     """(rows, K) -> (rows, 2 * K) float32: the hi of each k (split_tf32) in the first K columns, then the lo of
-    each k: the weight operands of the ResNet trunk's three-product dot (conv2d kernels `_dot_split3`)."""
+    each k: the weight operands of the ResNet trunk's three-product dot (`_tf32.dot_split3`)."""
     hi, lo = split_tf32(matrix)
     return torch.cat((hi, lo), dim=1).contiguous()
 

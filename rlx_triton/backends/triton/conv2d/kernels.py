@@ -11,8 +11,13 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   tf32x3 candidates (true fp32 on TF32 tensor cores) run `_igemm_tf32x3` instead: pixels x channels
   (the pixels on the MMA's M side, the channel tile on N, fitted to the layer: 32 or 64), the input
   patch split into TF32 halves in registers and the weights split once per weight version
-  (split_weights), three separate TF32 products per step (`_dot_split3`: x_lo w_hi, x_hi w_lo, x_hi w_hi; the
-  fourth product, x_lo w_lo, is below fp32's rounding and not computed). The trunk's
+  (split_weights), three separate TF32 products per step (`dot_split3`: x_lo w_hi, x_hi w_lo, x_hi w_hi; the
+  fourth product, x_lo w_lo, is below fp32's rounding and not computed). Separate dots need no [hi, lo] pair
+  operand built in registers (one dot of [x_hi, x_lo] against [w_hi, w_hi] pairs held 156 registers on the
+  64 x 64 tile and 240 on the Winograd tile, against 128 and 158), at the price of waiting for each dot before
+  the next (the 1-D convs keep one four-product dot for that reason): the CTA per SM the registers buy gives the
+  waits other warps to hide behind, by the model (its issue count does not price the waits; the GPU benchmark,
+  bench/embedding.py, is what decides it). The trunk's
   tiles run one stage: the patch is a gathered load (masks for the padding), not a cp.async copy, so a
   deeper pipeline only held the next step's operands in registers. The loop runs per tap, then per channel
   chunk: each tap's pixel offsets and padding mask once for all its chunks, and no division by the chunk
@@ -24,7 +29,7 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   3x3 stride-1 layers (WINOGRAD, launch.py `winograd_applies`) run `_winograd_tf32x3` instead: Winograd F(2, 3)
   along each output row, directly along the height, so a pair of output pixels takes four products per kernel
   row where the direct form takes six (two thirds of the tensor-core work, and 4 input columns loaded per pair
-  and row instead of 6), each `_dot_split3` against the transformed weights' halves (winograd_weights): the four
+  and row instead of 6), each `dot_split3` against the transformed weights' halves (winograd_weights): the four
   transformed tiles' operands fit 158 registers on sm_90 (3 CTAs/SM on the 128 x 32 tile). The transform is
   exact for finite values up to its rounding, but not where a value is infinite (inf - inf) or a transformed sum
   overflows, so a tile with any non-finite value is recomputed by the direct form, which gives the direct form's
@@ -40,31 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlx_triton.backends.triton._tf32 import TF32_MASK, tf32_split
-
-
-@triton.jit
-def _dot_split3(x_hi, x_lo, w_hi, w_lo, acc):
-    """acc + X @ W in true fp32 on TF32 tensor cores, from both operands' TF32 halves: three separate TF32 dots,
-    small terms first (x_lo w_hi, x_hi w_lo, x_hi w_hi). The fourth product, x_lo w_lo, is below fp32's rounding
-    of the sum (both halves' lows are under 2^-10 of their values) and is not computed. Separate dots need no
-    [hi, lo] pair operand built in registers (one dot of [x_hi, x_lo] against [w_hi, w_hi] pairs held 156 registers
-    on the 64 x 64 tile and 240 on the Winograd tile, against 128 and 158), at the price of waiting for each dot
-    before the next (the 1-D convs keep one four-product dot for that reason): the CTA per SM the registers buy
-    gives the waits other warps to hide behind, by the model (its issue count does not price the waits; the
-    GPU benchmark, bench/embedding.py, is what decides it)."""
-    acc = tl.dot(x_lo, w_hi, acc, input_precision="tf32")
-    acc = tl.dot(x_hi, w_lo, acc, input_precision="tf32")
-    return tl.dot(x_hi, w_hi, acc, input_precision="tf32")
-
-
-@triton.jit
-def _winograd_product(v, w_hi, w_lo, acc):
-    """acc + v @ U for a transformed input tile v and U's halves: `_dot_split3` with v split without
-    `tf32_split`'s select for infinities (a non-finite value sends the Winograd tile to the direct recompute)."""
-    v_hi = (v.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
-    v_lo = ((v - v_hi).to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
-    return _dot_split3(v_hi, v_lo, w_hi, w_lo, acc)
+from rlx_triton.backends.triton._tf32 import TF32_MASK, dot_split3, tf32_split
 
 
 @triton.jit
@@ -74,7 +55,7 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
                   BLOCK_P: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr):
     """acc[p, co] = sum_k X[p, k] W[k, co] in true fp32 on TF32 tensor cores.
 
-    Each step is one `_dot_split3`: the input patch split in registers (tf32_split), the weights split once per
+    Each step is one `dot_split3`: the input patch split in registers (tf32_split), the weights split once per
     weight version (split_weights: (c_out, 2 * K) for K = KH*KW*c_in and k = tap * c_in + ci: the hi of every k,
     then the lo of every k, K-major as TF32 MMAs read them)."""
     k_total = c_in * KH * KW
@@ -96,7 +77,7 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
             x_hi, x_lo = tf32_split(
                 tl.load(x_ptrs, mask=mask_p[:, None] & mask_k[None, :] & inside, other=0.0).to(tl.float32))
             w_mask = mask_k[:, None] & mask_co[None, :]
-            acc = _dot_split3(x_hi, x_lo, tl.load(w_hi_rows + k[:, None], mask=w_mask, other=0.0),
+            acc = dot_split3(x_hi, x_lo, tl.load(w_hi_rows + k[:, None], mask=w_mask, other=0.0),
                               tl.load(w_lo_rows + k[:, None], mask=w_mask, other=0.0), acc)
     else:
         # per tap: its pixel offsets and padding mask are computed once for all its channel
@@ -117,9 +98,18 @@ def _igemm_tf32x3(x_pixel_base, w_split_ptr, mask_p, ih_base, iw_base, offs_co, 
                                                          other=0.0).to(tl.float32)))
                 k = k_tap + ci[:, None]
                 w_mask = (ci < c_in)[:, None] & mask_co[None, :]
-                acc = _dot_split3(x_hi, x_lo, tl.load(w_hi_rows + k, mask=w_mask, other=0.0),
+                acc = dot_split3(x_hi, x_lo, tl.load(w_hi_rows + k, mask=w_mask, other=0.0),
                                   tl.load(w_lo_rows + k, mask=w_mask, other=0.0), acc)
     return acc
+
+
+@triton.jit
+def _winograd_product(v, w_hi, w_lo, acc):
+    """acc + v @ U for a transformed input tile v and U's halves: `dot_split3` with v split without
+    `tf32_split`'s select for infinities (a non-finite value sends the Winograd tile to the direct recompute)."""
+    v_hi = (v.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
+    v_lo = ((v - v_hi).to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
+    return dot_split3(v_hi, v_lo, w_hi, w_lo, acc)
 
 
 @triton.jit

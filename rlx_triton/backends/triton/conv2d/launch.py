@@ -50,7 +50,7 @@ def _out_size(size: int, kernel: int, stride: int, padding: int) -> int:
 FOLD_TAPS_BELOW = 16
 # tf32x3 3x3 stride-1 layers with at least this many input channels run Winograd F(2, 3) (winograd_applies)
 WINOGRAD_MIN_C_IN = 16
-# what runs a launch's FLOPs: tf32x3 candidates issue three TF32 products per fp32 product (`_dot_split3`)
+# what runs a launch's FLOPs: tf32x3 candidates issue three TF32 products per fp32 product (`_tf32.dot_split3`)
 CONV2D_UNIT_OF_PRECISION = {"ieee": "fp32_fma", "tf32": "tf32", "tf32x3": "tf32x3"}
 # FLOPs per element of the unfused epilogue (bias, residual, ReLU) and, per frame and feature (and
 # speaker), of the two pooling passes: shift + sum, then centre + square-add (weighted: one more multiply each)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlx_triton.backends.triton._tf32 import tf32_split
+from rlx_triton.backends.triton._tf32 import dot_split3, tf32_split
 
 GATES = 4   # i, f, g, o: torch's gate order in the weights' rows
 MIN_DOT = 16   # tl.dot's smallest tile side: every BLOCK_* that meets a dot is at least this
@@ -47,16 +47,12 @@ GATE_I, GATE_F, GATE_G, GATE_O = (tl.constexpr(gate) for gate in range(GATES))
 
 @triton.jit
 def _dot_fp32(a, b, acc, PRECISION: tl.constexpr):
-    """acc + a @ b at the candidate's precision. "tf32x3" is written out as three TF32 tensor-core
-    products of the operands' tf32 parts (hi*lo + lo*hi + hi*hi, small terms first): every product of two
-    tf32 numbers is exact in fp32, so the CPU interpreter, whose dots are fp32 whatever the precision,
-    reproduces the rounding of the GPU's tf32x3 and measures its error."""
+    """acc + a @ b at the candidate's precision; "tf32x3" splits both operands (tf32_split) for `dot_split3`, so
+    the interpreter measures the GPU's tf32x3 error."""
     if PRECISION == "tf32x3":
         a_hi, a_lo = tf32_split(a)
         b_hi, b_lo = tf32_split(b)
-        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-        acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
-        acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+        acc = dot_split3(a_hi, a_lo, b_hi, b_lo, acc)
     else:
         acc = acc + tl.dot(a, b, input_precision=PRECISION)
     return acc
@@ -262,9 +258,7 @@ def _dot_parts(h, w, w_hi, w_lo, acc, PRECISION: tl.constexpr):
     """acc + h @ w, with w's tf32x3 parts precomputed (see `_dot_fp32`)."""
     if PRECISION == "tf32x3":
         h_hi, h_lo = tf32_split(h)
-        acc = tl.dot(h_hi, w_lo, acc, input_precision="tf32")
-        acc = tl.dot(h_lo, w_hi, acc, input_precision="tf32")
-        acc = tl.dot(h_hi, w_hi, acc, input_precision="tf32")
+        acc = dot_split3(h_hi, h_lo, w_hi, w_lo, acc)
     else:
         acc = tl.dot(h, w, acc, input_precision=PRECISION)
     return acc
