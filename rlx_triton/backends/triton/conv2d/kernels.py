@@ -17,15 +17,14 @@ Three kernels, each a launcher with the same name and signature in `backends/tor
   64 x 64 tile and 240 on the Winograd tile, against 128 and 158), at the price of waiting for each dot before
   the next (the 1-D convs keep one four-product dot for that reason): the CTA per SM the registers buy gives the
   waits other warps to hide behind, by the model (its issue count does not price the waits; the GPU benchmark,
-  bench/embedding.py, is what decides it). The trunk's
-  tiles run one stage: the patch is a gathered load (masks for the padding), not a cp.async copy, so a
-  deeper pipeline only held the next step's operands in registers. The loop runs per tap, then per channel
-  chunk: each tap's pixel offsets and padding mask once for all its chunks, and no division by the chunk
-  count in the loop (it was a third of the loop's instructions). The patch is loaded channels x pixels, so a
-  warp's lanes walk consecutive pixels and a thread holds few of them: a tap's addresses and padding masks
-  halved (the tap loop 123 -> 60 instructions on layer1). As the trunk launches compile on sm_90 (`rlx-triton
-  perf`), the 64 x 64 x 16 tile of the downsampling layers holds 128 registers (4 CTAs/SM) and the 128 x 32 x 16
-  tile of the stem 100.
+  bench/embedding.py, is what decides it). The trunk's tiles run one stage: the patch is a gathered load (masks
+  for the padding), not a cp.async copy, so a deeper pipeline only held the next step's operands in registers.
+  The loop runs per tap, then per channel chunk: each tap's pixel offsets and padding mask once for all its
+  chunks, and no division by the chunk count in the loop (it was a third of the loop's instructions). The patch
+  is loaded channels x pixels, so a warp's lanes walk consecutive pixels and a thread holds few of them: a tap's
+  addresses and padding masks halved (the tap loop 123 -> 60 instructions on layer1). As the trunk launches
+  compile on sm_90 (`rlx-triton perf`), the 64 x 64 x 16 tile of the downsampling layers holds 128 registers
+  (4 CTAs/SM) and the 128 x 32 x 16 tile of the stem 100.
   3x3 stride-1 layers (WINOGRAD, launch.py `winograd_applies`) run `_winograd_tf32x3` instead: Winograd F(2, 3)
   along each output row, directly along the height, so a pair of output pixels takes four products per kernel
   row where the direct form takes six (two thirds of the tensor-core work, and 4 input columns loaded per pair
