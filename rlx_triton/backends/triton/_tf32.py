@@ -23,11 +23,12 @@ _HOST_TF32_MASK = -8192                 # the same bits as an int32 (0xFFFFE000)
 
 
 @triton.jit
-def tf32_split(x):
+def tf32_split(x, KEEP_INF: tl.constexpr = True):
     """(hi, lo), both exactly representable in TF32, x = hi + lo to about 2^-20 |x|; an infinity's lo is 0,
-    a NaN's lo is NaN."""
+    a NaN's lo is NaN. KEEP_INF=False drops the select that keeps an infinity's lo 0 (its lo is then NaN), for
+    tiles whose non-finite values are not carried through (the trunk's Winograd tiles are recomputed)."""
     hi = (x.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
-    rest = tl.where(hi == x, 0.0, x - hi)
+    rest = tl.where(hi == x, 0.0, x - hi) if KEEP_INF else x - hi
     lo = (rest.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
     return hi, lo
 

@@ -4,8 +4,9 @@ the co-residency check of the on-chip recurrence, the autotune bridge and the ca
 `lstm_plan` builds a call's launches as records from shapes (meta inputs give the plan at any shape): per
 layer the input projection, then the recurrence. The on-chip recurrence's programs wait for each other's h
 every step (through the exchange, `exchange_buffer`), and a program waiting for one that is not resident
-deadlocks, so the plan checks that every program of the launch fits on the device at once, from the compiled kernel's registers, shared memory and
-warps and the tensors' GPU (`co_residency_refusal`), and marks the record for a cooperative launch
+deadlocks, so the plan checks that every program of the launch fits on the device at once, from the compiled
+kernel's registers, shared memory and warps and the tensors' GPU (`co_residency_refusal`), and marks the
+record for a cooperative launch
 (`launch_cooperative_grid`: the driver runs it whole or refuses it, whatever other streams, MPS clients or
 a sanitizer hold). A refusal, at plan time or by the driver, runs the persistent candidate of the same
 precision (`fallback_candidate`) with one warning (`warn_fallback`), and rt.explain's `runs` line says so
