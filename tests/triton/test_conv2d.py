@@ -363,6 +363,47 @@ def test_winograd_recomputes_a_tile_whose_transformed_sum_overflows():
     assert_close_ref(y, ref, torch.float32, 16 * 9)
 
 
+@pytest.mark.parametrize("fill", [0.0, 3.0, -1e-30], ids=["silence", "constant", "tiny_constant"])
+def test_winograd_conv2d_of_silence_and_constant_input_matches_float64(fill):
+    """Zeros give the bias (every product 0); a constant input gives the weight sums inside and the padded sums
+    at the edges, with no transform residue (d1 + d2 and d0 - d2 of equal columns)."""
+    x = torch.full((2, 20, 5, 7), fill)
+    weight, bias = torch.randn(16, 20, 3, 3) / 13, torch.randn(16)
+    y = K.conv2d(x, weight, bias, padding=1, relu=True, candidate=TF32X3[0])
+    ref = conv2d64(x, weight, bias, padding=1, relu=True)
+    assert_close_ref(y, ref, torch.float32, 20 * 9)
+
+
+def test_winograd_conv2d_under_inference_mode_and_with_inference_tensor_weights():
+    """pyannote runs models under torch.inference_mode(): the transformed weights are prepared from inference
+    tensors there, and again from the same weights outside it."""
+    with torch.inference_mode():
+        x, weight, bias = torch.randn(2, 20, 6, 7), torch.randn(16, 20, 3, 3) / 13, torch.randn(16)
+        inside = K.conv2d(x, weight, bias, padding=1, relu=True, candidate=TF32X3[0])
+    outside = K.conv2d(x.clone(), weight, bias, padding=1, relu=True, candidate=TF32X3[0])
+    ref = conv2d64(x, weight, bias, padding=1, relu=True)
+    assert_close_ref(inside, ref, torch.float32, 20 * 9)
+    assert_close_ref(outside, ref, torch.float32, 20 * 9)
+
+
+def test_winograd_conv2d_from_several_threads_at_once_uses_each_weights_own_transform():
+    """Four threads, each with its own weight, call at once: each weight's transform is prepared and cached
+    for that weight, and every result matches its float64 reference."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    x = torch.randn(1, 16, 4, 6)
+    weights = [torch.randn(8, 16, 3, 3) / 12 for _ in range(4)]
+
+    def run(weight):
+        return [K.conv2d(x, weight, padding=1, candidate=TF32X3[0]) for _ in range(2)]
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, weights))
+    for weight, outs in zip(weights, results):
+        for y in outs:
+            assert_close_ref(y, conv2d64(x, weight, padding=1), torch.float32, 16 * 9)
+
+
 @pytest.mark.gpu
 def test_gpu_winograd_keeps_the_direct_forms_values_where_a_value_is_not_finite():
     """On CUDA, layer-sized: an infinite input's outputs are the direct form's infinities, an overflowing
