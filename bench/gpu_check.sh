@@ -27,7 +27,7 @@ declare -A WHAT=(
   [wheels]="pip install --no-index of .whl/ (pyannote.audio and what it needs beyond the image), if .whl/ exists"
   [gpu-tests]="every other GPU-marked test: each kernel on CUDA tensors vs float64, graphs, torch.compile"
   [graphs]="capture -> grow -> allocate -> replay: decode (counters back to 0, two streams), the PyanNet and trunk graphs"
-  [no-sync]="torch.cuda.set_sync_debug_mode('error') around steady-state decode calls and a PyanNet forward"
+  [no-sync]="torch.cuda.set_sync_debug_mode('error') around steady-state decode calls, a PyanNet and a ResNet34 forward"
   [two-streams]="two streams x LSTM at B=128 and B=512 (finish or refuse, never hang); diarization segmentation || embedding"
   [sanitizer]="compute-sanitizer memcheck and racecheck on small decode, varlen, SincNet, trunk and LSTM launches (if the binary exists)"
   [multi-gpu]="device guard: kernels on cuda:1 while cuda:0 is current (skipped on one GPU)"
@@ -45,6 +45,7 @@ GRAPH_TESTS=(
 NO_SYNC_TESTS=(
   "tests/ops/test_sdpa_decode.py::test_a_steady_state_decode_step_never_syncs_with_the_host"
   "tests/integrations/test_pyannote.py::test_a_steady_state_segmentation_forward_never_syncs_with_the_host"
+  "tests/integrations/test_wespeaker.py::test_a_steady_state_embedding_forward_never_syncs_with_the_host"
 )
 TWO_STREAMS_TESTS=(
   "tests/triton/test_lstm.py::test_two_streams_of_lstm_forwards_at_batch_128_and_512_finish_or_refuse_never_hang"

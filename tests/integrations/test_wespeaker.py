@@ -194,6 +194,26 @@ def test_embeddings_under_inference_mode_with_weights_built_outside_or_inside_it
 
 
 @pytest.mark.gpu
+def test_a_steady_state_embedding_forward_never_syncs_with_the_host():
+    """The full-width trunk (its Winograd layers' in-kernel check for non-finite tiles included) after a warm-up
+    forward: no .item(), no host copy, no blocking call."""
+    from tests.reference.wespeaker_models import WeSpeakerResNet34
+
+    torch.backends.cudnn.allow_tf32 = False
+    model = pyannote.optimize(randomize(WeSpeakerResNet34()).cuda())
+    wav = _waveforms(batch=2, samples=32000).cuda()
+    with torch.inference_mode():
+        model(wav)                                                          # warm-up: compile, route, pack
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model(wav)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
 def test_full_width_resnet34_matches_on_cuda_with_tf32_off():
     """The real geometry (m_channels 32, 80 bins, blocks 3/4/6/3) on a GPU: 2 chunks of 2 s."""
     from tests.reference.wespeaker_models import WeSpeakerResNet34
