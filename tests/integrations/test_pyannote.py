@@ -14,6 +14,7 @@ import torch
 import rlx_triton as rt
 from rlx_triton.integrations import pyannote
 from rlx_triton.nn import LSTM, SegDense
+from tests.cuda_sync import assert_steady_state_never_syncs
 from tests.reference.pyannote_models import SpeakerDiarization, make_pyannet
 
 SAMPLES = 2000   # the shortest audio the tiny tests need: 4 output frames
@@ -193,14 +194,7 @@ def test_a_steady_state_segmentation_forward_never_syncs_with_the_host():
     model = pyannote.optimize(make_pyannet(hidden=128, lstm_layers=4, linear_hidden=128).cuda())
     x = torch.randn(2, 1, 32000, device="cuda")
     with torch.inference_mode():
-        model(x)                                                            # warm-up: compile, route, pack
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            model(x)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+        assert_steady_state_never_syncs(lambda: model(x))
 
 
 # ------------------------------------------------------------------------ cuda_graphs=True

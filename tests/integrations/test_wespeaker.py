@@ -12,6 +12,7 @@ import rlx_triton as rt
 from rlx_triton.integrations import pyannote
 from rlx_triton.integrations._wespeaker import is_wespeaker_model, is_wespeaker_trunk, optimize_wespeaker
 from rlx_triton.nn.conv2d import BasicBlock, Bottleneck, Conv2d, FoldedBatchNorm2d, Projection, StatsPool
+from tests.cuda_sync import assert_steady_state_never_syncs
 from tests.reference.conv2d import rel_err
 from tests.reference.fbank import speech_like
 from tests.reference.wespeaker_models import randomize, tiny_wespeaker
@@ -203,14 +204,7 @@ def test_a_steady_state_embedding_forward_never_syncs_with_the_host():
     model = pyannote.optimize(randomize(WeSpeakerResNet34()).cuda())
     wav = _waveforms(batch=2, samples=32000).cuda()
     with torch.inference_mode():
-        model(wav)                                                          # warm-up: compile, route, pack
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            model(wav)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+        assert_steady_state_never_syncs(lambda: model(wav))
 
 
 @pytest.mark.gpu

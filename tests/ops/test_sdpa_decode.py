@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import rlx_triton as rt
+from tests.cuda_sync import assert_steady_state_never_syncs
 from tests.ops.attention_cases import TOL, assert_like_torch, math_sdpa64, non_finite_rows, qkv
 from tests.reference.sdpa_decode import (DEGENERATE_CASES, assert_outcome, attention_reference, degenerate_inputs,
                                          tree_reference)
@@ -613,15 +614,7 @@ def test_a_steady_state_decode_step_never_syncs_with_the_host():
         rt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
     with rt.use_backend("triton", strict=True):
-        step()                                                              # warm-up: compile, route
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for _ in range(3):
-                step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+        assert_steady_state_never_syncs(step, repeats=3)
 
 
 
