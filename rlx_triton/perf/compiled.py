@@ -28,10 +28,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
 _BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
+_UNCONDITIONAL_EXIT = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+EXIT\b")
 
 
 @dataclass(frozen=True)
@@ -136,14 +137,20 @@ def sass_loops(sass: str) -> Tuple[List[dict], int]:
     its global loads, and
     `spin`: a loop without nested loops whose body polls global memory (a strong load or an atomic) and does no
     floating-point arithmetic, tensor-core work or store: it only waits (a barrier's poll, a wait for tagged
-    words), however many words one poll reads."""
+    words), however many words one poll reads.
+    A backward branch over an unpredicated EXIT is not a loop: it returns from code the compiler placed after
+    the kernel's end (an out-of-line path, such as sm_80's convergence path for a warp shuffle after divergent
+    code), which execution never reaches by falling through from the branch's target."""
     rows = _parse(sass)
+    exits = [int(match.group(1), 16) for match in map(_UNCONDITIONAL_EXIT.match, sass.splitlines()) if match]
     spans = []
     for address, opcode, operands in rows:
         if opcode.startswith("BRA"):
             target = _BRANCH_TARGET.search(operands)
             if target is not None and int(target.group(1), 16) < address:
-                spans.append((int(target.group(1), 16), address))
+                start = int(target.group(1), 16)
+                if not any(start <= exit_address < address for exit_address in exits):
+                    spans.append((start, address))
     spans = sorted(set(spans))
     loops = []
     for lo, hi in spans:

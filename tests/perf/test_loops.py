@@ -1,11 +1,12 @@
 """The loop the SASS counts come from, on real kernels compiled for sm_90: the loop executing the most
-instructions (its own instructions x passes), with a barrier's spin loop reported apart, never chosen."""
+instructions (its own instructions x passes), with a barrier's spin loop reported apart, never chosen; and on a
+written-out listing, which backward branches are loops."""
 import pytest
 import torch
 
 from rlx_triton.backends.triton.launches import Launch
 from rlx_triton.devices import profile
-from rlx_triton.perf.compiled import CompileJob, compile_all
+from rlx_triton.perf.compiled import CompileJob, compile_all, sass_loops
 from rlx_triton.perf.launch_estimate import estimate
 from tests.perf.kernels import row_sum_kernel, stepped_barrier_kernel
 
@@ -62,3 +63,26 @@ def test_a_load_loop_makes_the_passes_its_loads_need(compiled):
     straight = facts.kernel_instructions - sum(loop["own"] for loop in facts.loops)
     others = sum(loop["own"] for loop in loops if loop is not hot)
     assert kernel.warp_instructions == (straight + others + hot["own"] * passes) * facts.num_warps * record.ctas
+
+
+def _sass(*instructions: str) -> str:
+    return "\n".join(f"        /*{16 * index:04x}*/                   {text} ;" for index, text in enumerate(instructions))
+
+
+def test_a_branch_back_from_code_after_the_exit_is_not_a_loop():
+    """sm_80 puts a warp shuffle's convergence path after the kernel's EXIT and branches back from it: that span
+    holds an unpredicated EXIT and is no loop; the time loop around it, and a predicated EXIT inside a loop,
+    stay loops."""
+    sass = _sass(
+        "MOV R0, RZ",                       # 0x00
+        "FFMA R1, R2, R3, R1",              # 0x10: the time loop's body
+        "@P1 BRA 0x70",                     # 0x20: to the out-of-line path
+        "FADD R1, R1, R4",                  # 0x30: where the path returns
+        "@P0 EXIT",                         # 0x40: a predicated EXIT inside the loop
+        "@P2 BRA 0x10",                     # 0x50: the time loop's back edge
+        "EXIT",                             # 0x60: the kernel's end
+        "SHFL.BFLY PT, R5, R1, 0x1, 0x1f",  # 0x70: the out-of-line path
+        "BRA 0x30")                         # 0x80: back into the loop
+    loops, instructions = sass_loops(sass)
+    assert instructions == 9
+    assert [(loop["start"], loop["end"]) for loop in loops] == [(0x10, 0x50)]
