@@ -24,9 +24,9 @@ code (backends/triton/*.py):
   round trip); with SYNC the producers' stores reach L2 first and the poll that sees them is the read (two L2
   trips: the store's and the poll's).
 - `_lstm_recurrence_kernel`: per step, the h_{t-1} row it wrote the step before, read back from L2.
-- both recurrences, given the compiled loops: every CTA barrier of a pass of the time loop, per step (the
-  readiness reduction, each operand's or result's pass through shared memory: a step runs one program per SM
-  for its group, so no other work hides them).
+- both recurrences, given the compiled loops: every CTA barrier of a pass of the time loop, per step (each
+  operand's or result's pass through shared memory, any reduction across warps: a step runs one program per
+  SM for its group, so no other work hides them).
 """
 from __future__ import annotations
 

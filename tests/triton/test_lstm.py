@@ -139,14 +139,15 @@ def _steps(record):
 
 def test_onchip_runs_one_launch_per_step_where_programs_run_one_after_another():
     """The interpreter runs programs one after another, so a group of several programs cannot meet at a
-    barrier: each step is a launch (no barrier); a group of one program runs all steps in one launch."""
+    barrier: each step is a launch (no barrier); a group of one program runs all steps in one launch, reading
+    each step's h once (the interpreter completes a step's every operation before the next step's)."""
     split, single = make(3, 16, 2, True), make(3, 8, 2, True)
     x, _ = inputs(split, batch=2, seq=5, with_state=False)
     _, records = _onchip_records(split, x)
     assert len(records) == 2 * 5 and not any(r.meta["SYNC"] for r in records)
     assert [_steps(r) for r in records[:5]] == [(s, s + 1) for s in range(5)]
     _, records = _onchip_records(single, x)
-    assert len(records) == 2 and all(r.meta["SYNC"] for r in records)
+    assert len(records) == 2 and not any(r.meta["SYNC"] for r in records)
     assert [_steps(r) for r in records] == [(0, 5), (0, 5)]
 
 
@@ -452,23 +453,53 @@ def test_a_cold_bucket_is_tuned_over_the_approved_onchip_candidates(tmp_path):
         torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
 
 
+# ------------------------------------------------------------------------ compiled for sm_90 (no GPU)
+@pytest.fixture(scope="module")
+def synchronised_compiles(tmp_path_factory):
+    """The synchronised on-chip recurrence of the routed candidate compiled for sm_90 at hidden sizes whose
+    h rows give each of its threads 1 to 16 exchange words (BLOCK_K 16 to 256), bidirectional, batch 32."""
+    from rlx_triton.perf.compiled import CompileJob, compile_all
+
+    routed = LstmVariant.ONCHIP_TF32X3.candidate()
+    records = {hidden: tk_launch.synchronised_onchip_record(routed, batch=32, seq=7, hidden=hidden, directions=2,
+                                                            batch_first=True)
+               for hidden in (16, 33, 64, 128, 200)}
+    jobs = {hidden: CompileJob.of(record, 90) for hidden, record in records.items()}
+    compiled = compile_all(jobs.values(), cache_dir=str(tmp_path_factory.mktemp("lstm-sm90")), workers=2)
+    return {hidden: compiled[job] for hidden, job in jobs.items()}
+
+
+@pytest.mark.parametrize("hidden", [16, 33, 64, 128, 200])
+def test_a_synchronised_step_meets_two_cta_barriers_and_waits_without_one(synchronised_compiles, hidden):
+    """Each thread polls its own exchange words: the wait is a spin loop with no CTA barrier, and a step's time
+    loop has the two barriers of the h tile's pass into shared memory (none for the wait or the cell's
+    exchanges between a unit's gate columns), without local-memory spills."""
+    compiled = synchronised_compiles[hidden]
+    assert compiled.ok, compiled.error
+    steps = max((loop for loop in compiled.loops if not loop["spin"]), key=lambda loop: loop["own"])
+    waits = [loop for loop in compiled.loops if loop["spin"]]
+    assert steps["bar"] == 2 and compiled.spills == 0
+    assert waits and all(loop["bar"] == 0 for loop in waits)
+
+
 # ------------------------------------------------------------------------ on a GPU
 @triton.jit
 def _exchange_probe_kernel(exchange_ptr, errors_ptr, STEPS: tl.constexpr, PROGRAMS: tl.constexpr,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, WAIT: tl.constexpr):
     """The recurrence's exchange protocol alone: at step s every program waits for the whole slot (s + 1) % 2
-    tagged s + 1, checks that each word holds the value its writer published the step before, then publishes
-    its own word (value s * PROGRAMS + pid) in slot s % 2 tagged s + 2. A word read early, late or torn, or a
-    slot rewritten before every program read it, is a wrong value."""
+    tagged s + 1 (WAIT; without it, the interpreter's one program reads it once), checks that each word holds
+    the value its writer published the step before, then publishes its own word (value s * PROGRAMS + pid) in
+    slot s % 2 tagged s + 2 (with WAIT, by the strong store the recurrence publishes with). A word read early, late or torn, or a slot rewritten before every program read it,
+    is a wrong value."""
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     in_group = offs < PROGRAMS
     for s in range(STEPS):
-        seen = tk_kernels._read_exchange(exchange_ptr + ((s + 1) % 2) * BLOCK + offs, s + 1, True)
+        seen = tk_kernels._read_exchange(exchange_ptr + ((s + 1) % 2) * BLOCK + offs, s + 1, WAIT)
         wrong = tl.sum(tl.where(in_group & (seen != ((s - 1) * PROGRAMS + offs).to(tl.float32)), 1, 0))
         tl.atomic_add(errors_ptr, wrong)
         word = tk_kernels._publish_word(((s * PROGRAMS + pid) + offs * 0).to(tl.float32), s + 2)
-        tk_kernels._publish(exchange_ptr + (s % 2) * BLOCK + pid + offs * 0, word, offs == 0)
+        tk_kernels._publish(exchange_ptr + (s % 2) * BLOCK + pid + offs * 0, word, offs == 0, WAIT)
 
 
 def _probe_exchange(programs: int, block: int, device: str) -> torch.Tensor:
@@ -481,9 +512,10 @@ def _probe_exchange(programs: int, block: int, device: str) -> torch.Tensor:
 
 
 def test_one_program_reads_back_what_it_published_the_step_before():
-    """The protocol's slots, tags and values, in the interpreter (one program: it never waits on another)."""
+    """The protocol's slots, tags and values, in the interpreter (one program, whose every step completes before
+    the next: it reads once)."""
     exchange, errors = _probe_exchange(1, 16, "cpu"), torch.zeros(1, dtype=torch.int32)
-    _exchange_probe_kernel[(1,)](exchange, errors, STEPS=9, PROGRAMS=1, BLOCK=16)
+    _exchange_probe_kernel[(1,)](exchange, errors, STEPS=9, PROGRAMS=1, BLOCK=16, WAIT=False)
     assert errors.item() == 0
     assert (exchange[0, 0] >> 32).item() == 8 + 2 and (exchange[1, 0] >> 32).item() == 7 + 2   # steps 8 and 7
     assert exchange[0, 0].to(torch.int32).view(torch.float32).item() == 8.0
@@ -494,8 +526,8 @@ def test_the_exchange_hands_every_program_the_words_of_the_step_before():
     programs = torch.cuda.get_device_properties(0).multi_processor_count   # one small program per SM
     block = triton.next_power_of_2(programs)
     exchange, errors = _probe_exchange(programs, block, "cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
-    _exchange_probe_kernel[(programs,)](exchange, errors, STEPS=2000, PROGRAMS=programs, BLOCK=block, num_warps=4,
-                                        launch_cooperative_grid=True)
+    _exchange_probe_kernel[(programs,)](exchange, errors, STEPS=2000, PROGRAMS=programs, BLOCK=block, WAIT=True,
+                                        num_warps=4, launch_cooperative_grid=True)
     torch.cuda.synchronize()
     assert errors.item() == 0
 

@@ -9,14 +9,17 @@
      them on chip (the compiler keeps the loop-invariant dot operand in shared memory) for every
      step, with its units' cell state in registers. The programs of one (direction, batch tile)
      hand each other h_t through an exchange in global memory (read from L2) whose words carry the
-     step that wrote them (`_publish_word`, `_read_exchange`): a program waits for exactly the h
-     values it reads, with no counter, fence or barrier between programs, so a layer is one launch:
-     W_hh read once per layer, every SM of a group busy. A program that waits for one that is not
-     resident deadlocks, so the launcher checks that every program of the launch fits on the device
-     at once (launch.py `co_residency_refusal`) and launches it as a cooperative grid; where programs
-     do not run concurrently (the CPU interpreter runs them one after another) a group of several
-     programs runs one launch per step instead, the launch boundary as its wait (SYNC off): the same
-     arithmetic and the same exchange, which the interpreter checks.
+     step that wrote them (`_publish_word`, `_read_exchange`): each thread waits for exactly the h
+     values it reads (`_wait_for_tag`, its own poll), with no counter, fence or barrier between
+     programs or inside one, so a layer is one launch: W_hh read once per layer, every SM of a group
+     busy. A program that waits for one that is not resident deadlocks, so the launcher checks that
+     every program of the launch fits on the device at once (launch.py `co_residency_refusal`) and
+     launches it as a cooperative grid; where programs do not run concurrently (the CPU interpreter
+     runs them one after another) a group of several programs runs one launch per step instead, the
+     launch boundary as its wait (SYNC off): the same arithmetic and the same exchange, which the
+     interpreter checks. A step's cell update runs in the unit's gate columns, which trade values in
+     two exchanges inside a warp (`_unit_cell`), so a step passes through shared memory once (h_{t-1}
+     into the product) and meets two CTA barriers.
    - "persistent" (`_lstm_recurrence_kernel` over [0, T)): one program per (direction, batch tile)
      streams W_hh tiles (BLOCK_K x BLOCK_H per gate) from L2 every step;
    - "stepwise": the same kernel launched once per timestep with [s, s+1).
@@ -28,7 +31,9 @@ Gate order is torch's (i, f, g, o) in the weights; the on-chip recurrence packs 
 unit-major (unit*4 + gate) so a program's units are one contiguous run. The recurrent product is
 fp32 ("ieee") or three TF32 tensor-core products of the operands' tf32 parts ("tf32x3", in on-chip
 programs wider than 16 gate columns: launch.py `recurrent_precision`); gates and state stay fp32. The
-gates' sigmoid divides with div.approx (2 ulp).
+gates' sigmoid divides with div.approx (2 ulp). The synchronised on-chip recurrence waits and publishes with
+inline PTX (`_wait_for_tag`, `_publish` with STRONG_STORE), which only a GPU runs: the interpreter runs the
+kernel with SYNC off.
 """
 from __future__ import annotations
 
@@ -95,17 +100,51 @@ def _lstm_input_proj_kernel(
              mask=row_mask[:, None] & col_mask[None, :])
 
 
+# exp(-x) is computed as exp2(x * -log2(e)), the product the exponential's lowering would form, with any scaling
+# of x folded into the constant
+LOG2_E = tl.constexpr(1.4426950408889634)
+
+
 @triton.jit
 def _sigmoid(x):
     # div.approx (2 ulp for denominators up to 2^126; past it the quotient, below 2^-126, reads as 0): an IEEE
     # division would add a range check and a Newton step to every gate of every step
-    return tl.fdiv(1.0, 1.0 + tl.exp(-x), approx=True)
+    return tl.fdiv(1.0, 1.0 + tl.exp2(x * -LOG2_E), approx=True)
 
 
 @triton.jit
 def _tanh(x):
     # no tanh outside libdevice: tanh(x) = 2 * sigmoid(2x) - 1
-    return 2.0 * _sigmoid(2.0 * x) - 1.0
+    return 2.0 * tl.fdiv(1.0, 1.0 + tl.exp2(x * (-2.0 * LOG2_E)), approx=True) - 1.0
+
+
+@triton.jit
+def _gate_activation(pre, scale):
+    """sigmoid of the pre-activations whose `scale` is 1 (gates i, f, o), tanh = 2 sigmoid(2x) - 1 of those whose
+    scale is 2 (gate g): one exp2 and one division each (exp(-s x) as exp2 of x times -s log2(e))"""
+    sigmoid = tl.fdiv(1.0, 1.0 + tl.exp2(pre * (scale * -LOG2_E)), approx=True)
+    return scale * sigmoid - (scale - 1.0)
+
+
+@triton.jit
+def _pair_sum(x, AXIS: tl.constexpr, BLOCK_B: tl.constexpr, UNITS: tl.constexpr):
+    """x plus x of the partner column, in both: a unit's columns (i, f, g, o) pair as (i, g) and (f, o) on AXIS 2,
+    as (i, f) and (g, o) on AXIS 3"""
+    pairs = tl.sum(tl.reshape(x, (BLOCK_B, UNITS, 2, 2)), AXIS)
+    return tl.reshape(tl.broadcast_to(tl.expand_dims(pairs, AXIS), (BLOCK_B, UNITS, 2, 2)), (BLOCK_B, UNITS * _GATES))
+
+
+@triton.jit
+def _unit_cell(act, c, gate, BLOCK_B: tl.constexpr, UNITS: tl.constexpr):
+    """(c_t, h_t) of nn.LSTM's cell from the gate activations `act` of each unit's four columns (i, f, g, o) and
+    c_{t-1}, exact in the unit's o column (c_t = g i + f c_{t-1}, h_t = o tanh(c_t)) and, for c_t, in its g column;
+    the i and f columns hold values no step reads. Two exchanges between a unit's columns (adding 0 to a value
+    is exact)."""
+    # the g column gets i, the o column f
+    partner = _pair_sum(tl.where((gate == GATE_I) | (gate == GATE_F), act, 0.0), 2, BLOCK_B, UNITS)
+    # g i in the g column plus f c_{t-1} in the o column, in both
+    c = _pair_sum(tl.where(gate == GATE_G, act * partner, partner * c), 3, BLOCK_B, UNITS)
+    return c, act * _tanh(c)
 
 
 @triton.jit
@@ -216,15 +255,29 @@ _EXCHANGE_ROWS = tl.constexpr(EXCHANGE_ROWS)
 def _publish_word(h, tag):
     """h's fp32 bits in the low half of an int64 word and `tag` in the high half: one aligned 64-bit store
     is seen whole or not at all, so a reader that sees the tag sees the value it was written with."""
-    return h.to(tl.uint32, bitcast=True).to(tl.int64) | (tl.cast(tag, tl.int64) << 32)
+    return _tagged_bits(h, tl.cast(tag, tl.int64) << 32)
 
 
 @triton.jit
-def _publish(ptrs, words, mask):
-    """Store exchange words as relaxed GPU-scope atomics: with the readers' volatile (relaxed, system-scope)
-    loads, every access to a word is strong, so the memory model guarantees a reader sees a word whole and,
-    eventually, the newest one (a plain store racing with the poll would have no such guarantee)."""
-    tl.atomic_xchg(ptrs, words, mask=mask, sem="relaxed", scope="gpu")
+def _tagged_bits(h, tag_high):
+    """`_publish_word` with the tag already in the high half of an int64"""
+    return h.to(tl.uint32, bitcast=True).to(tl.int64) | tag_high
+
+
+@triton.jit
+def _publish(ptrs, words, mask, STRONG_STORE: tl.constexpr = False):
+    """Store exchange words as strong (relaxed, GPU-scope) writes: with the readers' volatile (relaxed,
+    system-scope) loads, every access to a word is strong, so the memory model guarantees a reader sees a word
+    whole and, eventually, the newest one (a plain store racing with the poll would have no such guarantee).
+    STRONG_STORE writes with a predicated st.relaxed.gpu (compiled kernels only); otherwise with relaxed atomic
+    exchanges, which the interpreter runs too."""
+    if STRONG_STORE:
+        tl.inline_asm_elementwise(
+            "{\n.reg .pred publish;\nsetp.ne.s32 publish, $3, 0;\n@publish st.relaxed.gpu.global.b64 [$1], $2;\n"
+            "mov.b32 $0, 0;\n}",
+            "=r,l,l,r", [ptrs, words, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.atomic_xchg(ptrs, words, mask=mask, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -237,20 +290,52 @@ def _word_tag(word):
     return (word >> 32).to(tl.int32)
 
 
+def _repoll_asm(words: int) -> str:
+    """PTX for one thread's `words` exchange words, read once already: while any carries a tag older than the wanted
+    one, every one is read again (one volatile load each, all issued before any is checked); then their values (the
+    low halves). Operands: $0.. the values, then the words' pointers, the wanted tag, the words as read (one per
+    word each)."""
+    names = ", ".join(f"word{i}" for i in range(words))
+    tags = ", ".join(f"tag{i}" for i in range(words))
+    first = "".join(f"mov.b64 word{i}, ${3 * words + i};\n" for i in range(words))
+    halves = "".join(f"mov.b64 {{${i}, tag{i}}}, word{i};\n" for i in range(words))
+    oldest = "".join(f"min.s32 tag0, tag0, tag{i};\n" for i in range(1, words))
+    loads = "".join(f"ld.volatile.global.b64 word{i}, [${words + i}];\n" for i in range(words))
+    return ("{\n.reg .pred waiting;\n.reg .b64 " + names + ";\n.reg .b32 " + tags + ";\n" + first + "check:\n"
+            + halves + oldest + f"setp.lt.s32 waiting, tag0, ${2 * words};\n@!waiting bra done;\n" + loads
+            + "bra check;\ndone:\n}")
+
+
+# words a thread polls at once -> the PTX and its operand constraints; a thread with more words polls 8 at a time
+_REPOLL_ASM = tl.constexpr({words: _repoll_asm(words) for words in (1, 2, 4, 8)})
+_REPOLL_CONSTRAINTS = tl.constexpr({words: ",".join(["=r"] * words + ["l"] * words + ["r"] * words + ["l"] * words)
+                                    for words in (1, 2, 4, 8)})
+
+
+@triton.jit
+def _wait_for_tag(ptrs, words, tag, WORDS: tl.constexpr):
+    """The fp32 values of the exchange words at `ptrs` (`words`, as read once; WORDS of them a thread) once every
+    one carries `tag` or a later one: each thread polls its own words again, up to 8 at a time (one round trip for
+    all of them per poll), with no barrier or reduction across the program."""
+    PACK: tl.constexpr = min(WORDS, 8)
+    bits = tl.inline_asm_elementwise(_REPOLL_ASM[PACK], _REPOLL_CONSTRAINTS[PACK],
+                                     [ptrs, tl.full(ptrs.shape, tag, tl.int32), words], dtype=tl.int32,
+                                     is_pure=False, pack=PACK)
+    return bits.to(tl.float32, bitcast=True)
+
+
 @triton.jit
 def _read_exchange(ptrs, tag, WAIT: tl.constexpr):
-    """The fp32 values of the exchange words at `ptrs` once every one carries `tag`. With WAIT, the words are
-    polled until then (a slot's words carry the step that wrote them, never a later one than a reader waits
-    for, so the smallest tag says when the row is whole); without it they are read once and a word older than
-    `tag` reads as NaN. Every word is requested at once (one L2 round trip); volatile, so every poll reaches L2."""
+    """The fp32 values of the exchange words at `ptrs` once every one carries `tag`. Every word is requested at once
+    (one L2 round trip; volatile, so every read reaches L2). With WAIT, each thread then polls its own words until
+    they carry it (`_wait_for_tag`; a slot's words carry the step that wrote them, never a later one than a reader
+    waits for); without it a word older than `tag` reads as NaN."""
     words = tl.load(ptrs, volatile=True)
     if WAIT:
-        while tl.min(_word_tag(words)) < tag:
-            words = tl.load(ptrs, volatile=True)
-    values = _word_value(words)
-    if not WAIT:
-        values = tl.where(_word_tag(words) >= tag, values, float("nan"))
-    return values
+        # a thread's words: the tile's over the program's threads (a power of two; a tile smaller than the program
+        # is replicated, one word a thread)
+        return _wait_for_tag(ptrs, words, tag, ptrs.numel // tl.extra.cuda.num_threads())
+    return tl.where(_word_tag(words) >= tag, _word_value(words), float("nan"))
 
 
 @triton.jit
@@ -281,12 +366,17 @@ def _lstm_onchip_kernel(
 
     The exchange (int64, (directions, 2 slots, B padded to EXCHANGE_ROWS, BLOCK_K)) carries each h value with
     the step that wrote it (`_publish_word`): step s writes slot s % 2 tagged s + 2 and reads slot (s + 1) % 2
-    tagged s + 1 (the launcher writes h0 into slot 1 tagged 1). With SYNC a program polls its rows until every
-    word carries the tag: it waits for exactly the values it reads, with no counter or barrier between
-    programs. A slot is rewritten two steps later, by a program that has read every part's h of the step
-    between, which each part wrote after reading the slot: no value is overwritten before every reader has
-    it. Without SYNC (one launch per step) the words are read once, and a word older than the step reads as
-    NaN."""
+    tagged s + 1 (the launcher writes h0 into slot 1 tagged 1). With SYNC each thread polls its own words until
+    every one carries the tag: it waits for exactly the values it reads, with no counter or barrier between
+    programs; the CTA barrier after the h tile's pass into shared memory then hands every thread the whole row.
+    A slot is rewritten two steps later, by a program that has read every part's h of the step between, which
+    each part wrote after its every thread had read the slot (that barrier comes between): no value is
+    overwritten before every reader has it. Without SYNC (one launch per step, or the interpreter's one
+    program, whose steps complete in order) the words are read once, and a word older than the step reads as
+    NaN.
+
+    Each of a unit's four gate columns (i, f, g, o) carries the unit's state; `_unit_cell` leaves c_t exact in
+    the g and o columns and h_t in the o column, which publishes and stores it."""
     direction = tl.program_id(0)
     part = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -295,8 +385,9 @@ def _lstm_onchip_kernel(
     b64 = offs_b.to(tl.int64)
     cols = part * _GATES * UNITS + tl.arange(0, _GATES * UNITS)   # packed gate rows of this part: unit * 4 + gate
     col_mask = cols < H * _GATES
-    unit = part * UNITS + tl.arange(0, UNITS)
-    u_mask = unit < H
+    gate = (cols % _GATES)[None, :]
+    col_unit = cols // _GATES   # every column carries its unit's state; the o column stores it
+    scale = tl.where(gate == GATE_G, 2.0, 1.0)   # g's activation is tanh(x) = 2 sigmoid(2x) - 1
     offs_k = tl.arange(0, BLOCK_K)
 
     # W_hh^T slice (BLOCK_K x 4*UNITS): loaded once and loop invariant, so the compiler keeps it on chip. The
@@ -304,35 +395,41 @@ def _lstm_onchip_kernel(
     whh_dir = whh_ptr + direction.to(tl.int64) * _GATES * H * BLOCK_K
     w = tl.load(whh_dir + cols[None, :].to(tl.int64) * BLOCK_K + offs_k[:, None], mask=col_mask[None, :], other=0.0)
     w_hi, w_lo = tf32_split(w)   # the tf32x3 parts, once (unused at other precisions)
-    out_mask = b_mask[:, None] & u_mask[None, :]
-    state_ptrs = direction.to(tl.int64) * B * H + b64[:, None] * H + unit[None, :]
-    c = tl.load(c_ptr + state_ptrs, mask=out_mask, other=0.0)
     g_mask = b_mask[:, None] & col_mask[None, :]
+    out_mask = g_mask & (gate == GATE_O)
+    state_ptrs = direction.to(tl.int64) * B * H + b64[:, None] * H + col_unit[None, :]
+    c = tl.load(c_ptr + state_ptrs, mask=g_mask, other=0.0)
     g_cols = g_ptr + b64[:, None] * stride_gb + direction * _GATES * H + cols[None, :]
-    y_row = y_ptr + b64[:, None] * stride_yb + direction * H
+    y_row = y_ptr + b64[:, None] * stride_yb + direction * H + col_unit[None, :]
     slot_size = tl.cdiv(B, _EXCHANGE_ROWS) * _EXCHANGE_ROWS * BLOCK_K
     xchg_rows = xchg_ptr + direction.to(tl.int64) * 2 * slot_size + b64[:, None] * BLOCK_K + offs_k[None, :]
-    publish_cols = xchg_ptr + direction.to(tl.int64) * 2 * slot_size + b64[:, None] * BLOCK_K + unit[None, :]
+    publish_cols = xchg_ptr + direction.to(tl.int64) * 2 * slot_size + b64[:, None] * BLOCK_K + col_unit[None, :]
+    # every row of the tile, padded ones too, so a reader's rows all carry the step's tag
+    publish_mask = col_mask[None, :] & (gate == GATE_O)
 
-    # the input gates of the first step; later ones are fetched before the poll
+    # forward runs t = s, reverse t = T-1-s: the step's rows of G and y move by `forward` rows a step
     t = step_begin + direction * (T - 1 - 2 * step_begin)
-    g_in = tl.load(g_cols + t.to(tl.int64) * stride_gt, mask=g_mask, other=0.0)
+    forward = 1 - 2 * direction
+    g_step = forward.to(tl.int64) * stride_gt
+    y_step = forward.to(tl.int64) * stride_yt
+    g_rows = g_cols + t.to(tl.int64) * stride_gt
+    y_rows = y_row + t.to(tl.int64) * stride_yt
+    read_slot = ((step_begin + 1) % 2) * slot_size   # step s reads slot (s + 1) % 2 and writes the other
+    g_in = tl.load(g_rows, mask=g_mask, other=0.0)
+    h = tl.zeros((BLOCK_B, _GATES * UNITS), dtype=tl.float32)
+    publish_tag = (step_begin + 2).to(tl.int64) << 32   # step s publishes tag s + 2
     for s in range(step_begin, step_end):
-        # forward runs t = s, reverse t = T-1-s
-        t = s + direction * (T - 1 - 2 * s)
-        h_prev = _read_exchange(xchg_rows + ((s + 1) % 2) * slot_size, s + 1, SYNC)
+        h_prev = _read_exchange(xchg_rows + read_slot, s + 1, SYNC)
         pre = _dot_parts(h_prev, w, w_hi, w_lo, g_in, PRECISION)
-        # columns u*4 + 2*a + b: the first split takes b (gates i, g | f, o), the second a
-        even, odd = tl.split(tl.reshape(pre, (BLOCK_B, UNITS, 2, 2)))
-        pre_i, pre_g = tl.split(even)
-        pre_f, pre_o = tl.split(odd)
-        c, h = _lstm_cell(pre_i, pre_f, pre_g, pre_o, c)
-        # every row of the tile, padded ones too, so a reader's rows all carry the step's tag
-        _publish(publish_cols + (s % 2) * slot_size, _publish_word(h, s + 2), u_mask[None, :])
-        tl.store(y_row + t.to(tl.int64) * stride_yt + unit[None, :], h, mask=out_mask)
-        if s == T - 1:
-            tl.store(hn_ptr + state_ptrs, h, mask=out_mask)
-        t_next = (s + 1) + direction * (T - 3 - 2 * s)
-        has_next = (offs_b * 0 + s + 1) < T   # as a tensor, so it combines with masks
-        g_in = tl.load(g_cols + t_next.to(tl.int64) * stride_gt, mask=g_mask & has_next[:, None], other=0.0)
+        act = _gate_activation(pre, scale)
+        c, h = _unit_cell(act, c, gate, BLOCK_B, UNITS)
+        read_slot = slot_size - read_slot   # the slot this step writes is the one the next step reads
+        _publish(publish_cols + read_slot, _tagged_bits(h, publish_tag), publish_mask, SYNC)
+        publish_tag += 1 << 32
+        tl.store(y_rows, h, mask=out_mask)
+        y_rows += y_step
+        g_rows += g_step
+        g_in = tl.load(g_rows, mask=tl.where(s + 1 < T, g_mask, False), other=0.0)   # the next step's input gates
+    if step_end == T:
+        tl.store(hn_ptr + state_ptrs, h, mask=out_mask)
     tl.store(c_ptr + state_ptrs, c, mask=out_mask)

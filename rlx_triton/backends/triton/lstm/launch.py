@@ -371,18 +371,21 @@ def _gate_strides(y, T: int, B: int, n_cols: int, batch_first: bool) -> tuple:
 
 
 def _onchip_launches(gates, w_hh_stack, exchange, c_state, y, hn, *, T, B, hidden, directions, batch_first,
-                     candidate, synchronised: bool, tuned) -> List[Launch]:
+                     candidate, synchronised: bool, polls: bool, tuned) -> List[Launch]:
     """The recurrence of one layer on `_lstm_onchip_kernel`: one synchronised launch over [0, T), or (the
     mode the interpreter checks, where programs run one after another) one launch per timestep with the
     launch boundary as the wait: the same arithmetic, W_hh reloaded and the cell state saved per launch.
     `exchange` is the layer's (directions, 2, rows, BLOCK_K) int64 exchange with h0 in slot 1 (`exchange_buffer`).
+    `polls` (the kernel's SYNC): each step's reads wait for their tags, as a GPU's concurrent threads and
+    programs must; the interpreter, which runs each operation over a whole program before the next, reads
+    once (a synchronised launch there is a group of one program, whose previous step is complete).
 
     Bytes: W_hh once per launch, the input gates and the cell state, the h rows the steps write (the
     exchange words the programs of a group read back from L2 are not memory traffic)."""
     strides = _gate_strides(y, T, B, GATES * hidden * directions, batch_first)
     state = directions * B * hidden * 4
     grid_for = _onchip_grid(hidden, B, directions)
-    flags = dict(BLOCK_K=_block_k(hidden), SYNC=synchronised)
+    flags = dict(BLOCK_K=_block_k(hidden), SYNC=polls)
     # programs that wait for each other's h: a cooperative launch, which the driver makes resident all at
     # once or refuses (a group of one program waits for no other)
     cooperative = synchronised and _onchip_parts(hidden, candidate) > 1
@@ -400,7 +403,7 @@ def _onchip_launches(gates, w_hh_stack, exchange, c_state, y, hn, *, T, B, hidde
                                 cooperative=cooperative, **counts)
         meta = _onchip_meta(candidate, hidden)
         num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
-        return Launch(_lstm_onchip_kernel, grid_for(meta), args, meta={**meta, "SYNC": synchronised},
+        return Launch(_lstm_onchip_kernel, grid_for(meta), args, meta={**meta, "SYNC": polls},
                       num_warps=num_warps, num_stages=num_stages, cooperative=cooperative, **counts)
 
     if synchronised:
@@ -499,7 +502,8 @@ def lstm_plan(input: torch.Tensor, hx: Optional[Tuple[torch.Tensor, torch.Tensor
         if onchip:
             assert exchange is not None   # allocated above for the on-chip mode
             recurrence = _onchip_launches(gates, w_hh_stack, exchange[layer], c_n[sl], y, h_n[sl],
-                                          candidate=candidate, synchronised=synchronised, tuned=tuned, **shape)
+                                          candidate=candidate, synchronised=synchronised,
+                                          polls=synchronised and facts.kind == "cuda", tuned=tuned, **shape)
             if synchronised and layer == 0 and facts.kind == "cuda":
                 refusal = synchronised_refusal(recurrence[0], facts)
                 if refusal is not None:
@@ -530,6 +534,24 @@ def launch_count(request, candidate) -> int:
     return fields["layers"] * (1 + (fields["seq"] if steps else 1))
 
 
+def synchronised_onchip_record(candidate, *, batch: int, seq: int, hidden: int, directions: int,
+                               batch_first: bool) -> Launch:
+    """The record of one layer's synchronised on-chip recurrence on a GPU (one launch over every step, each step
+    polling the exchange) at a shape, on meta tensors: what the co-residency check and the compile audit read."""
+
+    def meta_fp32(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, device="meta", dtype=torch.float32)
+
+    state = meta_fp32(directions, batch, hidden)
+    y_shape = (batch, seq, directions * hidden) if batch_first else (seq, batch, directions * hidden)
+    exchange = torch.empty(exchange_shape(directions, batch, hidden), device="meta", dtype=torch.int64)
+    return _onchip_launches(meta_fp32(batch * seq, directions * GATES * hidden),
+                            meta_fp32(directions, GATES * hidden, _block_k(hidden)), exchange, state,
+                            meta_fp32(*y_shape), state, T=seq, B=batch, hidden=hidden, directions=directions,
+                            batch_first=batch_first, candidate=candidate, synchronised=True, polls=True,
+                            tuned=None)[0]
+
+
 def explain_execution(request, candidate) -> Optional[str]:
     """How a routed call's recurrence runs on the request's device, and why (rt.explain's `runs` line): the
     on-chip recurrence in one cooperative launch per layer, one launch per step, or the persistent fallback
@@ -545,17 +567,8 @@ def explain_execution(request, candidate) -> Optional[str]:
     if facts.kind != "cuda" or _onchip_parts(hidden, candidate) == 1:
         return "on-chip recurrence, one launch per layer (one program per group: no wait between programs)"
 
-    def meta_fp32(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, device="meta", dtype=torch.float32)
-
-    state = meta_fp32(directions, batch, hidden)
-    y_shape = (batch, seq, directions * hidden) if features["batch_first"] else (seq, batch, directions * hidden)
-    exchange = torch.empty(exchange_shape(directions, batch, hidden), device="meta", dtype=torch.int64)
-    record = _onchip_launches(meta_fp32(batch * seq, directions * GATES * hidden),
-                              meta_fp32(directions, GATES * hidden, _block_k(hidden)), exchange, state,
-                              meta_fp32(*y_shape), state, T=seq, B=batch, hidden=hidden, directions=directions,
-                              batch_first=features["batch_first"], candidate=candidate, synchronised=True,
-                              tuned=None)[0]
+    record = synchronised_onchip_record(candidate, batch=batch, seq=seq, hidden=hidden, directions=directions,
+                                        batch_first=features["batch_first"])
     refusal = synchronised_refusal(record, facts)
     if refusal is not None:
         return f"persistent fallback {fallback_candidate(candidate).tag()}: {refusal.reason}"
