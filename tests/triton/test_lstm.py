@@ -454,27 +454,34 @@ def test_a_cold_bucket_is_tuned_over_the_approved_onchip_candidates(tmp_path):
 
 
 # ------------------------------------------------------------------------ compiled for sm_90 (no GPU)
+# (warps, hidden): the routed candidate's 8 warps at hidden sizes whose h rows give each thread 1 to 16 exchange
+# words (BLOCK_K 16 to 256), and 16 warps on a tile with fewer words than threads (one word a thread, replicated)
+SYNCHRONISED_SHAPES = [(8, 16), (8, 33), (8, 64), (8, 128), (8, 200), (16, 16)]
+
+
 @pytest.fixture(scope="module")
 def synchronised_compiles(tmp_path_factory):
-    """The synchronised on-chip recurrence of the routed candidate compiled for sm_90 at hidden sizes whose
-    h rows give each of its threads 1 to 16 exchange words (BLOCK_K 16 to 256), bidirectional, batch 32."""
+    """The synchronised on-chip recurrence (4 units a program, batch tile 16) compiled for sm_90 at
+    SYNCHRONISED_SHAPES, bidirectional, batch 32."""
     from rlx_triton.perf.compiled import CompileJob, compile_all
 
-    routed = LstmVariant.ONCHIP_TF32X3.candidate()
-    records = {hidden: tk_launch.synchronised_onchip_record(routed, batch=32, seq=7, hidden=hidden, directions=2,
-                                                            batch_first=True)
-               for hidden in (16, 33, 64, 128, 200)}
-    jobs = {hidden: CompileJob.of(record, 90) for hidden, record in records.items()}
+    jobs = {}
+    for warps, hidden in SYNCHRONISED_SHAPES:
+        cand = tk.make_candidate(batch_tile=16, hidden_tile=4, tg_size=32 * warps, stages=2, mode="onchip",
+                                 precision="tf32x3")
+        record = tk_launch.synchronised_onchip_record(cand, batch=32, seq=7, hidden=hidden, directions=2,
+                                                      batch_first=True)
+        jobs[warps, hidden] = CompileJob.of(record, 90)
     compiled = compile_all(jobs.values(), cache_dir=str(tmp_path_factory.mktemp("lstm-sm90")), workers=2)
-    return {hidden: compiled[job] for hidden, job in jobs.items()}
+    return {shape: compiled[job] for shape, job in jobs.items()}
 
 
-@pytest.mark.parametrize("hidden", [16, 33, 64, 128, 200])
-def test_a_synchronised_step_meets_two_cta_barriers_and_waits_without_one(synchronised_compiles, hidden):
+@pytest.mark.parametrize("warps, hidden", SYNCHRONISED_SHAPES)
+def test_a_synchronised_step_meets_two_cta_barriers_and_waits_without_one(synchronised_compiles, warps, hidden):
     """Each thread polls its own exchange words: the wait is a spin loop with no CTA barrier, and a step's time
     loop has the two barriers of the h tile's pass into shared memory (none for the wait or the cell's
     exchanges between a unit's gate columns), without local-memory spills."""
-    compiled = synchronised_compiles[hidden]
+    compiled = synchronised_compiles[warps, hidden]
     assert compiled.ok, compiled.error
     steps = max((loop for loop in compiled.loops if not loop["spin"]), key=lambda loop: loop["own"])
     waits = [loop for loop in compiled.loops if loop["spin"]]

@@ -332,9 +332,9 @@ def _read_exchange(ptrs, tag, WAIT: tl.constexpr):
     waits for); without it a word older than `tag` reads as NaN."""
     words = tl.load(ptrs, volatile=True)
     if WAIT:
-        # a thread's words: the tile's over the program's threads (a power of two; a tile smaller than the program
-        # is replicated, one word a thread)
-        return _wait_for_tag(ptrs, words, tag, ptrs.numel // tl.extra.cuda.num_threads())
+        # a thread's words: the tile's over the program's threads (a power of two; a tile with fewer words than
+        # the program has threads is replicated, one word a thread)
+        return _wait_for_tag(ptrs, words, tag, max(ptrs.numel // tl.extra.cuda.num_threads(), 1))
     return tl.where(_word_tag(words) >= tag, _word_value(words), float("nan"))
 
 
