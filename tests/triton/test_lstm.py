@@ -7,7 +7,9 @@ split across programs; in the interpreter, whose programs run one after another,
 or one launch when a single program holds all units), persistent and stepwise; the modes agree; the
 recurrent tf32x3 product stays within its approval over 589 steps without growing; weights are packed
 once per version; every approval in APPROVALS holds when re-measured; every candidate of the plan runs
-(one sweep). On a GPU: the barrier itself, and the synchronised launch against the step launches.
+(one sweep). Compiled for sm_90 (no GPU needed): a synchronised step meets two CTA barriers and each thread
+waits for its own exchange words without one. On a GPU: the exchange protocol itself, and the synchronised
+launch against the step launches.
 """
 from __future__ import annotations
 

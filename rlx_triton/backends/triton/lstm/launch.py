@@ -537,7 +537,8 @@ def launch_count(request, candidate) -> int:
 def synchronised_onchip_record(candidate, *, batch: int, seq: int, hidden: int, directions: int,
                                batch_first: bool) -> Launch:
     """The record of one layer's synchronised on-chip recurrence on a GPU (one launch over every step, each step
-    polling the exchange) at a shape, on meta tensors: what the co-residency check and the compile audit read."""
+    polling the exchange) at a shape, on meta tensors: what `explain_execution`'s co-residency check reads, and
+    what a compile for a GPU arch builds from."""
 
     def meta_fp32(*shape: int) -> torch.Tensor:
         return torch.empty(shape, device="meta", dtype=torch.float32)
