@@ -66,7 +66,9 @@ def test_a_load_loop_makes_the_passes_its_loads_need(compiled):
 
 
 def _sass(*instructions: str) -> str:
-    return "\n".join(f"        /*{16 * index:04x}*/                   {text} ;" for index, text in enumerate(instructions))
+    """A cuobjdump-style listing: one instruction every 16 bytes from address 0."""
+    lines = (f"        /*{16 * index:04x}*/                   {text} ;" for index, text in enumerate(instructions))
+    return "\n".join(lines)
 
 
 def test_a_branch_back_from_code_after_the_exit_is_not_a_loop():

@@ -7,8 +7,8 @@ split across programs; in the interpreter, whose programs run one after another,
 or one launch when a single program holds all units), persistent and stepwise; the modes agree; the
 recurrent tf32x3 product stays within its approval over 589 steps without growing; weights are packed
 once per version; every approval in APPROVALS holds when re-measured; every candidate of the plan runs
-(one sweep). Compiled for sm_90 (no GPU needed): a synchronised step meets two CTA barriers and each thread
-waits for its own exchange words without one. On a GPU: the exchange protocol itself, and the synchronised
+(one sweep). Compiled for sm_80 and sm_90 (no GPU needed): a synchronised step meets two CTA barriers and each
+thread waits for its own exchange words without one. On a GPU: the exchange protocol itself, and the synchronised
 launch against the step launches.
 """
 from __future__ import annotations
@@ -463,7 +463,7 @@ SYNCHRONISED_SHAPES = [(8, 16), (8, 33), (8, 64), (8, 128), (8, 200), (16, 16)]
 
 @pytest.fixture(scope="module")
 def synchronised_compiles(tmp_path_factory):
-    """The synchronised on-chip recurrence (4 units a program, batch tile 16) compiled for sm_90 at
+    """The synchronised on-chip recurrence (4 units a program, batch tile 16) compiled for sm_80 and sm_90 at
     SYNCHRONISED_SHAPES, bidirectional, batch 32."""
     from rlx_triton.perf.compiled import CompileJob, compile_all
 
@@ -473,21 +473,24 @@ def synchronised_compiles(tmp_path_factory):
                                  precision="tf32x3")
         record = tk_launch.synchronised_onchip_record(cand, batch=32, seq=7, hidden=hidden, directions=2,
                                                       batch_first=True)
-        jobs[warps, hidden] = CompileJob.of(record, 90)
-    compiled = compile_all(jobs.values(), cache_dir=str(tmp_path_factory.mktemp("lstm-sm90")), workers=2)
-    return {shape: compiled[job] for shape, job in jobs.items()}
+        for arch in (80, 90):
+            jobs[arch, warps, hidden] = CompileJob.of(record, arch)
+    compiled = compile_all(jobs.values(), cache_dir=str(tmp_path_factory.mktemp("lstm-sync")), workers=2)
+    return {key: compiled[job] for key, job in jobs.items()}
 
 
+@pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("warps, hidden", SYNCHRONISED_SHAPES)
-def test_a_synchronised_step_meets_two_cta_barriers_and_waits_without_one(synchronised_compiles, warps, hidden):
-    """Each thread polls its own exchange words: the wait is a spin loop with no CTA barrier, and a step's time
+def test_a_synchronised_step_meets_two_cta_barriers_and_waits_without_one(synchronised_compiles, arch, warps,
+                                                                          hidden):
+    """Each thread polls its own exchange words: the wait is a spin loop with no CTA barrier, and the one time
     loop has the two barriers of the h tile's pass into shared memory (none for the wait or the cell's
     exchanges between a unit's gate columns), without local-memory spills."""
-    compiled = synchronised_compiles[warps, hidden]
+    compiled = synchronised_compiles[arch, warps, hidden]
     assert compiled.ok, compiled.error
-    steps = max((loop for loop in compiled.loops if not loop["spin"]), key=lambda loop: loop["own"])
+    steps = [loop for loop in compiled.loops if not loop["spin"]]
     waits = [loop for loop in compiled.loops if loop["spin"]]
-    assert steps["bar"] == 2 and compiled.spills == 0
+    assert len(steps) == 1 and steps[0]["bar"] == 2 and compiled.spills == 0
     assert waits and all(loop["bar"] == 0 for loop in waits)
 
 
@@ -498,8 +501,8 @@ def _exchange_probe_kernel(exchange_ptr, errors_ptr, STEPS: tl.constexpr, PROGRA
     """The recurrence's exchange protocol alone: at step s every program waits for the whole slot (s + 1) % 2
     tagged s + 1 (WAIT; without it, the interpreter's one program reads it once), checks that each word holds
     the value its writer published the step before, then publishes its own word (value s * PROGRAMS + pid) in
-    slot s % 2 tagged s + 2 (with WAIT, by the strong store the recurrence publishes with). A word read early, late or torn, or a slot rewritten before every program read it,
-    is a wrong value."""
+    slot s % 2 tagged s + 2 (with WAIT, by the strong store the recurrence publishes with). A word read early,
+    late or torn, or a slot rewritten before every program read it, is a wrong value."""
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     in_group = offs < PROGRAMS
