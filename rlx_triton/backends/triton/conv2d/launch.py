@@ -86,7 +86,6 @@ def split_weights(weight: torch.Tensor) -> torch.Tensor:
     return cached_weight(weight, lambda w: split_halves(w.permute(0, 2, 3, 1).reshape(w.shape[0], -1)), "conv2d_split")
 
 
-
 def winograd_weights(weight: torch.Tensor) -> torch.Tensor:
     """The (c_out, c_in, 3, 3) weight for `_winograd_tf32x3`: each kernel row's Winograd F(2, 3) transform
     U_0 = g0, U_1 = (g0 + g1 + g2) / 2, U_2 = (g0 - g1 + g2) / 2, U_3 = g2, computed in float64 and rounded
