@@ -510,7 +510,7 @@ def _exchange_probe_kernel(exchange_ptr, errors_ptr, STEPS: tl.constexpr, PROGRA
         seen = tk_kernels._read_exchange(exchange_ptr + ((s + 1) % 2) * BLOCK + offs, s + 1, WAIT)
         wrong = tl.sum(tl.where(in_group & (seen != ((s - 1) * PROGRAMS + offs).to(tl.float32)), 1, 0))
         tl.atomic_add(errors_ptr, wrong)
-        word = tk_kernels._publish_word(((s * PROGRAMS + pid) + offs * 0).to(tl.float32), s + 2)
+        word = tk_kernels._tagged_bits(((s * PROGRAMS + pid) + offs * 0).to(tl.float32), tl.cast(s + 2, tl.int64) << 32)
         tk_kernels._publish(exchange_ptr + (s % 2) * BLOCK + pid + offs * 0, word, offs == 0, WAIT)
 
 

@@ -9,7 +9,7 @@
      them on chip (the compiler keeps the loop-invariant dot operand in shared memory) for every
      step, with its units' cell state in registers. The programs of one (direction, batch tile)
      hand each other h_t through an exchange in global memory (read from L2) whose words carry the
-     step that wrote them (`_publish_word`, `_read_exchange`): each thread waits for exactly the h
+     step that wrote them (`_tagged_bits`, `_read_exchange`): each thread waits for exactly the h
      values it reads (`_wait_for_tag`, its own poll), with no counter, fence or barrier between
      programs or inside one, so a layer is one launch: W_hh read once per layer, every SM of a group
      busy. A program that waits for one that is not resident deadlocks, so the launcher checks that
@@ -106,24 +106,29 @@ LOG2_E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def _scaled_sigmoid(x, scale):
+    """sigmoid(scale * x), with exp(-scale x) as exp2 of x times -scale log2(e) (a constant `scale` folds into it).
+    div.approx (2 ulp for denominators up to 2^126; past it the quotient, below 2^-126, reads as 0): an IEEE
+    division would add a range check and a Newton step to every gate of every step."""
+    return tl.fdiv(1.0, 1.0 + tl.exp2(x * (scale * -LOG2_E)), approx=True)
+
+
+@triton.jit
 def _sigmoid(x):
-    # div.approx (2 ulp for denominators up to 2^126; past it the quotient, below 2^-126, reads as 0): an IEEE
-    # division would add a range check and a Newton step to every gate of every step
-    return tl.fdiv(1.0, 1.0 + tl.exp2(x * -LOG2_E), approx=True)
+    return _scaled_sigmoid(x, 1.0)
 
 
 @triton.jit
 def _tanh(x):
     # no tanh outside libdevice: tanh(x) = 2 * sigmoid(2x) - 1
-    return 2.0 * tl.fdiv(1.0, 1.0 + tl.exp2(x * (-2.0 * LOG2_E)), approx=True) - 1.0
+    return 2.0 * _scaled_sigmoid(x, 2.0) - 1.0
 
 
 @triton.jit
 def _gate_activation(pre, scale):
     """sigmoid of the pre-activations whose `scale` is 1 (gates i, f, o), tanh = 2 sigmoid(2x) - 1 of those whose
-    scale is 2 (gate g): one exp2 and one division each (exp(-s x) as exp2 of x times -s log2(e))"""
-    sigmoid = tl.fdiv(1.0, 1.0 + tl.exp2(pre * (scale * -LOG2_E)), approx=True)
-    return scale * sigmoid - (scale - 1.0)
+    scale is 2 (gate g): one exp2 and one division each"""
+    return scale * _scaled_sigmoid(pre, scale) - (scale - 1.0)
 
 
 @triton.jit
@@ -252,15 +257,10 @@ _EXCHANGE_ROWS = tl.constexpr(EXCHANGE_ROWS)
 
 
 @triton.jit
-def _publish_word(h, tag):
-    """h's fp32 bits in the low half of an int64 word and `tag` in the high half: one aligned 64-bit store
-    is seen whole or not at all, so a reader that sees the tag sees the value it was written with."""
-    return _tagged_bits(h, tl.cast(tag, tl.int64) << 32)
-
-
-@triton.jit
 def _tagged_bits(h, tag_high):
-    """`_publish_word` with the tag already in the high half of an int64"""
+    """An exchange word: h's fp32 bits in the low half of an int64 and the tag in the high half (`tag_high`, the
+    tag shifted up by 32): one aligned 64-bit store is seen whole or not at all, so a reader that sees the tag
+    sees the value it was written with."""
     return h.to(tl.uint32, bitcast=True).to(tl.int64) | tag_high
 
 
@@ -365,7 +365,7 @@ def _lstm_onchip_kernel(
     before), computes its units' gates and h_t, and writes them to y[t] and to the exchange.
 
     The exchange (int64, (directions, 2 slots, B padded to EXCHANGE_ROWS, BLOCK_K)) carries each h value with
-    the step that wrote it (`_publish_word`): step s writes slot s % 2 tagged s + 2 and reads slot (s + 1) % 2
+    the step that wrote it (`_tagged_bits`): step s writes slot s % 2 tagged s + 2 and reads slot (s + 1) % 2
     tagged s + 1 (the launcher writes h0 into slot 1 tagged 1). With SYNC each thread polls its own words until
     every one carries the tag: it waits for exactly the values it reads, with no counter or barrier between
     programs; the CTA barrier after the h tile's pass into shared memory then hands every thread the whole row.

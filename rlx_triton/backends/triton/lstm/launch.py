@@ -422,7 +422,7 @@ def exchange_shape(directions: int, batch: int, hidden: int) -> Tuple[int, int, 
 def exchange_buffer(h0_all: torch.Tensor, num_layers: int, directions: int, hidden: int) -> torch.Tensor:
     """The on-chip recurrence's exchange for every layer of a call: int64 (layers, directions, 2, rows, BLOCK_K)
     with rows the batch padded to EXCHANGE_ROWS. Slot 0 holds tag 0 (no step reads it), slot 1 each layer's h0
-    tagged FIRST_READ_TAG (padded rows 0.0), as the kernel's `_publish_word` packs a word (fp32 bits low, tag
+    tagged FIRST_READ_TAG (padded rows 0.0), as the kernel's `_tagged_bits` packs a word (fp32 bits low, tag
     high); columns past the hidden size hold 0.0 tagged PAD_TAG. Built with every call, so a captured CUDA
     graph rebuilds it at each replay and a launch never reads another's words."""
     batch = h0_all.shape[1]
