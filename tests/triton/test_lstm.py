@@ -307,6 +307,27 @@ def test_recurrent_tf32x3_product_stays_within_its_approval_over_589_steps():
     assert per_step[-quarter:].max() <= 2 * per_step[:quarter].max() + 1e-7
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # numpy, interpreter: inf - inf
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")], ids=["inf", "neg_inf"])
+def test_an_infinite_input_meeting_tf32_weights_saturates_the_gates_as_in_float64(value):
+    """The tf32x3 input projection of an infinite feature that meets weights which are TF32 values (a low half
+    of 0): its gates are infinite, as in fp32, not NaN, so they saturate and the outputs match float64."""
+    module = make(6, 80, 1, bidirectional=True, batch_first=True)
+    with torch.no_grad():
+        module.weight_ih_l0[::3, 4] = 0.5
+        module.weight_ih_l0_reverse[1::5, 4] = -0.01806640625
+    x, _ = inputs(module, batch=2, seq=3, with_state=False)
+    x[1, 1, 4] = value
+    cand = LstmVariant.ONCHIP_TF32X3.candidate()
+    out, (h_n, c_n) = run(module, x, None, cand)
+    ref_out, (ref_h, ref_c) = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=True,
+                                           batch_first=True)
+    tol = tk.APPROVALS[cand.tag()].max_rel_err
+    assert ref_out.isfinite().all()
+    for got, want in ((out, ref_out), (h_n, ref_h), (c_n, ref_c)):
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=3 * tol)
+
+
 def test_weights_are_packed_once_per_version():
     """An inference loop packs each layer once; an in-place update repacks; inference tensors (no version
     counter) are packed on every call."""

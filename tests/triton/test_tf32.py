@@ -1,7 +1,9 @@
 """backends/triton/_tf32: the TF32 halves of fp32 values, in a kernel (tf32_split, run by the interpreter)
 and on the host (split_tf32), bit for bit the same: both halves TF32 values summing to the input within
 2^-20 of it; an infinity is all in the high half, a NaN is NaN in the low half, so a product-sum of the
-halves is infinite for an infinity and NaN for a NaN."""
+halves is infinite for an infinity and NaN for a NaN; the three-product forms that keep infinities
+(dot_split3_parts with split3_sum, dot_split3_clamped) give the fp32 product's where an infinity meets a TF32
+value."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rlx_triton.backends.triton._tf32 import split_tf32, tf32_split
+from rlx_triton.backends.triton._tf32 import dot_split3_clamped, dot_split3_parts, split3_sum, split_tf32, tf32_split
 
 
 def _wide_range_values() -> torch.Tensor:
@@ -71,3 +73,44 @@ def test_the_kernels_split_is_the_host_split_bit_for_bit():
     want_hi, want_lo = split_tf32(x)
     assert torch.equal(hi.view(torch.int32), want_hi.view(torch.int32))
     assert torch.equal(lo.view(torch.int32), want_lo.view(torch.int32))
+
+
+@triton.jit
+def _products_kernel(a_ptr, b_ptr, parts_ptr, clamped_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    """A[M, K] @ B[K, N] as tf32x3 both ways: `dot_split3_parts` + `split3_sum` (A split without the select), and
+    `dot_split3_clamped` (both split with it)."""
+    rows, cols, ks = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(a_ptr + rows[:, None] * K + ks[None, :])
+    b = tl.load(b_ptr + ks[:, None] * N + cols[None, :])
+    out = rows[:, None] * N + cols[None, :]
+    b_hi, b_lo = tf32_split(b)
+    a_hi, a_lo = tf32_split(a, KEEP_INF=False)
+    main, small = dot_split3_parts(a_hi, a_lo, b_hi, b_lo, tl.zeros((M, N), tl.float32), tl.zeros((M, N), tl.float32))
+    tl.store(parts_ptr + out, split3_sum(main, small))
+    a_hi, a_lo = tf32_split(a)
+    tl.store(clamped_ptr + out, dot_split3_clamped(a_hi, a_lo, b_hi, b_lo, tl.zeros((M, N), tl.float32)))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # numpy, interpreter: inf * 0
+def test_an_infinity_meeting_a_tf32_weight_multiplies_through_as_in_fp32():
+    """Rows of A with an infinity, a NaN, or both signs of infinity meet columns of B that hold TF32 values
+    (0.5, -0.01806640625: a low half of 0), other values and 0: both inf-keeping forms give the fp32 product's
+    infinities and NaNs exactly and its finite values within tf32x3's error, where dot_split3's single sum
+    would be NaN (inf * 0 in a small product)."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 16, generator=gen), torch.randn(16, 16, generator=gen)
+    b[2, :4] = torch.tensor([0.5, -0.01806640625, 0.0, 3.0])
+    assert (split_tf32(b[2, :2])[1] == 0).all()
+    a[0, 2] = float("inf")
+    a[1, 2] = -float("inf")
+    a[2, 2], a[2, 5] = float("inf"), -float("inf")
+    a[3, 7] = float("nan")
+    want = a.double() @ b.double()
+    parts, clamped = torch.empty(16, 16), torch.empty(16, 16)
+    _products_kernel[(1,)](a, b, parts, clamped, M=16, N=16, K=16)
+    assert want[:2, :2].isinf().all() and want[0, 2].isnan() and want[2].isnan().any() and want[2].isinf().any()
+    for got in (parts, clamped):
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+        finite = want.isfinite()
+        assert torch.equal(got[want.isinf()], want[want.isinf()].float())
+        torch.testing.assert_close(got[finite].double(), want[finite], rtol=1e-5, atol=1e-5)

@@ -9,6 +9,19 @@ as inf - inf. A NaN's hi is a NaN (or an infinity, for a NaN whose payload is al
 its rest and lo are NaN, so a product-sum of the halves is NaN, as the fp32 product is. Finite values and
 infinities split bit for bit the same in both; NaNs are NaN in both (their payloads follow the hardware).
 The interpreter runs the same splitting, so its dots see the operands a GPU's do.
+
+Two of the three products meet one operand's hi with the other's lo, which is 0 wherever that operand is
+a TF32 value (a nonzero weight such as 0.5 or -0.0181 as well as 0): an infinite hi times it is NaN where the
+fp32 product is infinite. Two ways keep such products the fp32 product's (infinite, NaN where it is NaN):
+- `dot_split3_parts` keeps the main product (hi hi) and the two small ones apart and `split3_sum` adds them
+  except where the main sum is already infinite, which it is wherever a small product met an infinity; an
+  operand may then be split without the select (KEEP_INF=False: an infinity's lo is NaN, dropped the same
+  way). Costs a second accumulator, for one product or a loop with registers to spare.
+- `dot_split3_clamped` gives the small products each hi clamped to the finite range, so an infinity meets a
+  zero lo as the largest finite value (product 0) and only the main product carries it: one accumulator, two
+  clamps per operand element a step; the operands must be split with the select (an infinity's lo 0).
+`dot_split3` itself does neither (the conv trunk's outputs that meet an infinity are non-finite, NaN where it
+meets a TF32 weight).
 """
 from __future__ import annotations
 
@@ -19,6 +32,7 @@ import triton
 import triton.language as tl
 
 TF32_MASK = tl.constexpr(0xFFFFE000)   # sign, exponent and TF32's 10 mantissa bits of an fp32
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
 _HOST_TF32_MASK = -8192                 # the same bits as an int32 (0xFFFFE000)
 
 
@@ -26,7 +40,8 @@ _HOST_TF32_MASK = -8192                 # the same bits as an int32 (0xFFFFE000)
 def tf32_split(x, KEEP_INF: tl.constexpr = True):
     """(hi, lo), both exactly representable in TF32, x = hi + lo to about 2^-20 |x|; an infinity's lo is 0,
     a NaN's lo is NaN. KEEP_INF=False drops the select that keeps an infinity's lo 0 (its lo is then NaN), for
-    tiles whose non-finite values are not carried through (the trunk's Winograd tiles are recomputed)."""
+    tiles whose non-finite values are not carried through (the trunk's Winograd tiles are recomputed) and for
+    products summed by `split3_sum`."""
     hi = (x.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
     rest = tl.where(hi == x, 0.0, x - hi) if KEEP_INF else x - hi
     lo = (rest.to(tl.uint32, bitcast=True) & TF32_MASK).to(tl.float32, bitcast=True)
@@ -42,6 +57,37 @@ def dot_split3(a_hi, a_lo, b_hi, b_lo, acc):
     rounding up to summation order."""
     acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
     acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@triton.jit
+def dot_split3_parts(a_hi, a_lo, b_hi, b_lo, main, small):
+    """(main + a_hi @ b_hi, small + a_lo @ b_hi + a_hi @ b_lo) on TF32 tensor cores: `dot_split3`'s products in
+    two sums, for `split3_sum` (once, after every K step has added to both)."""
+    small = tl.dot(a_lo, b_hi, small, input_precision="tf32")
+    small = tl.dot(a_hi, b_lo, small, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, main, input_precision="tf32"), small
+
+
+@triton.jit
+def split3_sum(main, small):
+    """main + small, except where main is infinite: there an infinity met the other operand's lo (0 for a TF32
+    value, NaN for an infinity split without the select), and the fp32 product is main (infinite, or NaN where
+    infinities of both signs meet, which main is already)."""
+    return tl.where(tl.abs(main) == float("inf"), main, main + small)
+
+
+@triton.jit
+def _finite(hi):
+    return tl.minimum(tl.maximum(hi, -FLOAT32_MAX), FLOAT32_MAX)
+
+
+@triton.jit
+def dot_split3_clamped(a_hi, a_lo, b_hi, b_lo, acc):
+    """acc + A @ B as `dot_split3`, with each hi clamped to the finite range in the small products (see the module
+    docstring): an infinity multiplies through as in fp32 (a NaN's hi is NaN in the main product)."""
+    acc = tl.dot(a_lo, _finite(b_hi), acc, input_precision="tf32")
+    acc = tl.dot(_finite(a_hi), b_lo, acc, input_precision="tf32")
     return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
 
 

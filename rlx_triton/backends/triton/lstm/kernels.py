@@ -40,7 +40,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlx_triton.backends.triton._tf32 import dot_split3, tf32_split
+from rlx_triton.backends.triton._tf32 import dot_split3, dot_split3_clamped, tf32_split
 
 GATES = 4   # i, f, g, o: torch's gate order in the weights' rows
 MIN_DOT = 16   # tl.dot's smallest tile side: every BLOCK_* that meets a dot is at least this
@@ -48,19 +48,6 @@ MIN_DOT = 16   # tl.dot's smallest tile side: every BLOCK_* that meets a dot is 
 # the gate facts for the kernels, which read only constexpr globals
 _GATES = tl.constexpr(GATES)
 GATE_I, GATE_F, GATE_G, GATE_O = (tl.constexpr(gate) for gate in range(GATES))
-
-
-@triton.jit
-def _dot_fp32(a, b, acc, PRECISION: tl.constexpr):
-    """acc + a @ b at the candidate's precision; "tf32x3" splits both operands (tf32_split) for `dot_split3`, so
-    the interpreter measures the GPU's tf32x3 error."""
-    if PRECISION == "tf32x3":
-        a_hi, a_lo = tf32_split(a)
-        b_hi, b_lo = tf32_split(b)
-        acc = dot_split3(a_hi, a_lo, b_hi, b_lo, acc)
-    else:
-        acc = acc + tl.dot(a, b, input_precision=PRECISION)
-    return acc
 
 
 @triton.jit
@@ -73,7 +60,8 @@ def _lstm_input_proj_kernel(
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """G[M, N] = X[M, K] @ W[N, K]^T (+ bias[N]); fp32 accumulation."""
+    """G[M, N] = X[M, K] @ W[N, K]^T (+ bias[N]); fp32 accumulation ("tf32x3": `dot_split3_clamped`, one
+    accumulator, so an infinite input's gates are infinite as in fp32)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -92,7 +80,12 @@ def _lstm_input_proj_kernel(
         # W^T tile: element (k, n) = W[n, k]
         w_tile = tl.load(w_ptr + offs_n[None, :] * stride_wn + k_idx[:, None],
                          mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-        acc = _dot_fp32(x_tile, w_tile, acc, PRECISION)
+        if PRECISION == "tf32x3":
+            x_hi, x_lo = tf32_split(x_tile)
+            w_hi, w_lo = tf32_split(w_tile)
+            acc = dot_split3_clamped(x_hi, x_lo, w_hi, w_lo, acc)
+        else:
+            acc = tl.dot(x_tile, w_tile, acc, input_precision=PRECISION)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=col_mask, other=0.0).to(tl.float32)
         acc += bias[None, :]
@@ -340,7 +333,7 @@ def _read_exchange(ptrs, tag, WAIT: tl.constexpr):
 
 @triton.jit
 def _dot_parts(h, w, w_hi, w_lo, acc, PRECISION: tl.constexpr):
-    """acc + h @ w, with w's tf32x3 parts precomputed (see `_dot_fp32`)."""
+    """acc + h @ w, with w's tf32x3 parts precomputed (`dot_split3`)."""
     if PRECISION == "tf32x3":
         h_hi, h_lo = tf32_split(h)
         acc = dot_split3(h_hi, h_lo, w_hi, w_lo, acc)
