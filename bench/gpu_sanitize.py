@@ -7,7 +7,8 @@ sinc conv (the pool's phases as tile rows, filter lanes past the bank masked) wi
 tf32x3 convs (the split weights' hi and lo halves read per chunk, padded windows; the Winograd form's four-column
 windows and a row's last pair with one pixel), then the
 on-chip LSTM recurrence (a cooperative launch whose programs read each other's h through the exchange every
-step; 40 hidden units and a batch of 4, so the exchange's padded rows and columns are read too), and checks the
+step; 80 hidden units and a batch of 4, so the exchange's padded rows and columns are read too, and the recurrent
+product's warps split K and pass their slices through shared memory), and checks the
 outputs against float64. Under `compute-sanitizer --tool memcheck`
 (with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so every tensor is its own allocation and a read past one is seen)
 and `--tool racecheck` any out-of-bounds access or shared-memory hazard is reported by the tool; this
@@ -91,8 +92,10 @@ def trunk() -> None:
 
 
 def lstm() -> None:
+    # hidden 80: the routed candidate's tensor-core recurrent product splits K across its warps, whose slices
+    # pass through shared memory (racecheck)
     torch.backends.cudnn.allow_tf32 = False
-    stock = torch.nn.LSTM(20, 40, 2, bidirectional=True, batch_first=True).cuda().eval()
+    stock = torch.nn.LSTM(20, 80, 2, bidirectional=True, batch_first=True).cuda().eval()
     module = rt.nn.LSTM.from_torch(stock)
     x = torch.randn(4, 50, 20, device="cuda")
     with torch.no_grad(), rt.use_backend("triton", strict=True):

@@ -307,6 +307,39 @@ def test_recurrent_tf32x3_product_stays_within_its_approval_over_589_steps():
     assert per_step[-quarter:].max() <= 2 * per_step[:quarter].max() + 1e-7
 
 
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero-state", "given-state"])
+@pytest.mark.parametrize("hidden", [80, 128])
+def test_the_routed_tensor_core_product_splits_k_within_its_approval(hidden, with_state):
+    """The routed candidate (16 gate columns a program, eight warps) at a hidden size past FMA_PRODUCT_MAX_K:
+    its tf32x3 recurrent product splits K in four slices across the warps; with and without a state (the split
+    of h that keeps infinities, and the one that need not), within the approved bound of float64."""
+    cand = LstmVariant.ONCHIP_TF32X3.candidate()
+    assert _splits_k(cand.tg_size // 32, hidden)
+    module = make(6, hidden, 1, bidirectional=True, batch_first=True)
+    x, hx = inputs(module, batch=3, seq=3, with_state=with_state)
+    ref = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=True, batch_first=True, hx=hx)
+    assert max_rel_err(run(module, x, hx, cand), ref) <= tk.APPROVALS[cand.tag()].max_rel_err
+
+
+@pytest.mark.parametrize("variant", ["ONCHIP_TF32X3", "ONCHIP_TF32X3_WIDE"])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")], ids=["inf", "neg_inf", "nan"])
+def test_a_non_finite_h0_under_the_tensor_core_product_matches_float64(variant, value):
+    """An infinite h0 saturates the first step's gates and a NaN spreads, as in nn.LSTM, through the tf32x3
+    products (split K, and the wide candidate's): the h split that keeps an infinity's low part 0 runs where
+    the call passes a state."""
+    cand = getattr(LstmVariant, variant).candidate()
+    module = make(6, 80, 1, bidirectional=True, batch_first=True)
+    x, (h0, c0) = inputs(module, batch=2, seq=3, with_state=True)
+    h0[1, 0, 5] = value
+    out, (h_n, c_n) = run(module, x, (h0, c0), cand)
+    ref_out, (ref_h, ref_c) = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=True,
+                                           batch_first=True, hx=(h0, c0))
+    tol = tk.APPROVALS[cand.tag()].max_rel_err
+    for got, want in ((out, ref_out), (h_n, ref_h), (c_n, ref_c)):
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=3 * tol, equal_nan=True)
+    assert out.isnan().any() == (value != value)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # numpy, interpreter: inf - inf
 @pytest.mark.parametrize("value", [float("inf"), float("-inf")], ids=["inf", "neg_inf"])
 def test_an_infinite_input_meeting_tf32_weights_saturates_the_gates_as_in_float64(value):
@@ -500,18 +533,34 @@ def synchronised_compiles(tmp_path_factory):
     return {key: compiled[job] for key, job in jobs.items()}
 
 
+def _splits_k(warps: int, hidden: int) -> bool:
+    """Whether the tf32x3 recurrent product of a SYNCHRONISED_SHAPES compile splits K across its warps."""
+    cand = tk.make_candidate(batch_tile=16, hidden_tile=4, tg_size=32 * warps, stages=2, mode="onchip",
+                             precision="tf32x3")
+    meta = tk_launch._onchip_meta(cand, hidden)
+    product = tk_kernels._product_precision(meta["PRECISION"], tk_kernels.GATES * meta["UNITS"], meta["BLOCK_K"])
+    return tk_kernels._product_splits(product, meta["K_SPLIT"], meta["BLOCK_K"]) > 1
+
+
+def test_the_product_splits_k_only_where_the_fma_product_would_issue_more():
+    """16 gate columns: fp32 FMAs up to a reduction width of 64, the split tensor-core product past it."""
+    assert [_splits_k(warps, hidden) for warps, hidden in SYNCHRONISED_SHAPES] == [False, False, False, True, True,
+                                                                                   False]
+
+
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("warps, hidden", SYNCHRONISED_SHAPES)
 def test_a_synchronised_step_meets_two_cta_barriers_and_waits_without_one(synchronised_compiles, arch, warps,
                                                                           hidden):
     """Each thread polls its own exchange words: the wait is a spin loop with no CTA barrier, and the one time
     loop has the two barriers of the h tile's pass into shared memory (none for the wait or the cell's
-    exchanges between a unit's gate columns), without local-memory spills."""
+    exchanges between a unit's gate columns), two more where the product's warps split K and pass their slices
+    through shared memory, without local-memory spills."""
     compiled = synchronised_compiles[arch, warps, hidden]
     assert compiled.ok, compiled.error
     steps = [loop for loop in compiled.loops if not loop["spin"]]
     waits = [loop for loop in compiled.loops if loop["spin"]]
-    assert len(steps) == 1 and steps[0]["bar"] == 2 and compiled.spills == 0
+    assert len(steps) == 1 and steps[0]["bar"] == (4 if _splits_k(warps, hidden) else 2) and compiled.spills == 0
     assert waits and all(loop["bar"] == 0 for loop in waits)
 
 

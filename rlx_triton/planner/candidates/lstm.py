@@ -18,9 +18,10 @@ Field -> Triton meta-parameter (CUDA):
   "stepwise" -> one launch per timestep (h/c round-trip through global memory), which the CPU
   interpreter can check step by step.
 - `precision`: tl.dot `input_precision` of the input projection (and, in onchip mode, of the
-  recurrent product where a program holds more than 16 gate columns; narrower programs multiply in
-  fp32 FMAs, which issue less at that width): "ieee" (this family's fp32 candidate), "tf32x3" or
-  "tf32". Gate nonlinearities and the cell state are always fp32.
+  recurrent product, whose warps also split the hidden size when the program's gate columns leave
+  them without work; a 16-column program over a hidden size of at most 64 multiplies in fp32 FMAs,
+  which issue less there): "ieee" (this family's fp32 candidate), "tf32x3" or "tf32". Gate
+  nonlinearities and the cell state are always fp32.
 
 Field -> Metal threadgroup parameter (Apple): threads per threadgroup = `tg_size`, simdgroups =
 `tg_size // 32`, grid = (cdiv(batch, batch_tile), cdiv(hidden, hidden_tile), directions); the

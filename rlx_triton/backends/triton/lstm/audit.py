@@ -5,7 +5,7 @@ from rlx_triton.backends.candidates import plan_candidates
 from rlx_triton.backends.triton.audit import AuditSpec
 from rlx_triton.backends.triton.lstm.kernels import (_lstm_input_proj_kernel, _lstm_onchip_kernel,
                                                      _lstm_recurrence_kernel)
-from rlx_triton.backends.triton.lstm.launch import _onchip_meta, _proj_meta, _rec_meta, recurrent_precision
+from rlx_triton.backends.triton.lstm.launch import _onchip_meta, _proj_meta, _rec_meta
 from rlx_triton.planner.candidates.lstm import DEFAULT_VARIANT, LstmVariant
 
 AUDIT_HIDDEN = 128   # pyannote's hidden size: the on-chip kernel's BLOCK_K follows the hidden size
@@ -50,9 +50,9 @@ def _audit_kernels() -> list:
             signature=_in_order(_lstm_onchip_kernel, {
                 **_REC_SIGNATURE, "xchg_ptr": "*i64", "batch_bucket": "i32", "seq_bucket": "i32",
                 "BLOCK_B": constexpr, "UNITS": constexpr, "BLOCK_K": constexpr,
-                "PRECISION": constexpr, "SYNC": constexpr}),
+                "PRECISION": constexpr, "SYNC": constexpr, "K_SPLIT": constexpr}),
             meta=_audit_onchip_meta, candidates=onchip, default=LstmVariant.ONCHIP_IEEE.candidate(),
-            dtypes=("fp32",), expects_mma=lambda cand, dt: recurrent_precision(cand) != "ieee"),
+            dtypes=("fp32",), expects_mma=lambda cand, dt: cand.precision != "ieee"),
     ]
 
 

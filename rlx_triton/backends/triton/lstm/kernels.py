@@ -19,7 +19,8 @@
      launch boundary as its wait (SYNC off): the same arithmetic and the same exchange, which the
      interpreter checks. A step's cell update runs in the unit's gate columns, which trade values in
      two exchanges inside a warp (`_unit_cell`), so a step passes through shared memory once (h_{t-1}
-     into the product) and meets two CTA barriers.
+     into the product) and meets two CTA barriers; a tensor-core product whose warps split K
+     (`_recurrent_product`) passes its slices through shared memory too, behind two more.
    - "persistent" (`_lstm_recurrence_kernel` over [0, T)): one program per (direction, batch tile)
      streams W_hh tiles (BLOCK_K x BLOCK_H per gate) from L2 every step;
    - "stepwise": the same kernel launched once per timestep with [s, s+1).
@@ -29,21 +30,22 @@
 
 Gate order is torch's (i, f, g, o) in the weights; the on-chip recurrence packs the gate rows
 unit-major (unit*4 + gate) so a program's units are one contiguous run. The recurrent product is
-fp32 ("ieee") or three TF32 tensor-core products of the operands' tf32 parts ("tf32x3", in on-chip
-programs wider than 16 gate columns: launch.py `recurrent_precision`); gates and state stay fp32. The
-gates' sigmoid divides with div.approx (2 ulp). The synchronised on-chip recurrence waits and publishes with
-inline PTX (`_wait_for_tag`, `_publish` with STRONG_STORE), which only a GPU runs: the interpreter runs the
-kernel with SYNC off.
+fp32 ("ieee") or three TF32 tensor-core products of the operands' tf32 parts ("tf32x3"; in an on-chip
+program of 16 gate columns, fp32 FMAs up to FMA_PRODUCT_MAX_K: `_product_precision`); gates and state stay
+fp32. The gates' sigmoid divides with div.approx (2 ulp). The synchronised on-chip recurrence waits and
+publishes with inline PTX (`_wait_for_tag`, `_publish` with STRONG_STORE), which only a GPU runs: the
+interpreter runs the kernel with SYNC off.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from rlx_triton.backends.triton._tf32 import dot_split3, dot_split3_clamped, tf32_split
+from rlx_triton.backends.triton._tf32 import dot_split3_clamped, dot_split3_parts, split3_sum, tf32_split
 
 GATES = 4   # i, f, g, o: torch's gate order in the weights' rows
 MIN_DOT = 16   # tl.dot's smallest tile side: every BLOCK_* that meets a dot is at least this
+_MIN_DOT = tl.constexpr(MIN_DOT)
 
 # the gate facts for the kernels, which read only constexpr globals
 _GATES = tl.constexpr(GATES)
@@ -331,14 +333,72 @@ def _read_exchange(ptrs, tag, WAIT: tl.constexpr):
     return tl.where(_word_tag(words) >= tag, _word_value(words), float("nan"))
 
 
+# Up to this reduction width (BLOCK_K) a program of MIN_DOT gate columns multiplies h_{t-1} @ W_hh^T in fp32 FMAs
+# whatever its candidate's precision: there the FMA product issues fewer instructions than the tensor-core one,
+# whose warps must split K and sum the slices behind two more CTA barriers a step. sm_90 SASS, 8 warps, a step's
+# instructions a warp (CTA barriers): BLOCK_K 32: 105 (2) FMA vs 104 (4) tf32x3 in two slices; 64: 158 (2) vs
+# 122 (4) in four, even at 30 ns a barrier; 128: 286 (2) vs 153 (4). The FMA product is true fp32, so the
+# candidate's accuracy approval holds.
+FMA_PRODUCT_MAX_K = 64
+
+
+@triton.constexpr_function
+def _product_precision(precision, columns, block_k):
+    """The recurrent product's precision: "ieee" (fp32 FMAs) in a MIN_DOT-column program up to FMA_PRODUCT_MAX_K,
+    else the candidate's."""
+    return "ieee" if columns <= MIN_DOT and block_k <= FMA_PRODUCT_MAX_K else precision
+
+
+@triton.constexpr_function
+def _product_splits(product_precision, k_split, block_k):
+    """K slices of the recurrent product: the launcher's K_SPLIT (launch.py `_k_split`), at most one per MIN_DOT rows
+    of K; an FMA product is not split (its warps all have work already)."""
+    return 1 if product_precision == "ieee" else min(k_split, block_k // MIN_DOT)
+
+
+@triton.jit
+def _sum_splits(partial, SPLITS: tl.constexpr):
+    """partial[SPLITS, rows, cols] summed over its first axis. tl.sum over that axis, which the warps of the
+    recurrent product split, compiles to shuffles and several passes through shared memory, each behind a CTA
+    barrier; halving it pairwise with tl.split (whose pairs a thread holds in registers) moves every partial a
+    thread adds into its registers in one pass."""
+    ROWS: tl.constexpr = partial.shape[1]
+    COLS: tl.constexpr = partial.shape[2]
+    total = tl.permute(partial, (1, 2, 0))
+    for level in tl.static_range(1, SPLITS.bit_length()):
+        first, second = tl.split(tl.reshape(total, (ROWS, COLS, SPLITS >> level, 2)))
+        total = first + second
+    return tl.reshape(total, (ROWS, COLS))
+
+
 @triton.jit
 def _dot_parts(h, w, w_hi, w_lo, acc, PRECISION: tl.constexpr):
-    """acc + h @ w, with w's tf32x3 parts precomputed (`dot_split3`)."""
+    """acc + h @ w (2-D, or batched 3-D), with w's tf32x3 parts precomputed. "tf32x3": the main product (h_hi
+    w_hi, onto acc) and the two small ones in two accumulators, so their tensor-core chains overlap, summed by
+    `split3_sum`, which keeps an infinite h's products infinite (h is split without the select that keeps an
+    infinity's low part 0: `split3_sum` drops that NaN low part's products the same way)."""
     if PRECISION == "tf32x3":
-        h_hi, h_lo = tf32_split(h)
-        acc = dot_split3(h_hi, h_lo, w_hi, w_lo, acc)
+        h_hi, h_lo = tf32_split(h, KEEP_INF=False)
+        main, small = dot_split3_parts(h_hi, h_lo, w_hi, w_lo, acc, tl.zeros_like(acc))
+        return split3_sum(main, small)
+    return tl.dot(h, w, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _recurrent_product(h, w, w_hi, w_lo, acc, SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + h[rows, K] @ the program's W_hh^T slice. With SPLITS > 1, `w` and its parts are [SPLITS, K / SPLITS,
+    cols], K split in SPLITS slices: each slice is a product of its own warps (a tile of 16 rows and 16 gate
+    columns has work for only two of a program's eight warps, so the others take a share of K), the slices
+    summed after (`_sum_splits`)."""
+    if SPLITS == 1:
+        acc = _dot_parts(h, w, w_hi, w_lo, acc, PRECISION)
     else:
-        acc = tl.dot(h, w, acc, input_precision=PRECISION)
+        ROWS: tl.constexpr = h.shape[0]
+        K: tl.constexpr = h.shape[1]
+        COLS: tl.constexpr = w.shape[2]
+        h = tl.permute(tl.reshape(h, (ROWS, SPLITS, K // SPLITS)), (1, 0, 2))
+        partial = _dot_parts(h, w, w_hi, w_lo, tl.zeros((SPLITS, ROWS, COLS), dtype=tl.float32), PRECISION)
+        acc += _sum_splits(partial, SPLITS)
     return acc
 
 
@@ -350,7 +410,7 @@ def _lstm_onchip_kernel(
     stride_yt, stride_yb,      # y: (t, b) -> offset; columns: dir*H + unit
     batch_bucket, seq_bucket,  # the autotune key (next powers of two of batch and sequence), unused by the body
     BLOCK_B: tl.constexpr, UNITS: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, SYNC: tl.constexpr,
+    PRECISION: tl.constexpr, SYNC: tl.constexpr, K_SPLIT: tl.constexpr,
 ):
     """Program (direction, part, batch tile) owns UNITS hidden units: their 4*UNITS rows of W_hh are loaded
     once and held on chip for steps [step_begin, step_end), with the units' cell state. Each step reads the
@@ -369,7 +429,8 @@ def _lstm_onchip_kernel(
     NaN.
 
     Each of a unit's four gate columns (i, f, g, o) carries the unit's state; `_unit_cell` leaves c_t exact in
-    the g and o columns and h_t in the o column, which publishes and stores it."""
+    the g and o columns and h_t in the o column, which publishes and stores it. K_SPLIT: the slices of K a
+    tensor-core recurrent product splits across the warps (`_recurrent_product`, launch.py `_k_split`)."""
     direction = tl.program_id(0)
     part = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -387,6 +448,11 @@ def _lstm_onchip_kernel(
     # packed rows are zero-padded to BLOCK_K, so the loads are the same whatever H is.
     whh_dir = whh_ptr + direction.to(tl.int64) * _GATES * H * BLOCK_K
     w = tl.load(whh_dir + cols[None, :].to(tl.int64) * BLOCK_K + offs_k[:, None], mask=col_mask[None, :], other=0.0)
+    # the recurrent product's precision and K slices (`_recurrent_product`)
+    PRODUCT: tl.constexpr = _product_precision(PRECISION, _GATES * UNITS, BLOCK_K)
+    SPLITS: tl.constexpr = _product_splits(PRODUCT, K_SPLIT, BLOCK_K)
+    if SPLITS > 1:
+        w = tl.reshape(w, (SPLITS, BLOCK_K // SPLITS, _GATES * UNITS))
     w_hi, w_lo = tf32_split(w)   # the tf32x3 parts, once (unused at other precisions)
     g_mask = b_mask[:, None] & col_mask[None, :]
     out_mask = g_mask & (gate == GATE_O)
@@ -413,7 +479,7 @@ def _lstm_onchip_kernel(
     publish_tag = (step_begin + 2).to(tl.int64) << 32   # step s publishes tag s + 2
     for s in range(step_begin, step_end):
         h_prev = _read_exchange(xchg_rows + read_slot, s + 1, SYNC)
-        pre = _dot_parts(h_prev, w, w_hi, w_lo, g_in, PRECISION)
+        pre = _recurrent_product(h_prev, w, w_hi, w_lo, g_in, SPLITS, PRODUCT)
         act = _gate_activation(pre, scale)
         c, h = _unit_cell(act, c, gate, BLOCK_B, UNITS)
         read_slot = slot_size - read_slot   # the slot this step writes is the one the next step reads

@@ -81,19 +81,18 @@ def _rec_meta(candidate) -> dict:
     return dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=MIN_DOT, num_warps=num_warps, num_stages=stages)
 
 
-FMA_RECURRENCE_COLUMNS = 16   # gate columns up to which the on-chip recurrent product runs as fp32 FMAs
+MMA_TILE = (16, 8)   # rows x columns of one warp's tensor-core product (m16n8), the unit the warps of a dot split
 
 
-def recurrent_precision(candidate) -> str:
-    """The precision of the on-chip kernel's recurrent product h_{t-1} @ W_hh^T: the candidate's, except that
-    a program of at most FMA_RECURRENCE_COLUMNS gate columns multiplies in true fp32 FMAs ("ieee") whatever
-    its precision. At 16 columns and one output per thread the FMA product issues fewer instructions than
-    splitting h into TF32 halves and three tensor-core products (`rlx-triton perf`: about 720 vs 810 us a layer for
-    pyannote's LSTM on an H200, by the model); it is exact in fp32, so the candidate's accuracy approval
-    holds. The input projection always runs at the candidate's precision."""
-    if GATES * _units(candidate) <= FMA_RECURRENCE_COLUMNS:
-        return "ieee"
-    return candidate.precision
+def _k_split(candidate) -> int:
+    """Slices of K (the hidden size) the on-chip tensor-core recurrent product splits across a program's warps
+    (kernels.py `_recurrent_product`): a program's output tile, BLOCK_B x 4 UNITS, is only (BLOCK_B / 16) x
+    (4 UNITS / 8) warp tiles, which leaves most of its warps without work (16 gate columns: two tiles for eight
+    warps), so the warps also split K and the slices are summed after. At least two: a warp with two tiles'
+    chains overlaps them. sm_90 SASS per step at hidden 128, 8 warps: 16 columns 286 (fp32 FMAs) -> 153
+    instructions a warp in four slices, 64 columns 400 -> 319 in two (with `_dot_parts`' two accumulators)."""
+    tiles = (max(MIN_DOT, int(candidate.batch_tile)) // MMA_TILE[0]) * (GATES * _units(candidate) // MMA_TILE[1])
+    return max(2, _warps(candidate) // tiles)
 
 
 def _units(candidate) -> int:
@@ -103,10 +102,11 @@ def _units(candidate) -> int:
 def _onchip_meta(candidate, hidden: int) -> dict:
     """Meta-parameters of `_lstm_onchip_kernel`: BLOCK_B = batch_tile, UNITS = hidden_tile units per program
     (4 * UNITS gate columns: at least 16), BLOCK_K = the hidden size padded to a power of two (a program reads
-    the whole h row), PRECISION = `recurrent_precision`. One stage: the time loop must not be
+    the whole h row), PRECISION = the candidate's, K_SPLIT = `_k_split`. One stage: the time loop must not be
     software-pipelined, since the next h row is written by other programs during the step."""
     return dict(BLOCK_B=max(MIN_DOT, int(candidate.batch_tile)), UNITS=_units(candidate), BLOCK_K=_block_k(hidden),
-                PRECISION=recurrent_precision(candidate), num_warps=_warps(candidate), num_stages=1)
+                PRECISION=candidate.precision, K_SPLIT=_k_split(candidate), num_warps=_warps(candidate),
+                num_stages=1)
 
 
 def _bucket(value: int) -> int:
@@ -403,7 +403,7 @@ def _onchip_launches(gates, w_hh_stack, exchange, c_state, y, hn, *, T, B, hidde
                                 cooperative=cooperative, **counts)
         meta = _onchip_meta(candidate, hidden)
         num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
-        return Launch(_lstm_onchip_kernel, grid_for(meta), args, meta={**meta, "SYNC": polls},
+        return Launch(_lstm_onchip_kernel, grid_for(meta), args, meta={**meta, **flags},
                       num_warps=num_warps, num_stages=num_stages, cooperative=cooperative, **counts)
 
     if synchronised:

@@ -36,8 +36,8 @@ _WHERE = ("interpreter, tests/triton/test_lstm.py (1-2 layers, bi, hidden 7..33,
 # diarization error rates (the diarization kernels default to true fp32)
 APPROVALS = approvals_by_precision("lstm", {"ieee": 1e-5, "tf32x3": 2e-5}, _WHERE)
 # the on-chip recurrence where it is co-resident (the launcher falls back to the persistent candidate
-# where it is not), with the tf32x3 projection (the recurrent product is fp32 FMAs at this tile, launch.py
-# `recurrent_precision`); by the model it is the faster of the two approved on-chip candidates (3.1 vs 3.5 ms for
-# pyannote's LSTM on an H200, the projections 0.27 vs 0.62 ms); no device run has measured them yet
+# where it is not), with the tf32x3 projection and recurrent product (its eight warps split the hidden size in
+# four, launch.py `_k_split`); by the model it is the faster of the two approved on-chip candidates (2.3 vs 3.0 ms
+# for pyannote's LSTM on an H200, the projections 0.29 vs 0.66 ms); no device run has measured them yet
 RECIPES = {"sm80": LstmVariant.ONCHIP_TF32X3.candidate().tag(), "sm90": LstmVariant.ONCHIP_TF32X3.candidate().tag()}
 SPEED_EVIDENCE: Dict[str, str] = {}
