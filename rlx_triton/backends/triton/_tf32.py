@@ -11,8 +11,9 @@ infinities split bit for bit the same in both; NaNs are NaN in both (their paylo
 The interpreter runs the same splitting, so its dots see the operands a GPU's do.
 
 Two of the three products meet one operand's hi with the other's lo, which is 0 wherever that operand is
-a TF32 value (a nonzero weight such as 0.5 or -0.0181 as well as 0): an infinite hi times it is NaN where the
-fp32 product is infinite. Two ways keep such products the fp32 product's (infinite, NaN where it is NaN):
+a TF32 value (a nonzero weight such as 0.5 or -0.01806640625 as well as 0): an infinite hi times it is NaN
+where the fp32 product is infinite. Two ways keep such products the fp32 product's (infinite, NaN where it is
+NaN):
 - `dot_split3_parts` keeps the main product (hi hi) and the two small ones apart and `split3_sum` adds them
   except where the main sum is already infinite, which it is wherever a small product met an infinity; an
   operand may then be split without the select (KEEP_INF=False: an infinity's lo is NaN, dropped the same

@@ -334,11 +334,12 @@ def _read_exchange(ptrs, tag, WAIT: tl.constexpr):
 
 
 # Up to this reduction width (BLOCK_K) a program of MIN_DOT gate columns multiplies h_{t-1} @ W_hh^T in fp32 FMAs
-# whatever its candidate's precision: there the FMA product issues fewer instructions than the tensor-core one,
-# whose warps must split K and sum the slices behind two more CTA barriers a step. sm_90 SASS, 8 warps, a step's
-# instructions a warp (CTA barriers): BLOCK_K 32: 105 (2) FMA vs 104 (4) tf32x3 in two slices; 64: 158 (2) vs
-# 122 (4) in four, even at 30 ns a barrier; 128: 286 (2) vs 153 (4). The FMA product is true fp32, so the
-# candidate's accuracy approval holds.
+# whatever its candidate's precision: there the FMA product issues about as many instructions as the tensor-core
+# one or fewer, and the tensor-core one's warps must split K and sum the slices behind two more CTA barriers a
+# step. sm_90 SASS, 8 warps, a step's instructions a warp (CTA barriers), FMA vs tf32x3: BLOCK_K 32: 105 (2) vs
+# 108 (4) in two slices; 64: 158 (2) vs 126 (4) in four (still the FMA product by the model, at 30 ns a barrier and
+# 3 cycles an instruction); 128: 286 (2) vs 156 (4). The FMA product is true fp32, so the candidate's accuracy
+# approval holds.
 FMA_PRODUCT_MAX_K = 64
 
 

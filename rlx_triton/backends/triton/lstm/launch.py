@@ -88,9 +88,10 @@ def _k_split(candidate) -> int:
     """Slices of K (the hidden size) the on-chip tensor-core recurrent product splits across a program's warps
     (kernels.py `_recurrent_product`): a program's output tile, BLOCK_B x 4 UNITS, is only (BLOCK_B / 16) x
     (4 UNITS / 8) warp tiles, which leaves most of its warps without work (16 gate columns: two tiles for eight
-    warps), so the warps also split K and the slices are summed after. At least two: a warp with two tiles'
-    chains overlaps them. sm_90 SASS per step at hidden 128, 8 warps: 16 columns 286 (fp32 FMAs) -> 153
-    instructions a warp in four slices, 64 columns 400 -> 319 in two (with `_dot_parts`' two accumulators)."""
+    warps), so the warps also split K and the slices are summed after, behind two more CTA barriers a step. sm_90
+    SASS per step at hidden 128, 8 warps, instructions a warp (CTA barriers): 16 columns 286 (2) as fp32 FMAs ->
+    156 (4) in four slices; 64 columns 400 (4) -> 371 (4) in two slices, 335 (6) unsplit, where two slices are
+    the faster by the model, narrowly: hence at least two."""
     tiles = (max(MIN_DOT, int(candidate.batch_tile)) // MMA_TILE[0]) * (GATES * _units(candidate) // MMA_TILE[1])
     return max(2, _warps(candidate) // tiles)
 
