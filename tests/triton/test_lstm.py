@@ -5,10 +5,11 @@ odd hidden sizes and sequence lengths) `backends.triton.lstm.lstm` returns nn.LS
 (output, (h_n, c_n)) within the fp32 tolerance in every mode: the on-chip recurrence (hidden units
 split across programs; in the interpreter, whose programs run one after another, one launch per step,
 or one launch when a single program holds all units), persistent and stepwise; the modes agree; the
-recurrent tf32x3 product stays within its approval over 589 steps without growing; weights are packed
-once per version; every approval in APPROVALS holds when re-measured; every candidate of the plan runs
-(one sweep). Compiled for sm_80 and sm_90 (no GPU needed): a synchronised step meets two CTA barriers and each
-thread waits for its own exchange words without one. On a GPU: the exchange protocol itself, and the synchronised
+recurrent tf32x3 product stays within its approval over 589 steps without growing, and where its warps split
+K; an infinite or NaN input or h0 meets the tf32x3 products as nn.LSTM's fp32 ones; weights are packed once
+per version; every approval in APPROVALS holds when re-measured; every candidate of the plan runs (one
+sweep). Compiled for sm_80 and sm_90 (no GPU needed): a synchronised step meets two CTA barriers (four where
+the product's warps split K) and each thread waits for its own exchange words without one. On a GPU: the exchange protocol itself, and the synchronised
 launch against the step launches.
 """
 from __future__ import annotations
