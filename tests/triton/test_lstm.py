@@ -322,6 +322,22 @@ def test_the_routed_tensor_core_product_splits_k_within_its_approval(hidden, wit
     assert max_rel_err(run(module, x, hx, cand), ref) <= tk.APPROVALS[cand.tag()].max_rel_err
 
 
+@pytest.mark.parametrize("signal", ["silence", "constant"])
+def test_the_split_product_on_inference_tensors_with_silence_or_constant_input_matches_float64(signal):
+    """pyannote's conditions on the split tensor-core product: weights built inside torch.inference_mode (inference
+    tensors), the call inside it too, an input of zeros or of one constant, against float64."""
+    cand = LstmVariant.ONCHIP_TF32X3.candidate()
+    with torch.inference_mode():
+        module = make(6, 80, 1, bidirectional=True, batch_first=True)
+        x = torch.zeros(2, 4, 6) if signal == "silence" else torch.full((2, 4, 6), 0.75)
+        out, (h_n, c_n) = run(module, x, None, cand)
+    ref_out, (ref_h, ref_c) = lstm_float64(x, module._flat_weights, num_layers=1, bidirectional=True,
+                                           batch_first=True)
+    tol = tk.APPROVALS[cand.tag()].max_rel_err
+    for got, want in ((out, ref_out), (h_n, ref_h), (c_n, ref_c)):
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("variant", ["ONCHIP_TF32X3", "ONCHIP_TF32X3_WIDE"])
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")], ids=["inf", "neg_inf", "nan"])
 def test_a_non_finite_h0_under_the_tensor_core_product_matches_float64(variant, value):
